@@ -1,0 +1,2 @@
+//! Records shared by the eBPF programs and userspace.
+#![no_std]

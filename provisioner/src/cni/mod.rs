@@ -1,0 +1,1 @@
+//! The CNI protocol: versions, env + stdin parsing, result and error shapes, codes.

@@ -1,0 +1,1 @@
+//! Network config model, validation, template rendering, watching with last-good semantics.

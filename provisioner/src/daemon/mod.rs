@@ -1,0 +1,1 @@
+//! API server on a unix socket, per-sandbox serialisation, readiness, reconciliation.

@@ -1,0 +1,1 @@
+//! Allocator over ranges, durable store, reconciliation against the kernel.

@@ -1,0 +1,12 @@
+//! provisioner: gives container sandboxes their network through netlink and proves, from the
+//! kernel, that every sandbox really got it.
+//!
+//! Dependency direction is one way: `daemon` -> {`cni`, `config`, `ipam`, `dataplane`, `trace`}.
+//! None of those import `daemon`; `cni` does not know netlink; `dataplane` does not know CNI JSON.
+
+pub mod cni;
+pub mod config;
+pub mod daemon;
+pub mod dataplane;
+pub mod ipam;
+pub mod trace;

@@ -1,0 +1,1 @@
+//! eBPF loading (aya), event decoding, correlation, verdicts, the `trace` session.
