@@ -98,7 +98,9 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         if !self.deleted {
-            let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .output();
         }
     }
 }
@@ -140,7 +142,10 @@ pub fn current_netns_cookie() -> Result<u64> {
         )
     };
     if rc != 0 {
-        bail!("getsockopt(SO_NETNS_COOKIE): {}", std::io::Error::last_os_error());
+        bail!(
+            "getsockopt(SO_NETNS_COOKIE): {}",
+            std::io::Error::last_os_error()
+        );
     }
     Ok(cookie)
 }

@@ -1,0 +1,140 @@
+//! Kernel struct member offsets read from the running kernel's BTF.
+//!
+//! rustc emits no CO-RE relocations, so the eBPF programs read members at offsets that are
+//! resolved here once at load time and patched into the object as globals.
+
+use std::path::Path;
+
+use btf_rs::{Btf, Type};
+
+use super::TraceError;
+
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Offsets (bytes) the eBPF programs need, named after their `OFF_*` globals.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub values: Vec<(&'static str, u32)>,
+}
+
+/// Global name, struct, member path (anonymous members are searched through).
+const WANTED: &[(&str, &str, &str)] = &[
+    ("OFF_TASK_NSPROXY", "task_struct", "nsproxy"),
+    ("OFF_TASK_TGID", "task_struct", "tgid"),
+    ("OFF_TASK_REAL_PARENT", "task_struct", "real_parent"),
+    ("OFF_TASK_COMM", "task_struct", "comm"),
+    ("OFF_NSPROXY_NET_NS", "nsproxy", "net_ns"),
+    ("OFF_NET_COOKIE", "net", "net_cookie"),
+    ("OFF_NET_NS_INUM", "net", "ns.inum"),
+];
+
+impl KernelOffsets {
+    /// Resolves every offset from /sys/kernel/btf/vmlinux.
+    pub fn from_running_kernel() -> Result<Self, TraceError> {
+        let btf = Btf::from_file(VMLINUX_BTF).map_err(|source| TraceError::ReadBtf {
+            path: Path::new(VMLINUX_BTF).to_path_buf(),
+            source,
+        })?;
+        let mut values = Vec::with_capacity(WANTED.len());
+        for (global, structure, path) in WANTED {
+            values.push((*global, member_offset(&btf, structure, path)?));
+        }
+        Ok(Self { values })
+    }
+}
+
+/// Byte offset of `path` (dot separated) inside `struct structure`.
+pub fn member_offset(btf: &Btf, structure: &str, path: &str) -> Result<u32, TraceError> {
+    let missing = |reason: String| TraceError::MissingMember {
+        path: format!("{structure}.{path}"),
+        reason,
+    };
+    let candidates = btf
+        .resolve_types_by_name(structure)
+        .map_err(|e| missing(e.to_string()))?;
+    let mut current = candidates
+        .into_iter()
+        .find(|t| matches!(t, Type::Struct(s) if !s.members.is_empty()))
+        .ok_or_else(|| missing(format!("no struct {structure}")))?;
+    let mut bits = 0u32;
+    for name in path.split('.') {
+        let (member_bits, member_type) =
+            find_member(btf, &current, name).map_err(|e| missing(e.clone()))?;
+        bits += member_bits;
+        current = member_type;
+    }
+    if !bits.is_multiple_of(8) {
+        return Err(missing(format!("member is a bitfield at bit {bits}")));
+    }
+    Ok(bits / 8)
+}
+
+/// Finds `name` in a struct/union, descending into anonymous members; returns its bit offset
+/// and its type (typedefs and qualifiers stripped).
+fn find_member(btf: &Btf, container: &Type, name: &str) -> Result<(u32, Type), String> {
+    let members = match container {
+        Type::Struct(s) | Type::Union(s) => &s.members,
+        other => return Err(format!("{} is not a struct or union", other.name())),
+    };
+    for member in members {
+        let member_name = btf.resolve_name(member).unwrap_or_default();
+        let member_type = strip(
+            btf,
+            btf.resolve_chained_type(member)
+                .map_err(|e| e.to_string())?,
+        )?;
+        if member_name == name {
+            return Ok((member.bit_offset(), member_type));
+        }
+        if member_name.is_empty()
+            && matches!(member_type, Type::Struct(_) | Type::Union(_))
+            && let Ok((inner, found)) = find_member(btf, &member_type, name)
+        {
+            return Ok((member.bit_offset() + inner, found));
+        }
+    }
+    Err(format!("no member {name}"))
+}
+
+fn strip(btf: &Btf, mut t: Type) -> Result<Type, String> {
+    for _ in 0..16 {
+        t = match &t {
+            Type::Typedef(_)
+            | Type::Volatile(_)
+            | Type::Const(_)
+            | Type::Restrict(_)
+            | Type::TypeTag(_) => {
+                let inner = t.as_btf_type().ok_or("type without a chained type")?;
+                btf.resolve_chained_type(inner).map_err(|e| e.to_string())?
+            }
+            _ => return Ok(t),
+        };
+    }
+    Err("type chain too long".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_every_wanted_offset_on_this_kernel() -> Result<(), TraceError> {
+        let offsets = KernelOffsets::from_running_kernel()?;
+        assert_eq!(offsets.values.len(), WANTED.len());
+        // `comm` and `nsproxy` are far into task_struct; 0 would mean a wrong lookup.
+        assert!(
+            offsets
+                .values
+                .iter()
+                .all(|(name, off)| *off > 0 || *name == "OFF_NSPROXY_NET_NS")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_member_is_named_in_the_error() {
+        let btf = Btf::from_file(VMLINUX_BTF).expect("vmlinux BTF");
+        let err = member_offset(&btf, "net", "no_such_member").expect_err("must fail");
+        assert!(err.to_string().contains("net.no_such_member"), "{err}");
+    }
+}

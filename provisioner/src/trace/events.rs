@@ -1,0 +1,208 @@
+//! Typed events decoded from the kernel's ring-buffer records.
+
+use std::time::{Duration, SystemTime};
+
+use provisioner_common as common;
+
+/// The task that caused an event.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TaskInfo {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+}
+
+/// How a network namespace came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetnsOrigin {
+    Unshare,
+    Clone,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NetnsCreated {
+    pub netns_cookie: u64,
+    pub netns_inode: u32,
+    pub origin: NetnsOrigin,
+    pub flags: u64,
+    /// The process that owns the new namespace (the child for clone, the caller for unshare).
+    pub owner_pid: u32,
+    pub parent_pid: u32,
+    pub parent_comm: String,
+}
+
+/// One kernel event with its time and task.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TraceEvent {
+    #[serde(with = "wall_time")]
+    pub at: SystemTime,
+    pub task: TaskInfo,
+    pub kind: EventKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EventKind {
+    NetnsCreated(NetnsCreated),
+}
+
+/// Why a record could not be decoded.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("record of {len} bytes is too short for kind {kind}")]
+    Truncated { kind: u32, len: usize },
+    #[error("unknown record kind {0}")]
+    UnknownKind(u32),
+}
+
+impl DecodeError {
+    pub fn kind(&self) -> u32 {
+        match self {
+            Self::Truncated { kind, .. } | Self::UnknownKind(kind) => *kind,
+        }
+    }
+}
+
+/// Converts kernel monotonic timestamps to wall-clock time.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    boot_wall: SystemTime,
+}
+
+impl Clock {
+    pub fn new() -> Self {
+        let now_wall = SystemTime::now();
+        let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(Duration::from)
+            .unwrap_or_default();
+        Self {
+            boot_wall: now_wall.checked_sub(mono).unwrap_or(now_wall),
+        }
+    }
+
+    pub fn wall(&self, ktime_ns: u64) -> SystemTime {
+        self.boot_wall + Duration::from_nanos(ktime_ns)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn read_record<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, DecodeError> {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return Err(DecodeError::Truncated {
+            kind,
+            len: bytes.len(),
+        });
+    }
+    // SAFETY: length checked; T is a #[repr(C)] plain-old-data record; read_unaligned copes
+    // with the ring buffer's 8-byte alignment.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+pub fn comm_string(raw: &[u8]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
+    let header: common::EventHeader = read_record(bytes, 0)?;
+    let task = TaskInfo {
+        pid: header.pid,
+        tid: header.tid,
+        comm: comm_string(&header.comm),
+        cgroup_id: header.cgroup_id,
+    };
+    let kind = match header.kind {
+        common::kind::NETNS_CREATED => {
+            let r: common::NetnsCreated = read_record(bytes, header.kind)?;
+            EventKind::NetnsCreated(NetnsCreated {
+                netns_cookie: r.netns_cookie,
+                netns_inode: r.netns_inum,
+                origin: if r.origin == common::origin::UNSHARE {
+                    NetnsOrigin::Unshare
+                } else {
+                    NetnsOrigin::Clone
+                },
+                flags: r.flags,
+                owner_pid: r.owner_pid,
+                parent_pid: r.parent_pid,
+                parent_comm: comm_string(&r.parent_comm),
+            })
+        }
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    Ok(TraceEvent {
+        at: clock.wall(header.ts_ns),
+        task,
+        kind,
+    })
+}
+
+mod wall_time {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw_netns_created() -> Vec<u8> {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"runc");
+        let record = common::NetnsCreated {
+            header: common::EventHeader {
+                kind: common::kind::NETNS_CREATED,
+                pid: 10,
+                tid: 11,
+                _pad: 0,
+                ts_ns: 5,
+                cgroup_id: 7,
+                comm,
+            },
+            netns_cookie: 4242,
+            netns_inum: 4026532000,
+            origin: common::origin::UNSHARE,
+            flags: common::CLONE_NEWNET,
+            owner_pid: 10,
+            parent_pid: 1,
+            parent_comm: [0; 16],
+        };
+        // SAFETY: viewing a repr(C) POD value as bytes.
+        unsafe {
+            std::slice::from_raw_parts(
+                (&raw const record).cast::<u8>(),
+                std::mem::size_of_val(&record),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn decodes_netns_created() {
+        let event = decode(&raw_netns_created(), &Clock::new()).expect("decodes");
+        assert_eq!(event.task.comm, "runc");
+        assert_eq!(event.task.pid, 10);
+        let EventKind::NetnsCreated(created) = event.kind;
+        assert_eq!(created.netns_cookie, 4242);
+        assert_eq!(created.origin, NetnsOrigin::Unshare);
+    }
+
+    #[test]
+    fn truncated_record_is_an_error_not_a_panic() {
+        let raw = raw_netns_created();
+        let err = decode(&raw[..30], &Clock::new()).expect_err("truncated");
+        assert!(matches!(err, DecodeError::Truncated { .. }));
+    }
+}

@@ -1,0 +1,87 @@
+//! The eBPF pipeline end to end: a netns created by unshare or clone(CLONE_NEWNET) is reported
+//! exactly once, with the cookie that SO_NETNS_COOKIE reads inside it.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use provisioner::trace::{EventKind, KernelTracer, NetnsOrigin, TraceEvent};
+use provisioner_tests::{current_netns_cookie, require_root};
+use tokio::sync::mpsc::Receiver;
+
+/// Collects every NetnsCreated event for `cookie` seen within `wait`, and for a grace period
+/// after the first one (a duplicate would arrive right behind it).
+async fn events_for(rx: &mut Receiver<TraceEvent>, cookie: u64, wait: Duration) -> Vec<TraceEvent> {
+    let mut found = Vec::new();
+    let mut deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        let EventKind::NetnsCreated(created) = &event.kind;
+        if created.netns_cookie == cookie {
+            if found.is_empty() {
+                deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+            }
+            found.push(event);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unshare_reports_one_event_with_the_right_cookie() -> anyhow::Result<()> {
+    require_root();
+    let (tracer, mut rx) = KernelTracer::start(4096)?;
+    let (cookie, tid) = std::thread::spawn(|| -> anyhow::Result<(u64, i32)> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+        Ok((current_netns_cookie()?, nix::unistd::gettid().as_raw()))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("unshare thread panicked"))??;
+
+    let events = events_for(&mut rx, cookie, Duration::from_secs(2)).await;
+    assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
+    let event = &events[0];
+    let EventKind::NetnsCreated(created) = &event.kind;
+    assert_eq!(created.origin, NetnsOrigin::Unshare);
+    assert_eq!(event.task.pid, std::process::id());
+    assert_eq!(event.task.tid, u32::try_from(tid)?);
+    assert!(created.netns_inode > 0);
+    assert_eq!(tracer.loss_counters().total(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_with_newnet_reports_the_child_namespace() -> anyhow::Result<()> {
+    require_root();
+    let (_tracer, mut rx) = KernelTracer::start(4096)?;
+    let (read_end, write_end): (OwnedFd, OwnedFd) = nix::unistd::pipe()?;
+    let mut stack = vec![0u8; 256 * 1024];
+    let write_fd = write_end.as_raw_fd();
+    let child = Box::new(move || -> isize {
+        let cookie = current_netns_cookie().unwrap_or(0);
+        // SAFETY: write_fd stays open in the child until it exits.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(write_fd) };
+        isize::from(nix::unistd::write(fd, &cookie.to_ne_bytes()).is_err())
+    });
+    // SAFETY: the child only computes a cookie and writes to a pipe before exiting.
+    let pid = unsafe {
+        nix::sched::clone(
+            child,
+            &mut stack,
+            nix::sched::CloneFlags::CLONE_NEWNET,
+            Some(libc::SIGCHLD),
+        )
+    }?;
+    drop(write_end);
+    nix::sys::wait::waitpid(pid, None)?;
+    let mut buf = [0u8; 8];
+    nix::unistd::read(&read_end, &mut buf)?;
+    let cookie = u64::from_ne_bytes(buf);
+    assert_ne!(cookie, 0, "child could not read its netns cookie");
+
+    let events = events_for(&mut rx, cookie, Duration::from_secs(2)).await;
+    assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
+    let EventKind::NetnsCreated(created) = &events[0].kind;
+    assert_eq!(created.origin, NetnsOrigin::Clone);
+    assert_eq!(created.owner_pid, u32::try_from(pid.as_raw())?);
+    assert_eq!(events[0].task.pid, std::process::id());
+    Ok(())
+}

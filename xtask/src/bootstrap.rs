@@ -1,0 +1,195 @@
+//! Installing what a fresh machine lacks: apt packages, the rust-src component, bpf-linker.
+//! Every step is announced and skipped when its result is already present.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::step::{announce, cargo, detail, output, run};
+
+/// bpf-linker release known to build here (see docs/kernel-and-ebpf.md).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// The toolchain that builds the eBPF crate and how to invoke it.
+pub struct EbpfToolchain {
+    /// rustup toolchain name, e.g. `nightly` or `stable`.
+    pub name: String,
+    /// True when `-Z` flags need `RUSTC_BOOTSTRAP=1` (a stable toolchain).
+    pub needs_bootstrap_env: bool,
+}
+
+/// Debian packages the tests use, with a binary that tells whether each is installed.
+const TEST_PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "/usr/sbin/ip"),
+    ("iputils-ping", "/usr/bin/ping"),
+    ("containernetworking-plugins", "/usr/lib/cni/ptp"),
+    ("bpftool", "/usr/sbin/bpftool"),
+];
+
+/// Installs the Debian packages the tests need (root only).
+pub fn apt_packages() -> Result<()> {
+    announce("bootstrap", "Debian packages for the tests");
+    let missing: Vec<&str> = TEST_PACKAGES
+        .iter()
+        .filter(|(_, probe)| !Path::new(probe).exists())
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        detail("all present, skipping");
+        return Ok(());
+    }
+    if !nix_is_root() {
+        bail!(
+            "missing packages {}: install them as root (apt-get install {})",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    }
+    detail(&format!("installing {}", missing.join(" ")));
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn nix_is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
+}
+
+/// Picks nightly when rustup has it, else stable with `RUSTC_BOOTSTRAP=1`.
+pub fn ebpf_toolchain() -> Result<EbpfToolchain> {
+    announce("bootstrap", "toolchain for the eBPF crate");
+    let list = output(Command::new("rustup").args(["toolchain", "list"]))
+        .context("`rustup toolchain list` failed: rustup is required")?;
+    let toolchain = if list.lines().any(|l| l.starts_with("nightly")) {
+        EbpfToolchain {
+            name: "nightly".into(),
+            needs_bootstrap_env: false,
+        }
+    } else {
+        EbpfToolchain {
+            name: "stable".into(),
+            needs_bootstrap_env: true,
+        }
+    };
+    detail(&format!(
+        "using {}{}",
+        toolchain.name,
+        if toolchain.needs_bootstrap_env {
+            " with RUSTC_BOOTSTRAP=1"
+        } else {
+            ""
+        }
+    ));
+    Ok(toolchain)
+}
+
+/// Adds the rust-src component (needed by `-Z build-std=core`) when missing.
+pub fn rust_src(toolchain: &EbpfToolchain) -> Result<()> {
+    announce(
+        "bootstrap",
+        &format!("rust-src component for {}", toolchain.name),
+    );
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        &toolchain.name,
+    ]))
+    .unwrap_or_default();
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        detail("present, skipping");
+        return Ok(());
+    }
+    run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        &toolchain.name,
+    ]))
+}
+
+/// Where provisioner keeps the tools it builds for itself.
+pub fn tools_dir() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    cache.join("provisioner-tools")
+}
+
+/// Makes sure a working `bpf-linker` exists; returns the directory to put first on PATH.
+///
+/// A plain `cargo install bpf-linker` fails on these machines (it finds Debian's LLVM 14 and its
+/// default feature wants another LLVM), so it is linked against the toolchain's own libLLVM.
+pub fn bpf_linker(toolchain: &EbpfToolchain) -> Result<PathBuf> {
+    announce("bootstrap", &format!("bpf-linker {BPF_LINKER_VERSION}"));
+    let root = tools_dir();
+    let bin = root.join("bin");
+    if bin.join("bpf-linker").exists() {
+        detail(&format!("present in {}, skipping", bin.display()));
+        return Ok(bin);
+    }
+    if let Some(path) = output(Command::new("sh").args(["-c", "command -v bpf-linker"])) {
+        let path = PathBuf::from(path.trim());
+        detail(&format!("found {} on PATH, skipping", path.display()));
+        return Ok(path.parent().map_or(bin, Path::to_path_buf));
+    }
+    let sysroot = output(
+        Command::new("rustc")
+            .arg(format!("+{}", toolchain.name))
+            .args(["--print", "sysroot"]),
+    )
+    .context("rustc --print sysroot")?;
+    let libdir = PathBuf::from(sysroot.trim()).join("lib");
+    let libllvm = std::fs::read_dir(&libdir)
+        .with_context(|| format!("read {}", libdir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|name| name.starts_with("libLLVM.so."))
+        .with_context(|| {
+            format!(
+                "no libLLVM.so.* in {}: cannot link bpf-linker",
+                libdir.display()
+            )
+        })?;
+    let major = libllvm
+        .trim_start_matches("libLLVM.so.")
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    detail(&format!(
+        "building against {libllvm} (LLVM {major}); this takes about 75 s"
+    ));
+    let prefix = root.join("llvm");
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    std::fs::create_dir_all(prefix.join("bin"))?;
+    std::fs::copy(libdir.join(&libllvm), prefix.join("lib").join(&libllvm))
+        .with_context(|| format!("copy {libllvm} into {}", prefix.display()))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&libllvm, &link)?;
+    // bpf-linker's build probes llvm-config; a failing one makes it use LLVM_PREFIX alone.
+    let fake_config = prefix.join("bin/llvm-config");
+    std::fs::write(&fake_config, "#!/bin/sh\nexit 1\n")?;
+    std::fs::set_permissions(
+        &fake_config,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    run(cargo(&toolchain.name)
+        .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}")])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+        ])
+        .arg("--root")
+        .arg(&root)
+        .env("LLVM_PREFIX", &prefix))?;
+    Ok(bin)
+}
