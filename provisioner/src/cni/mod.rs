@@ -1,1 +1,4 @@
 //! The CNI protocol: versions, env + stdin parsing, result and error shapes, codes.
+
+pub mod error;
+pub mod version;
