@@ -1,4 +1,5 @@
 //! The CNI protocol: versions, env + stdin parsing, result and error shapes, codes.
 
+pub mod env;
 pub mod error;
 pub mod version;
