@@ -3,4 +3,5 @@
 pub mod conf;
 pub mod env;
 pub mod error;
+pub mod result;
 pub mod version;
