@@ -1,0 +1,570 @@
+//! The `CNI_*` environment: which verb, which container, which interface.
+//!
+//! Required variables per verb (spec 1.1.0, "Parameters"):
+//!
+//! | verb            | required                                   | optional             |
+//! |-----------------|--------------------------------------------|----------------------|
+//! | ADD, CHECK      | `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME` | `CNI_ARGS`, `CNI_PATH` |
+//! | DEL             | `CNI_CONTAINERID`, `CNI_IFNAME`            | `CNI_NETNS` (may be empty), `CNI_ARGS`, `CNI_PATH` |
+//! | VERSION, STATUS, GC | none besides `CNI_COMMAND`             | `CNI_PATH` (container vars are ignored) |
+//!
+//! The spec lists `CNI_PATH` as required for GC; provisioner never delegates to other plugins,
+//! so it is accepted but never demanded. Every failure here is code 4 naming the variable.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use super::error::CniError;
+
+pub const CNI_COMMAND: &str = "CNI_COMMAND";
+pub const CNI_CONTAINERID: &str = "CNI_CONTAINERID";
+pub const CNI_NETNS: &str = "CNI_NETNS";
+pub const CNI_IFNAME: &str = "CNI_IFNAME";
+pub const CNI_ARGS: &str = "CNI_ARGS";
+pub const CNI_PATH: &str = "CNI_PATH";
+
+/// Linux IFNAMSIZ minus the NUL.
+const MAX_IFNAME_BYTES: usize = 15;
+
+/// The `CNI_COMMAND` verb.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Version,
+    Status,
+    Gc,
+}
+
+impl Command {
+    pub const ALL: [Command; 6] = [
+        Self::Add,
+        Self::Del,
+        Self::Check,
+        Self::Version,
+        Self::Status,
+        Self::Gc,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Version => "VERSION",
+            Self::Status => "STATUS",
+            Self::Gc => "GC",
+        }
+    }
+
+    /// ADD, DEL and CHECK act on one container attachment and need the container variables.
+    pub fn is_container_verb(self) -> bool {
+        matches!(self, Self::Add | Self::Del | Self::Check)
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Command {
+    type Err = CniError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| CniError::invalid_env(format!("unknown {CNI_COMMAND} \"{s}\"")))
+    }
+}
+
+/// `CNI_ARGS`: `K=V;K=V`. All pairs are kept in order; the Kubernetes ones have accessors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CniArgs {
+    pub pairs: Vec<(String, String)>,
+}
+
+impl CniArgs {
+    pub const K8S_POD_NAMESPACE: &'static str = "K8S_POD_NAMESPACE";
+    pub const K8S_POD_NAME: &'static str = "K8S_POD_NAME";
+    pub const K8S_POD_INFRA_CONTAINER_ID: &'static str = "K8S_POD_INFRA_CONTAINER_ID";
+    pub const K8S_POD_UID: &'static str = "K8S_POD_UID";
+
+    /// Parses `K=V;K=V`. Empty segments are skipped; a segment without `=` or with an empty key
+    /// is code 4. A value may itself contain `=`.
+    pub fn parse(s: &str) -> Result<Self, CniError> {
+        let mut pairs = Vec::new();
+        for seg in s.split(';') {
+            if seg.is_empty() {
+                continue;
+            }
+            match seg.split_once('=') {
+                Some((k, v)) if !k.is_empty() => pairs.push((k.to_owned(), v.to_owned())),
+                _ => {
+                    return Err(CniError::invalid_env(format!(
+                        "invalid {CNI_ARGS} \"{s}\": pair \"{seg}\" is not KEY=VALUE"
+                    )));
+                }
+            }
+        }
+        Ok(Self { pairs })
+    }
+
+    /// The last value given for `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn k8s_pod_namespace(&self) -> Option<&str> {
+        self.get(Self::K8S_POD_NAMESPACE)
+    }
+
+    pub fn k8s_pod_name(&self) -> Option<&str> {
+        self.get(Self::K8S_POD_NAME)
+    }
+
+    pub fn k8s_pod_infra_container_id(&self) -> Option<&str> {
+        self.get(Self::K8S_POD_INFRA_CONTAINER_ID)
+    }
+
+    pub fn k8s_pod_uid(&self) -> Option<&str> {
+        self.get(Self::K8S_POD_UID)
+    }
+}
+
+/// The container variables of ADD / DEL / CHECK, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerEnv {
+    pub container_id: String,
+    /// `None` only for DEL with an empty or absent `CNI_NETNS`.
+    pub netns: Option<PathBuf>,
+    pub ifname: String,
+    pub args: CniArgs,
+}
+
+/// The parsed and validated `CNI_*` environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniEnv {
+    pub command: Command,
+    /// `Some` exactly for ADD, DEL and CHECK.
+    pub container: Option<ContainerEnv>,
+    /// `CNI_PATH` split on `:`, empty entries dropped.
+    pub path: Vec<PathBuf>,
+}
+
+impl CniEnv {
+    /// Reads the `CNI_*` variables out of `vars` (other variables are ignored; a repeated one:
+    /// the last wins) and validates them for the verb.
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, CniError> {
+        let mut command = None;
+        let mut container_id = None;
+        let mut netns = None;
+        let mut ifname = None;
+        let mut args = None;
+        let mut path = None;
+        for (k, v) in vars {
+            let slot = match k.as_str() {
+                CNI_COMMAND => &mut command,
+                CNI_CONTAINERID => &mut container_id,
+                CNI_NETNS => &mut netns,
+                CNI_IFNAME => &mut ifname,
+                CNI_ARGS => &mut args,
+                CNI_PATH => &mut path,
+                _ => continue,
+            };
+            *slot = Some(v);
+        }
+
+        let command: Command = match command.as_deref() {
+            None | Some("") => {
+                return Err(CniError::invalid_env(format!(
+                    "required environment variable {CNI_COMMAND} missing"
+                )));
+            }
+            Some(c) => c.parse()?,
+        };
+        let path = path
+            .as_deref()
+            .unwrap_or("")
+            .split(':')
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        if !command.is_container_verb() {
+            return Ok(Self {
+                command,
+                container: None,
+                path,
+            });
+        }
+
+        let netns = netns.filter(|n| !n.is_empty());
+        let mut missing = Vec::new();
+        if container_id.as_deref().is_none_or(str::is_empty) {
+            missing.push(CNI_CONTAINERID);
+        }
+        if netns.is_none() && command != Command::Del {
+            missing.push(CNI_NETNS);
+        }
+        if ifname.as_deref().is_none_or(str::is_empty) {
+            missing.push(CNI_IFNAME);
+        }
+        if !missing.is_empty() {
+            return Err(CniError::invalid_env(format!(
+                "required environment variables missing for {command}: {}",
+                missing.join(", ")
+            )));
+        }
+        let container_id = container_id.unwrap_or_default();
+        let ifname = ifname.unwrap_or_default();
+        validate_container_id(&container_id)?;
+        validate_ifname(&ifname)?;
+        let netns = netns.map(PathBuf::from);
+        if let Some(n) = &netns
+            && !n.is_absolute()
+        {
+            return Err(CniError::invalid_env(format!(
+                "invalid {CNI_NETNS} \"{}\": not an absolute path",
+                n.display()
+            )));
+        }
+        let args = CniArgs::parse(args.as_deref().unwrap_or(""))?;
+        Ok(Self {
+            command,
+            container: Some(ContainerEnv {
+                container_id,
+                netns,
+                ifname,
+                args,
+            }),
+            path,
+        })
+    }
+}
+
+/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, else code 4 naming `CNI_CONTAINERID`.
+pub fn validate_container_id(id: &str) -> Result<(), CniError> {
+    let mut chars = id.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(CniError::invalid_env(format!(
+            "invalid {CNI_CONTAINERID} \"{id}\": must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
+        )))
+    }
+}
+
+/// A Linux interface name: non-empty, at most 15 bytes, not `.`/`..`, no `/`, `:` or whitespace.
+/// Else code 4 naming `CNI_IFNAME`.
+pub fn validate_ifname(name: &str) -> Result<(), CniError> {
+    let why = if name.is_empty() {
+        Some("is empty")
+    } else if name.len() > MAX_IFNAME_BYTES {
+        Some("is longer than 15 bytes")
+    } else if name == "." || name == ".." {
+        Some("must not be \".\" or \"..\"")
+    } else if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        Some("must not contain '/', ':' or whitespace")
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(CniError::invalid_env(format!(
+            "invalid {CNI_IFNAME} \"{name}\": {why}"
+        ))),
+    }
+}
+
+/// Checks that `path` names a network namespace other than this process's own.
+///
+/// Uses `fstatfs` (must be nsfs), `ioctl(NS_GET_NSTYPE)` (must be a net namespace) and
+/// `st_dev`/`st_ino` against `/proc/self/ns/net`. Missing path -> code 3 (no container, nothing to clean up);
+/// not a namespace file, or our own netns -> code 4 naming `CNI_NETNS`; other I/O -> code 5.
+pub fn validate_netns_path(path: &Path) -> Result<(), CniError> {
+    use nix::errno::Errno;
+    use nix::sys::stat::fstat;
+    use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
+    use std::os::fd::AsRawFd;
+
+    let shown = path.display();
+    let io_err = |what: &str, e: std::io::Error| -> CniError {
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            CniError::UNKNOWN_CONTAINER
+        } else {
+            CniError::IO_FAILURE
+        };
+        CniError::new(code, format!("{CNI_NETNS} \"{shown}\": {what}: {e}"))
+    };
+    let nix_err = |what: &str, e: Errno| -> CniError {
+        CniError::new(
+            CniError::IO_FAILURE,
+            format!("{CNI_NETNS} \"{shown}\": {what}: {e}"),
+        )
+    };
+
+    let file = std::fs::File::open(path).map_err(|e| io_err("cannot open", e))?;
+    let fs = fstatfs(&file).map_err(|e| nix_err("fstatfs", e))?;
+    if fs.filesystem_type() != NSFS_MAGIC {
+        return Err(CniError::invalid_env(format!(
+            "invalid {CNI_NETNS} \"{shown}\": not a namespace file"
+        )));
+    }
+    // nsfs holds every namespace type: ask which one this is (Linux >= 4.11).
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
+    let ns_type = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
+    if ns_type < 0 {
+        return Err(nix_err("ioctl(NS_GET_NSTYPE)", Errno::last()));
+    }
+    if ns_type != libc::CLONE_NEWNET {
+        return Err(CniError::invalid_env(format!(
+            "invalid {CNI_NETNS} \"{shown}\": not a network namespace"
+        )));
+    }
+    let theirs = fstat(&file).map_err(|e| nix_err("fstat", e))?;
+    let own = std::fs::File::open("/proc/self/ns/net")
+        .map_err(|e| CniError::new(CniError::IO_FAILURE, format!("/proc/self/ns/net: {e}")))?;
+    let ours = fstat(&own).map_err(|e| nix_err("fstat /proc/self/ns/net", e))?;
+    if theirs.st_dev == ours.st_dev && theirs.st_ino == ours.st_ino {
+        return Err(CniError::invalid_env(format!(
+            "invalid {CNI_NETNS} \"{shown}\": is the plugin's own network namespace"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn full(cmd: &str) -> Vec<(String, String)> {
+        vars(&[
+            ("CNI_COMMAND", cmd),
+            ("CNI_CONTAINERID", "abc123"),
+            ("CNI_NETNS", "/var/run/netns/cni-1"),
+            ("CNI_IFNAME", "eth0"),
+            (
+                "CNI_ARGS",
+                "K8S_POD_UID=u-1;IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc123",
+            ),
+            ("CNI_PATH", "/opt/cni/bin::/usr/lib/cni"),
+            ("HOME", "/root"),
+        ])
+    }
+
+    fn err_of(v: Vec<(String, String)>) -> CniError {
+        CniEnv::from_vars(v).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn add_parses_everything() {
+        let env = CniEnv::from_vars(full("ADD")).expect("valid env");
+        assert_eq!(env.command, Command::Add);
+        assert_eq!(
+            env.path,
+            vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
+        );
+        let c = env.container.expect("container vars");
+        assert_eq!(c.container_id, "abc123");
+        assert_eq!(c.netns, Some(PathBuf::from("/var/run/netns/cni-1")));
+        assert_eq!(c.ifname, "eth0");
+        assert_eq!(c.args.k8s_pod_namespace(), Some("default"));
+        assert_eq!(c.args.k8s_pod_name(), Some("web-0"));
+        assert_eq!(c.args.k8s_pod_infra_container_id(), Some("abc123"));
+        assert_eq!(c.args.k8s_pod_uid(), Some("u-1"));
+        assert_eq!(c.args.get("IgnoreUnknown"), Some("1"));
+    }
+
+    #[test]
+    fn every_command_parses() {
+        for c in Command::ALL {
+            let env = CniEnv::from_vars(full(c.as_str())).expect("valid env");
+            assert_eq!(env.command, c);
+            assert_eq!(env.container.is_some(), c.is_container_verb());
+        }
+    }
+
+    #[test]
+    fn missing_or_unknown_command_is_code_4() {
+        let e = err_of(vars(&[("CNI_IFNAME", "eth0")]));
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("CNI_COMMAND"), "{}", e.msg);
+        let e = err_of(vars(&[("CNI_COMMAND", "ATTACH")]));
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("CNI_COMMAND") && e.msg.contains("ATTACH"));
+        // Case matters: the spec's verbs are upper case.
+        assert_eq!(err_of(vars(&[("CNI_COMMAND", "add")])).code, 4);
+    }
+
+    #[test]
+    fn required_vars_per_verb() {
+        for cmd in ["ADD", "CHECK", "DEL"] {
+            for var in ["CNI_CONTAINERID", "CNI_IFNAME", "CNI_NETNS"] {
+                let mut v = full(cmd);
+                v.retain(|(k, _)| k != var);
+                let r = CniEnv::from_vars(v);
+                if cmd == "DEL" && var == "CNI_NETNS" {
+                    let env = r.expect("DEL without netns is fine");
+                    assert_eq!(env.container.expect("container").netns, None);
+                    continue;
+                }
+                let e = r.expect_err("missing var");
+                assert_eq!(e.code, CniError::INVALID_ENV);
+                assert!(e.msg.contains(var), "{cmd}: {}", e.msg);
+            }
+        }
+        // Empty counts as missing, except for DEL's netns.
+        let mut v = full("ADD");
+        v.push(("CNI_NETNS".into(), String::new()));
+        assert!(err_of(v).msg.contains("CNI_NETNS"));
+        let mut v = full("DEL");
+        v.push(("CNI_NETNS".into(), String::new()));
+        let env = CniEnv::from_vars(v).expect("DEL with empty netns");
+        assert_eq!(env.container.expect("container").netns, None);
+    }
+
+    #[test]
+    fn non_container_verbs_need_only_the_command() {
+        for cmd in ["VERSION", "STATUS", "GC"] {
+            let env = CniEnv::from_vars(vars(&[("CNI_COMMAND", cmd)])).expect("valid");
+            assert!(env.container.is_none());
+            assert!(env.path.is_empty());
+            // Garbage container vars are ignored, not validated.
+            let env = CniEnv::from_vars(vars(&[
+                ("CNI_COMMAND", cmd),
+                ("CNI_IFNAME", "not valid name"),
+                ("CNI_ARGS", "garbage"),
+            ]))
+            .expect("ignored");
+            assert!(env.container.is_none());
+        }
+    }
+
+    #[test]
+    fn container_id_validation() {
+        for ok in ["a", "0", "abc-1.2_3", "k8s.io-0123456789abcdef"] {
+            assert!(validate_container_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "_a", ".a", "a b", "a/b", "a:b", "é"] {
+            let e = validate_container_id(bad).expect_err(bad);
+            assert_eq!(e.code, CniError::INVALID_ENV);
+            assert!(e.msg.contains("CNI_CONTAINERID") && e.msg.contains(bad));
+        }
+        let mut v = full("ADD");
+        v.push(("CNI_CONTAINERID".into(), "-bad".into()));
+        assert!(err_of(v).msg.contains("\"-bad\""));
+    }
+
+    #[test]
+    fn ifname_validation() {
+        for ok in ["eth0", "a", "net1", "abcdefghijklmno", "veth-._x"] {
+            assert!(validate_ifname(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "abcdefghijklmnop",
+            "a/b",
+            "a:b",
+            "a b",
+            "a\tb",
+            "ééééééééé",
+        ] {
+            let e = validate_ifname(bad).expect_err(bad);
+            assert_eq!(e.code, CniError::INVALID_ENV);
+            assert!(e.msg.contains("CNI_IFNAME"), "{}", e.msg);
+        }
+        let mut v = full("CHECK");
+        v.push(("CNI_IFNAME".into(), "eth:0".into()));
+        assert!(err_of(v).msg.contains("\"eth:0\""));
+    }
+
+    #[test]
+    fn relative_netns_is_rejected() {
+        let mut v = full("ADD");
+        v.push(("CNI_NETNS".into(), "netns/x".into()));
+        let e = err_of(v);
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("CNI_NETNS") && e.msg.contains("netns/x"));
+    }
+
+    #[test]
+    fn cni_args_parsing() {
+        assert_eq!(CniArgs::parse("").expect("empty").pairs, vec![]);
+        let a = CniArgs::parse("A=1;;B=x=y;A=2;").expect("valid");
+        assert_eq!(a.get("A"), Some("2"));
+        assert_eq!(a.get("B"), Some("x=y"));
+        assert_eq!(a.get("C"), None);
+        assert_eq!(a.pairs.len(), 3);
+        for bad in ["A", "A=1;B", "=1"] {
+            let e = CniArgs::parse(bad).expect_err(bad);
+            assert_eq!(e.code, CniError::INVALID_ENV);
+            assert!(e.msg.contains("CNI_ARGS"));
+        }
+        let mut v = full("ADD");
+        v.push(("CNI_ARGS".into(), "K8S_POD_NAME".into()));
+        assert!(err_of(v).msg.contains("CNI_ARGS"));
+    }
+
+    #[test]
+    fn netns_path_checks() {
+        let e = validate_netns_path(Path::new("/nonexistent/netns/x")).expect_err("missing");
+        assert_eq!(e.code, CniError::UNKNOWN_CONTAINER);
+        assert!(e.msg.contains("CNI_NETNS") && e.msg.contains("/nonexistent/netns/x"));
+
+        let e = validate_netns_path(Path::new("/proc/self/status")).expect_err("not nsfs");
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("not a namespace file"), "{}", e.msg);
+
+        let e = validate_netns_path(Path::new("/proc/self/ns/mnt")).expect_err("mount ns");
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("not a network namespace"), "{}", e.msg);
+
+        let e = validate_netns_path(Path::new("/proc/self/ns/net")).expect_err("own netns");
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("own network namespace"), "{}", e.msg);
+    }
+
+    /// Positive case: a thread unshares its netns (needs CAP_SYS_ADMIN; skipped without it).
+    #[test]
+    fn netns_path_accepts_another_netns() {
+        use std::sync::mpsc;
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let r = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .map(|()| nix::unistd::gettid());
+            let _ = ready_tx.send(r);
+            let _ = done_rx.recv();
+        });
+        let tid = ready_rx.recv().expect("thread reports");
+        if let Ok(tid) = tid {
+            let path = PathBuf::from(format!("/proc/self/task/{tid}/ns/net"));
+            assert_eq!(validate_netns_path(&path), Ok(()));
+        } else {
+            eprintln!("skipping: cannot unshare a netns here: {tid:?}");
+        }
+        let _ = done_tx.send(());
+        t.join().expect("thread joins");
+    }
+}
