@@ -462,6 +462,9 @@ mod tests {
     fn template_errors() {
         let e = render_template("{{range .PodCIDRRanges}}", &cidrs("10.0.0.0/8")).unwrap_err();
         assert!(e.to_string().starts_with("template <text>: parse: "), "{e}");
+        // As in Go, an unknown field is an error, not "<no value>" in the output.
+        let e = render_template("{{.PodCidr}}", &cidrs("10.0.0.0/8")).unwrap_err();
+        assert!(e.to_string().contains("execute: no field PodCidr"), "{e}");
     }
 
     #[test]
