@@ -1,1 +1,19 @@
 //! Network config model, validation, template rendering, watching with last-good semantics.
+//!
+//! - [`network`]: the plugin's config model ([`NetworkConfig`]) and its validation;
+//! - [`conf_dir`]: choosing our network from a conf dir as a runtime (libcni) does;
+//! - [`template`]: `render-config`, containerd-compatible `conf_template` rendering, and the
+//!   project's one atomic-write helper ([`write_atomically`]);
+//! - [`watch`]: following a conf dir (or file) through inotify, keeping the last good config.
+
+pub mod conf_dir;
+mod error;
+pub mod network;
+pub mod template;
+pub mod watch;
+
+pub use conf_dir::{LoadedNetwork, SkipReason, SkippedFile, load_conf_dir, load_conf_file};
+pub use error::ConfigError;
+pub use network::{NetworkConfig, PLUGIN_TYPE};
+pub use template::{parse_pod_cidrs, render_config, render_template, write_atomically};
+pub use watch::{ConfigState, ConfigWatcher, LoadAttempt};
