@@ -1,7 +1,8 @@
 //! provisioner: gives container sandboxes their network through netlink and proves, from the
 //! kernel, that every sandbox really got it.
 //!
-//! Dependency direction is one way: `daemon` -> {`cni`, `config`, `ipam`, `dataplane`, `trace`}.
+//! Dependency direction is one way: `daemon` -> `sandbox` -> {`ipam`, `dataplane`}, and
+//! `daemon` -> {`cni`, `config`, `trace`}.
 //! None of those import `daemon`; `cni` does not know netlink; `dataplane` does not know CNI JSON.
 
 pub mod cni;
@@ -9,4 +10,5 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod ipam;
+pub mod sandbox;
 pub mod trace;

@@ -1,9 +1,9 @@
-fn main() -> anyhow::Result<()> {
-    provisioner_cli::run()
-}
+//! The one binary: daemon, CLI, and CNI plugin (whenever CNI_COMMAND is set).
 
-mod provisioner_cli {
-    pub fn run() -> anyhow::Result<()> {
-        anyhow::bail!("not yet wired")
-    }
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cli::main()
 }

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 
+pub mod daemon_harness;
+
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
 /// Fails the test with a clear message unless it runs as root.
@@ -170,4 +172,22 @@ pub fn run(program: &str, args: &[&str]) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `provisioner` binary of this build (`cargo xtask test` builds it before the tests).
+pub fn provisioner_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/<test> -> target/<profile>/provisioner
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let bin = profile_dir.join("provisioner");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build -p provisioner` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
 }

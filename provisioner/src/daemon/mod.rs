@@ -1,1 +1,16 @@
 //! API server on a unix socket, per-sandbox serialisation, readiness, reconciliation.
+//!
+//! One request per connection, one JSON document per line each way ([`api`]). The daemon holds
+//! the network in force (from the config watcher) as an immutable snapshot: a request takes the
+//! snapshot current when it starts, so a config change never affects an operation in flight.
+
+pub mod api;
+pub mod client;
+mod errors;
+mod key_locks;
+mod reconcile;
+pub mod result;
+mod server;
+mod state;
+
+pub use server::{DaemonOptions, RenderAtStart, run};

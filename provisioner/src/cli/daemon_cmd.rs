@@ -1,0 +1,72 @@
+//! `provisioner daemon`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use provisioner::config::parse_pod_cidrs;
+use provisioner::daemon::api::DEFAULT_SOCKET;
+use provisioner::daemon::{DaemonOptions, RenderAtStart};
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// Unix socket of the API (created 0600, root only).
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Where allocations are stored.
+    #[arg(long, default_value = "/var/lib/provisioner")]
+    data_dir: PathBuf,
+    /// CNI conf dir, loaded as a runtime does (first network with a "provisioner" plugin).
+    #[arg(long, conflicts_with = "config")]
+    conf_dir: Option<PathBuf>,
+    /// One network config file instead of a conf dir.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Render this containerd-style template at start (needs --pod-cidr).
+    #[arg(long, requires = "pod_cidr")]
+    template: Option<PathBuf>,
+    /// Pod CIDR(s) for --template, comma separated.
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// Where --template renders to (default: <conf-dir>/10-provisioner.conflist).
+    #[arg(long)]
+    template_output: Option<PathBuf>,
+    /// Host ("node") network namespace path; default: the daemon's own.
+    #[arg(long)]
+    host_netns: Option<PathBuf>,
+}
+
+pub fn run(args: DaemonArgs) -> Result<()> {
+    let config_source = match (&args.conf_dir, &args.config) {
+        (Some(dir), None) => dir.clone(),
+        (None, Some(file)) => file.clone(),
+        _ => bail!("give --conf-dir DIR or --config FILE"),
+    };
+    let render = match (&args.template, &args.pod_cidr) {
+        (Some(template), Some(cidrs)) => {
+            let output = match (&args.template_output, &args.conf_dir) {
+                (Some(output), _) => output.clone(),
+                (None, Some(dir)) => dir.join("10-provisioner.conflist"),
+                (None, None) => args.config.clone().context("--template-output")?,
+            };
+            Some(RenderAtStart {
+                template: template.clone(),
+                pod_cidrs: parse_pod_cidrs(cidrs).context("--pod-cidr")?,
+                output,
+            })
+        }
+        _ => None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(provisioner::daemon::run(DaemonOptions {
+        socket: args.socket,
+        data_dir: args.data_dir,
+        config_source,
+        render,
+        host_netns: args.host_netns,
+    }))
+}

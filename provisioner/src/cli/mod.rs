@@ -1,0 +1,124 @@
+//! Command line: argument parsing and dispatch to one module per command.
+
+mod daemon_cmd;
+mod local_ops;
+mod output;
+mod plugin;
+mod remote_ops;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use provisioner::daemon::api::DEFAULT_SOCKET;
+
+/// Gives container sandboxes their network through netlink and proves, from the kernel, that
+/// every sandbox really got it. Acts as a CNI plugin whenever CNI_COMMAND is set.
+#[derive(Parser)]
+#[command(name = "provisioner", version)]
+struct Cli {
+    /// Log filter (tracing env-filter syntax), e.g. `info` or `provisioner=debug`.
+    #[arg(long, global = true, env = "PROVISIONER_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: API on a unix socket, config watching, readiness.
+    Daemon(daemon_cmd::DaemonArgs),
+    /// Give a sandbox its interface, addresses and routes.
+    Add(SandboxArgs),
+    /// Remove a sandbox's network and release its addresses (idempotent).
+    Del(SandboxArgs),
+    /// Verify that the kernel holds everything a sandbox should have.
+    Check(SandboxArgs),
+    /// Show whether the daemon is ready, and why not.
+    Status(DaemonClientArgs),
+    /// List allocations.
+    List(DaemonClientArgs),
+    /// Render a containerd-style CNI conf template from the node's pod CIDRs.
+    RenderConfig(render::RenderArgs),
+}
+
+/// Which sandbox, and whom to ask.
+#[derive(Args, Clone, Debug)]
+pub struct SandboxArgs {
+    /// Container (sandbox) id, as CNI_CONTAINERID.
+    #[arg(long)]
+    container_id: String,
+    /// Path of the sandbox network namespace, as CNI_NETNS (optional for del).
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// Interface name inside the sandbox.
+    #[arg(long, default_value = "eth0")]
+    ifname: String,
+    /// Run in-process with this network config file instead of asking the daemon.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Allocation store for the in-process mode (--config).
+    #[arg(long, default_value = "/var/lib/provisioner")]
+    data_dir: PathBuf,
+    /// The daemon's socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print JSON (CNI result shape for add).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct DaemonClientArgs {
+    /// The daemon's socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main() -> ExitCode {
+    if std::env::var_os("CNI_COMMAND").is_some() {
+        return plugin::main();
+    }
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    let result = match cli.command {
+        Command::Daemon(args) => daemon_cmd::run(args),
+        Command::Add(args) => sandbox_op(local_ops::Op::Add, &args),
+        Command::Del(args) => sandbox_op(local_ops::Op::Del, &args),
+        Command::Check(args) => sandbox_op(local_ops::Op::Check, &args),
+        Command::Status(args) => match remote_ops::status(&args.socket, args.json) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(3),
+            Err(err) => Err(err),
+        },
+        Command::List(args) => remote_ops::list(&args.socket, args.json),
+        Command::RenderConfig(args) => render::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("provisioner: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn sandbox_op(op: local_ops::Op, args: &SandboxArgs) -> anyhow::Result<()> {
+    match &args.config {
+        Some(config) => local_ops::run(op, args, config),
+        None => remote_ops::sandbox(op, args),
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

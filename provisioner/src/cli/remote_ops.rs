@@ -1,0 +1,99 @@
+//! CLI verbs answered by the daemon over its socket.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+
+use provisioner::cni::{CniResult, CniVersion};
+use provisioner::daemon::api::{AllocationInfo, Request, Response, SandboxRequest, Status};
+use provisioner::daemon::client;
+
+use super::SandboxArgs;
+use super::local_ops::Op;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn call(socket: &Path, request: &Request) -> Result<serde_json::Value> {
+    match client::call(socket, request, TIMEOUT)? {
+        Response::Ok { result } => Ok(result),
+        Response::Error { code, msg, .. } => bail!("daemon error {code}: {msg}"),
+    }
+}
+
+pub fn sandbox(op: Op, args: &SandboxArgs) -> Result<()> {
+    let req = SandboxRequest {
+        container_id: args.container_id.clone(),
+        ifname: args.ifname.clone(),
+        netns: args.netns.clone(),
+        network: None,
+        prev_result: None,
+    };
+    let (request, verb) = match op {
+        Op::Add => (Request::Add(req), "added"),
+        Op::Del => (Request::Del(req), "deleted"),
+        Op::Check => (Request::Check(req), "ok"),
+    };
+    let result = call(&args.socket, &request)?;
+    if let Op::Add = op {
+        let parsed = CniResult::from_json(&result).map_err(|e| anyhow::anyhow!("{}", e.msg))?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&parsed.to_json(CniVersion::LATEST))?);
+        } else {
+            let ips: Vec<String> = parsed.ips.iter().map(|ip| ip.address.to_string()).collect();
+            println!("{verb} {} ({}): {}", args.container_id, args.ifname, ips.join(", "));
+        }
+    } else if args.json {
+        println!("{}", serde_json::json!({"containerId": args.container_id, "ifname": args.ifname, "result": verb}));
+    } else {
+        println!("{verb}: {} ({})", args.container_id, args.ifname);
+    }
+    Ok(())
+}
+
+pub fn status(socket: &Path, json: bool) -> Result<bool> {
+    let status: Status = serde_json::from_value(call(socket, &Request::Status)?)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(status.ready);
+    }
+    println!("ready: {}", if status.ready { "yes" } else { "NO" });
+    for reason in &status.reasons {
+        println!("  not ready because: {reason}");
+    }
+    match &status.network {
+        Some(n) => println!(
+            "network: {} from {} ranges {} mtu {}",
+            n.name,
+            n.file.display(),
+            n.ranges.join(","),
+            n.mtu.map_or_else(|| "default".to_owned(), |m| m.to_string())
+        ),
+        None => println!("network: none loaded (source {})", status.config_source.display()),
+    }
+    if let Some(load) = &status.last_load {
+        let file = load.file.as_ref().map_or_else(|| "-".to_owned(), |f| f.display().to_string());
+        match &load.error {
+            None => println!("last load: ok ({file})"),
+            Some(err) => println!("last load: FAILED ({file}): {err}"),
+        }
+    }
+    if let Some(n) = status.allocations {
+        println!("allocations: {n}");
+    }
+    Ok(status.ready)
+}
+
+pub fn list(socket: &Path, json: bool) -> Result<()> {
+    let result = call(socket, &Request::List)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(());
+    }
+    let allocations: Vec<AllocationInfo> = serde_json::from_value(result)?;
+    for a in &allocations {
+        println!("{}\t{}\t{}", a.container_id, a.ifname, a.addresses.join(","));
+    }
+    eprintln!("{} allocation(s)", allocations.len());
+    Ok(())
+}

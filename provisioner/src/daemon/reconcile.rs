@@ -1,0 +1,60 @@
+//! Start-up reconciliation of the allocation store with the kernel.
+//!
+//! The veth pair of a sandbox dies with its netns, so a missing host veth means the sandbox is
+//! gone: its allocation is released. A host veth named like ours with no allocation is a leftover
+//! of a crash between link creation and the store: it is deleted.
+
+use std::collections::HashSet;
+
+use crate::dataplane::{host_ifname, is_host_ifname};
+use crate::ipam::OpenReport;
+use crate::sandbox::{SandboxRef, SandboxService};
+
+pub fn report_store(report: &OpenReport) {
+    tracing::info!(store = %report.path.display(), allocations = report.allocations, "allocation store open");
+    for allocation in &report.out_of_range {
+        tracing::warn!(key = %allocation.key, ips = ?allocation.ips, "allocation outside the configured ranges: kept reserved until its sandbox is deleted");
+    }
+    for (key, reason) in &report.unreadable {
+        tracing::warn!(%key, %reason, "unreadable allocation record kept");
+    }
+}
+
+pub async fn with_kernel(service: &SandboxService) -> Result<(), String> {
+    let links: HashSet<String> = service
+        .dataplane()
+        .host_link_names()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .collect();
+    let allocator = std::sync::Arc::clone(service.allocator());
+    let allocations = tokio::task::spawn_blocking(move || allocator.list())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut expected = HashSet::new();
+    for allocation in &allocations {
+        let name = host_ifname(&allocation.key.container_id, &allocation.key.ifname);
+        if links.contains(&name) {
+            expected.insert(name);
+            continue;
+        }
+        tracing::warn!(key = %allocation.key, host_link = %name, "sandbox gone (no host veth): releasing its allocation");
+        let sandbox = SandboxRef {
+            container_id: allocation.key.container_id.clone(),
+            ifname: allocation.key.ifname.clone(),
+            netns: None,
+        };
+        if let Err(err) = service.del(&sandbox).await {
+            tracing::error!(key = %allocation.key, error = %err, "release of a gone sandbox failed");
+        }
+    }
+    for link in links.iter().filter(|l| is_host_ifname(l) && !expected.contains(*l)) {
+        tracing::warn!(host_link = %link, "host veth without allocation: deleting");
+        if let Err(err) = service.dataplane().delete_host_link(link).await {
+            tracing::error!(host_link = %link, error = %err, "delete leftover host veth");
+        }
+    }
+    Ok(())
+}

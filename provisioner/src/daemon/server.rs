@@ -1,0 +1,373 @@
+//! The daemon: socket, request dispatch, config following, graceful shutdown.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use ipnetwork::IpNetwork;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinSet;
+
+use crate::cni::{CniError, CniResult, CniVersion};
+use crate::config::{ConfigWatcher, render_config};
+use crate::dataplane::Dataplane;
+use crate::ipam::IpamConfig;
+use crate::sandbox::{Network, SandboxRef};
+
+use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
+use super::errors::cni_error;
+use super::result::cni_result;
+use super::state::{ActiveGuard, DaemonState, Paths};
+
+/// Largest request line accepted.
+const MAX_REQUEST: usize = 1 << 20;
+
+pub struct DaemonOptions {
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    /// A conf dir (loaded as a runtime does) or one config file.
+    pub config_source: PathBuf,
+    /// Render this template into `render_output` before loading the config.
+    pub render: Option<RenderAtStart>,
+    /// Host ("node") network namespace; default: the daemon's own.
+    pub host_netns: Option<PathBuf>,
+}
+
+pub struct RenderAtStart {
+    pub template: PathBuf,
+    pub pod_cidrs: Vec<IpNetwork>,
+    pub output: PathBuf,
+}
+
+/// Runs until SIGTERM or SIGINT, then finishes the operations in flight and returns.
+pub async fn run(opts: DaemonOptions) -> Result<()> {
+    if let Some(render) = &opts.render {
+        render_config(&render.template, &render.pod_cidrs, &render.output).with_context(|| {
+            format!(
+                "render {} into {}",
+                render.template.display(),
+                render.output.display()
+            )
+        })?;
+    }
+    let dataplane = match &opts.host_netns {
+        Some(path) => Dataplane::with_host_netns(path),
+        None => Dataplane::new(),
+    }
+    .context("open netlink in the host network namespace")?;
+    let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
+        .with_context(|| format!("watch {}", opts.config_source.display()))?;
+    let state = Arc::new(DaemonState::new(
+        Paths {
+            socket: opts.socket.clone(),
+            data_dir: opts.data_dir.clone(),
+            config_source: opts.config_source.clone(),
+        },
+        dataplane,
+    ));
+    let initial = config_rx.borrow_and_update().clone();
+    state.apply_config(initial).await;
+
+    let follower = tokio::spawn({
+        let state = Arc::clone(&state);
+        async move {
+            while config_rx.changed().await.is_ok() {
+                let next = config_rx.borrow_and_update().clone();
+                state.apply_config(next).await;
+            }
+        }
+    });
+
+    let listener = bind(&opts.socket)?;
+    let status = state.status().await;
+    tracing::info!(
+        socket = %opts.socket.display(),
+        ready = status.ready,
+        reasons = ?status.reasons,
+        "daemon listening"
+    );
+    let mut in_flight = JoinSet::new();
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("install SIGTERM handler")?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let state = Arc::clone(&state);
+                    in_flight.spawn(async move { serve(&state, stream).await });
+                }
+                Err(err) => tracing::warn!(error = %err, "accept failed"),
+            },
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+            _ = sigterm.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    tracing::info!(in_flight = in_flight.len(), "shutting down: finishing operations in flight");
+    drop(listener);
+    while in_flight.join_next().await.is_some() {}
+    follower.abort();
+    drop(watcher);
+    let _ = std::fs::remove_file(&opts.socket);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Binds the socket root-only (0600), replacing a stale socket file.
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("another daemon is listening on {}", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))?;
+    }
+    let old_umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old_umask);
+    let listener = listener.with_context(|| format!("bind {}", path.display()))?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    Ok(listener)
+}
+
+async fn serve(state: &DaemonState, stream: UnixStream) {
+    let allowed = stream.peer_cred().map(|cred| {
+        let uid = cred.uid();
+        (uid == 0 || uid == nix::unistd::geteuid().as_raw(), uid)
+    });
+    let (read, mut write) = stream.into_split();
+    let response = match allowed {
+        Ok((true, _)) => {
+            let mut line = Vec::new();
+            let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
+            match reader.read_until(b'\n', &mut line).await {
+                Ok(_) => match serde_json::from_slice::<Request>(&line) {
+                    Ok(request) => handle(state, request).await,
+                    Err(err) => CniError::decode(format!("undecodable request: {err}")).into(),
+                },
+                Err(err) => CniError::new(CniError::IO_FAILURE, format!("read request: {err}")).into(),
+            }
+        }
+        Ok((false, uid)) => CniError::new(
+            CniError::INTERNAL,
+            format!("uid {uid} may not use the provisioner daemon (root only)"),
+        )
+        .into(),
+        Err(err) => CniError::new(CniError::IO_FAILURE, format!("peer credentials: {err}")).into(),
+    };
+    let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|_| b"{}".to_vec());
+    bytes.push(b'\n');
+    if let Err(err) = write.write_all(&bytes).await {
+        tracing::debug!(error = %err, "client went away before the answer");
+    }
+}
+
+async fn handle(state: &DaemonState, request: Request) -> Response {
+    match request {
+        Request::Add(req) => sandbox_op(state, req, Op::Add).await,
+        Request::Del(req) => sandbox_op(state, req, Op::Del).await,
+        Request::Check(req) => sandbox_op(state, req, Op::Check).await,
+        Request::Gc { network, valid } => gc(state, network.as_ref(), &valid).await,
+        Request::Status => ok(&state.status().await),
+        Request::List => list(state).await,
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Add,
+    Del,
+    Check,
+}
+
+fn ok<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_value(value) {
+        Ok(result) => Response::Ok { result },
+        Err(err) => CniError::internal(format!("encode answer: {err}")).into(),
+    }
+}
+
+/// The network in force, or code 11 (try again later) with the reasons it is not ready.
+async fn require_active(state: &DaemonState) -> Result<ActiveGuard, Response> {
+    let active = state.active().await;
+    if active.is_some() {
+        return Ok(active);
+    }
+    drop(active);
+    let status = state.status().await;
+    Err(CniError::try_again_later(format!(
+        "provisioner daemon not ready: {}",
+        status.reasons.join("; ")
+    ))
+    .into())
+}
+
+fn claim_mismatch(network: &Network, claim: Option<&NetworkClaim>) -> Option<Response> {
+    let claim = claim?;
+    let claimed = serde_json::from_value::<IpamConfig>(claim.ipam.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|ipam| Network::new(&claim.name, None, ipam).map_err(|e| e.to_string()));
+    let reason = match claimed {
+        Ok(claimed) => network.mismatch(&claimed)?,
+        Err(err) => format!("request's network config is invalid: {err}"),
+    };
+    Some(CniError::new(CniError::CONFIG_MISMATCH, reason).into())
+}
+
+async fn sandbox_op(state: &DaemonState, req: SandboxRequest, op: Op) -> Response {
+    let active = match require_active(state).await {
+        Ok(active) => active,
+        Err(response) => return response,
+    };
+    let Some(active) = active.as_ref() else {
+        return CniError::try_again_later("provisioner daemon not ready").into();
+    };
+    let service = &active.service;
+    if let Some(mismatch) = claim_mismatch(service.network(), req.network.as_ref()) {
+        return mismatch;
+    }
+    let sandbox = SandboxRef {
+        container_id: req.container_id.clone(),
+        ifname: req.ifname.clone(),
+        netns: req.netns.clone(),
+    };
+    let _serialised = state.locks.lock(&req.container_id, &req.ifname).await;
+    match op {
+        Op::Add => match service.add(&sandbox).await {
+            Ok(outcome) => {
+                tracing::info!(container = %req.container_id, ifname = %req.ifname, addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "added");
+                Response::Ok {
+                    result: cni_result(&outcome).to_json(CniVersion::LATEST),
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "ADD failed");
+                cni_error(&err).into()
+            }
+        },
+        Op::Del => match service.del(&sandbox).await {
+            Ok(outcome) => {
+                tracing::info!(container = %req.container_id, ifname = %req.ifname, released = outcome.released.is_some(), "deleted");
+                Response::Ok {
+                    result: serde_json::Value::Null,
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "DEL failed");
+                cni_error(&err).into()
+            }
+        },
+        Op::Check => check(service, &sandbox, req.prev_result.as_ref()).await,
+    }
+}
+
+async fn check(
+    service: &crate::sandbox::SandboxService,
+    sandbox: &SandboxRef,
+    prev_result: Option<&serde_json::Value>,
+) -> Response {
+    let allocation = match service.check(sandbox).await {
+        Ok(allocation) => allocation,
+        Err(err) => return cni_error(&err).into(),
+    };
+    if let Some(prev) = prev_result {
+        let prev = match CniResult::from_json(prev) {
+            Ok(prev) => prev,
+            Err(err) => return err.into(),
+        };
+        let mut expected: Vec<String> = allocation.ips.iter().map(|ip| ip.address.to_string()).collect();
+        let mut claimed: Vec<String> = prev.ips.iter().map(|ip| ip.address.to_string()).collect();
+        expected.sort();
+        claimed.sort();
+        if expected != claimed {
+            return CniError::new(
+                CniError::CHECK_FAILED,
+                format!(
+                    "sandbox {} ({}): prevResult addresses {} differ from the allocation {}",
+                    sandbox.container_id,
+                    sandbox.ifname,
+                    claimed.join(","),
+                    expected.join(",")
+                ),
+            )
+            .into();
+        }
+    }
+    Response::Ok {
+        result: serde_json::Value::Null,
+    }
+}
+
+async fn gc(state: &DaemonState, network: Option<&NetworkClaim>, valid: &[AttachmentRef]) -> Response {
+    let active = match require_active(state).await {
+        Ok(active) => active,
+        Err(response) => return response,
+    };
+    let Some(active) = active.as_ref() else {
+        return CniError::try_again_later("provisioner daemon not ready").into();
+    };
+    let service = &active.service;
+    if let Some(mismatch) = claim_mismatch(service.network(), network) {
+        return mismatch;
+    }
+    let allocator = Arc::clone(service.allocator());
+    let allocations = match tokio::task::spawn_blocking(move || allocator.list()).await {
+        Ok(Ok(list)) => list,
+        Ok(Err(err)) => return CniError::internal(format!("list allocations: {err}")).into(),
+        Err(err) => return CniError::internal(format!("list allocations: {err}")).into(),
+    };
+    let mut released = Vec::new();
+    let mut errors = Vec::new();
+    for allocation in allocations {
+        let key = &allocation.key;
+        if valid
+            .iter()
+            .any(|v| v.container_id == key.container_id && v.ifname == key.ifname)
+        {
+            continue;
+        }
+        let sandbox = SandboxRef {
+            container_id: key.container_id.clone(),
+            ifname: key.ifname.clone(),
+            netns: None,
+        };
+        let _serialised = state.locks.lock(&key.container_id, &key.ifname).await;
+        match service.del(&sandbox).await {
+            Ok(_) => released.push(key.to_string()),
+            Err(err) => errors.push(err.to_string()),
+        }
+    }
+    tracing::info!(released = released.len(), "GC");
+    if errors.is_empty() {
+        ok(&serde_json::json!({ "released": released }))
+    } else {
+        CniError::internal(format!("GC: {}", errors.join("; "))).into()
+    }
+}
+
+async fn list(state: &DaemonState) -> Response {
+    let active = match require_active(state).await {
+        Ok(active) => active,
+        Err(response) => return response,
+    };
+    let Some(active) = active.as_ref() else {
+        return CniError::try_again_later("provisioner daemon not ready").into();
+    };
+    let allocator = Arc::clone(active.service.allocator());
+    match tokio::task::spawn_blocking(move || allocator.list()).await {
+        Ok(Ok(allocations)) => ok(&allocations
+            .iter()
+            .map(|a| AllocationInfo {
+                container_id: a.key.container_id.clone(),
+                ifname: a.key.ifname.clone(),
+                addresses: a.ips.iter().map(|ip| ip.address.to_string()).collect(),
+            })
+            .collect::<Vec<_>>()),
+        Ok(Err(err)) => CniError::internal(format!("list allocations: {err}")).into(),
+        Err(err) => CniError::internal(format!("list allocations: {err}")).into(),
+    }
+}

@@ -1,0 +1,224 @@
+//! What the daemon holds: the network in force with its service, readiness and its reasons.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+
+use crate::config::{ConfigState, LoadedNetwork};
+use crate::dataplane::Dataplane;
+use crate::ipam::Allocator;
+use crate::sandbox::{Network, SandboxService};
+
+use super::api::{LoadInfo, NetworkInfo, Status};
+use super::key_locks::KeyLocks;
+use super::reconcile;
+
+/// The network in force and the service that provisions it.
+pub struct Active {
+    pub loaded: Arc<LoadedNetwork>,
+    pub service: SandboxService,
+}
+
+pub struct Paths {
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    pub config_source: PathBuf,
+}
+
+pub struct DaemonState {
+    pub paths: Paths,
+    pub dataplane: Dataplane,
+    pub locks: KeyLocks,
+    /// Requests hold a read guard for their whole duration; a config change takes the write
+    /// guard, so it waits for operations in flight and none ever sees a half-applied config.
+    active: Arc<RwLock<Option<Active>>>,
+    /// The config state last applied (for status), and the store error if opening failed.
+    applied: std::sync::Mutex<Applied>,
+}
+
+#[derive(Default)]
+struct Applied {
+    config: Option<ConfigState>,
+    store_error: Option<String>,
+    dataplane_error: Option<String>,
+}
+
+pub type ActiveGuard = OwnedRwLockReadGuard<Option<Active>>;
+
+impl DaemonState {
+    pub fn new(paths: Paths, dataplane: Dataplane) -> Self {
+        Self {
+            paths,
+            dataplane,
+            locks: KeyLocks::default(),
+            active: Arc::new(RwLock::new(None)),
+            applied: std::sync::Mutex::new(Applied::default()),
+        }
+    }
+
+    fn applied(&self) -> std::sync::MutexGuard<'_, Applied> {
+        self.applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The network in force for one request; `None` inside when not ready.
+    pub async fn active(&self) -> ActiveGuard {
+        Arc::clone(&self.active).read_owned().await
+    }
+
+    /// Applies a new config state: keeps the service when nothing relevant changed, else
+    /// swaps it once in-flight operations are done. Reopens the store only when the network's
+    /// name or ranges changed.
+    pub async fn apply_config(&self, state: ConfigState) {
+        self.applied().config = Some(state.clone());
+        let Some(loaded) = state.current.clone() else {
+            if self.active.read().await.is_some() {
+                tracing::warn!(source = %self.paths.config_source.display(), "network config removed: not ready");
+            }
+            *self.active.write().await = None;
+            return;
+        };
+        let network = match Network::from_config(&loaded.config) {
+            Ok(network) => network,
+            Err(err) => {
+                tracing::error!(file = %loaded.file.display(), error = %err, "network config rejected; keeping the previous one");
+                self.applied().store_error = None;
+                return;
+            }
+        };
+        let mut active = self.active.write().await;
+        if let Some(current) = active.as_ref()
+            && current.service.network() == &network
+        {
+            *active = Some(Active {
+                loaded,
+                service: current.service.clone(),
+            });
+            return;
+        }
+        let reuse = active.as_ref().and_then(|current| {
+            let same_store = current.service.network().name == network.name
+                && current.service.network().ranges == network.ranges;
+            same_store.then(|| Arc::clone(current.service.allocator()))
+        });
+        let allocator = match reuse {
+            Some(allocator) => allocator,
+            None => {
+                // The store file allows one open handle: close the old one first.
+                *active = None;
+                match Allocator::open(&self.paths.data_dir, &network.name, &network.ranges) {
+                    Ok((allocator, report)) => {
+                        reconcile::report_store(&report);
+                        self.applied().store_error = None;
+                        Arc::new(allocator)
+                    }
+                    Err(err) => {
+                        tracing::error!(error = %err, "cannot open the allocation store");
+                        self.applied().store_error = Some(err.to_string());
+                        return;
+                    }
+                }
+            }
+        };
+        tracing::info!(
+            network = %network.name,
+            file = %loaded.file.display(),
+            ranges = %network.ranges_summary(),
+            mtu = ?network.mtu,
+            "network in force"
+        );
+        let service = SandboxService::new(network, allocator, self.dataplane.clone());
+        if let Err(err) = reconcile::with_kernel(&service).await {
+            tracing::error!(error = %err, "reconciling allocations with the kernel");
+            self.applied().dataplane_error = Some(err);
+        } else {
+            self.applied().dataplane_error = None;
+        }
+        *active = Some(Active { loaded, service });
+    }
+
+    /// Readiness with every reason, what is loaded, and the last load attempt.
+    pub async fn status(&self) -> Status {
+        let mut reasons = Vec::new();
+        let active = self.active().await;
+        let (config, store_error, dataplane_error) = {
+            let applied = self.applied();
+            (
+                applied.config.clone(),
+                applied.store_error.clone(),
+                applied.dataplane_error.clone(),
+            )
+        };
+        let last_load = config.as_ref().map(|c| LoadInfo {
+            at: c
+                .last_attempt
+                .at
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_default(),
+            file: c.last_attempt.file.clone(),
+            ok: c.last_attempt.result.is_ok(),
+            error: c.last_attempt.result.clone().err(),
+        });
+        match &config {
+            None => reasons.push("network config not loaded yet".to_owned()),
+            Some(c) if c.current.is_none() => reasons.push(match &c.last_attempt.result {
+                Err(err) => format!("no valid network config: {err}"),
+                Ok(()) => format!(
+                    "no network with type provisioner in {}",
+                    self.paths.config_source.display()
+                ),
+            }),
+            Some(_) => {}
+        }
+        if let Some(err) = store_error {
+            reasons.push(format!("allocation store unavailable: {err}"));
+        }
+        if let Some(err) = dataplane_error {
+            reasons.push(format!("dataplane: {err}"));
+        }
+        if let Err(err) = self.dataplane.probe().await {
+            reasons.push(format!("netlink unreachable: {err}"));
+        }
+        if active.is_none() && reasons.is_empty() {
+            reasons.push("network config not in force".to_owned());
+        }
+        let (network, allocations) = match active.as_ref() {
+            Some(active) => {
+                let network = active.service.network();
+                let allocator = Arc::clone(active.service.allocator());
+                let count = tokio::task::spawn_blocking(move || allocator.count())
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+                (
+                    Some(NetworkInfo {
+                        name: network.name.clone(),
+                        file: active.loaded.file.clone(),
+                        ranges: network
+                            .ranges_summary()
+                            .split(',')
+                            .map(str::to_owned)
+                            .collect(),
+                        mtu: network.mtu,
+                    }),
+                    count,
+                )
+            }
+            None => (None, None),
+        };
+        Status {
+            ready: reasons.is_empty(),
+            reasons,
+            network,
+            last_load,
+            allocations,
+            config_source: self.paths.config_source.clone(),
+            socket: self.paths.socket.clone(),
+            data_dir: self.paths.data_dir.clone(),
+        }
+    }
+}

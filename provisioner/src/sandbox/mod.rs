@@ -1,0 +1,14 @@
+//! One sandbox's network, end to end: durable address reservation (ipam) + wiring (dataplane)
+//! + verification, with the rollback rules that keep the two consistent.
+//!
+//! Rules: an address is released only after the kernel objects that route it are gone; an
+//! allocation that existed before an ADD (a duplicate ADD, or a retry) is never released by that
+//! ADD's failure; ADD reports success only after `check` saw the interface with its addresses.
+
+mod error;
+mod network;
+mod service;
+
+pub use error::SandboxError;
+pub use network::Network;
+pub use service::{AddOutcome, DelOutcome, SandboxRef, SandboxService};
