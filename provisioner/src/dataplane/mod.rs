@@ -1,1 +1,140 @@
-//! Netlink operations (veth, address, route, link, sysctl) and netns handles; setup, teardown and check of one sandbox.
+//! Netlink operations (veth, address, route, link, sysctl) and netns handles; setup, teardown
+//! and check of one sandbox, wired like the reference CNI `ptp` plugin.
+//!
+//! One netlink socket per namespace: the socket of a namespace is created by a short-lived
+//! thread that entered it (`setns(CLONE_NEWNET)`), then driven from tokio; the calling thread
+//! never changes namespace. The host socket is created once and reused for every call.
+
+mod address;
+mod check;
+mod error;
+mod link;
+mod naming;
+mod netlink;
+mod netns;
+mod plan;
+mod route;
+mod setup;
+mod spec;
+mod sysctl;
+mod teardown;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+pub use error::{CheckFailure, DataplaneError, SetupStep};
+pub use naming::{IFNAME_MAX, host_ifname, valid_ifname};
+pub use route::{Route, Scope};
+pub use spec::{PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
+
+use netlink::Conn;
+use netns::NetnsFile;
+
+/// Sets sandboxes up, tears them down and checks them. Cheap to clone; `Send + Sync`.
+#[derive(Clone, Debug)]
+pub struct Dataplane {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    host_ns: NetnsFile,
+    /// The host socket, created in the host netns by the constructor; moved into `host_conn`
+    /// on first use (registering with tokio needs a runtime).
+    host_socket: Mutex<Option<netlink_sys::Socket>>,
+    host_conn: tokio::sync::OnceCell<Conn>,
+}
+
+impl Dataplane {
+    /// The host ("node") side is the netns of the calling thread.
+    pub fn new() -> Result<Self, DataplaneError> {
+        let host_ns = NetnsFile::current_thread()?;
+        let socket =
+            netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE).map_err(|source| {
+                DataplaneError::Socket {
+                    netns: host_ns.label().to_owned(),
+                    source,
+                }
+            })?;
+        Ok(Self::from_parts(host_ns, socket))
+    }
+
+    /// The host side is the netns at `path` (e.g. a "node" netns in tests).
+    pub fn with_host_netns(path: &Path) -> Result<Self, DataplaneError> {
+        let host_ns = NetnsFile::open(path)?;
+        let socket = netlink::socket_in_blocking(&host_ns)?;
+        Ok(Self::from_parts(host_ns, socket))
+    }
+
+    fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                host_ns,
+                host_socket: Mutex::new(Some(socket)),
+                host_conn: tokio::sync::OnceCell::new(),
+            }),
+        }
+    }
+
+    /// The host netns label used in messages.
+    #[must_use]
+    pub fn host_netns(&self) -> &str {
+        self.inner.host_ns.label()
+    }
+
+    pub(crate) fn host_ns(&self) -> &NetnsFile {
+        &self.inner.host_ns
+    }
+
+    /// The host connection, created on first use and reused afterwards.
+    pub(crate) async fn host(&self) -> Result<&Conn, DataplaneError> {
+        self.inner
+            .host_conn
+            .get_or_try_init(|| async {
+                let taken = self
+                    .inner
+                    .host_socket
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                let socket = match taken {
+                    Some(s) => s,
+                    None => netlink::socket_in(&self.inner.host_ns).await?,
+                };
+                Conn::from_socket(socket, self.inner.host_ns.label())
+            })
+            .await
+    }
+
+    /// Creates the sandbox interface, its addresses and routes, and the host side (ptp wiring).
+    /// On failure everything created so far is rolled back and the error names the step.
+    pub async fn setup(&self, spec: &SandboxSpec) -> Result<SetupOutcome, DataplaneError> {
+        setup::run(self, spec, None).await
+    }
+
+    /// Like [`Self::setup`] but fails on purpose right after `step` succeeded (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub async fn setup_failing_after(
+        &self,
+        spec: &SandboxSpec,
+        step: SetupStep,
+    ) -> Result<SetupOutcome, DataplaneError> {
+        setup::run(self, spec, Some(step)).await
+    }
+
+    /// Removes what setup created. Idempotent: succeeds when nothing is there, when the netns is
+    /// gone, on a second call. Goes on after errors and reports them all.
+    pub async fn teardown(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Path>,
+    ) -> Result<TeardownOutcome, DataplaneError> {
+        teardown::run(self, container_id, ifname, netns).await
+    }
+
+    /// Verifies every resource setup would create; names each one missing or different.
+    pub async fn check(&self, spec: &SandboxSpec) -> Result<(), CheckFailure> {
+        check::run(self, spec).await
+    }
+}

@@ -1,0 +1,138 @@
+//! Typed address operations.
+
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage, AddressScope,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::error::DataplaneError;
+use super::netlink::Conn;
+
+/// An address found on a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Addr {
+    pub net: IpNetwork,
+    pub flags: AddressFlags,
+    pub link_local: bool,
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    if ip.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    }
+}
+
+fn message(index: u32, net: IpNetwork) -> AddressMessage {
+    let mut msg = AddressMessage::default();
+    msg.header.family = family(net.ip());
+    msg.header.prefix_len = net.prefix();
+    msg.header.index = index;
+    msg.header.scope = AddressScope::Universe;
+    if net.is_ipv4() {
+        msg.attributes.push(AddressAttribute::Local(net.ip()));
+    }
+    msg.attributes.push(AddressAttribute::Address(net.ip()));
+    msg
+}
+
+/// Adds `net` to link `index`. IPv6 addresses get `IFA_F_NODAD` (nothing left tentative);
+/// `no_prefix_route` keeps the kernel from adding the connected prefix route.
+pub(crate) async fn add(
+    conn: &Conn,
+    index: u32,
+    ifname: &str,
+    net: IpNetwork,
+    no_prefix_route: bool,
+) -> Result<(), DataplaneError> {
+    let mut msg = message(index, net);
+    let mut flags = AddressFlags::empty();
+    if net.is_ipv6() {
+        flags |= AddressFlags::Nodad;
+        msg.header.flags = AddressHeaderFlags::Nodad;
+    }
+    if no_prefix_route {
+        flags |= AddressFlags::Noprefixroute;
+    }
+    if !flags.is_empty() {
+        msg.attributes.push(AddressAttribute::Flags(flags));
+    }
+    conn.ack(
+        RouteNetlinkMessage::NewAddress(msg),
+        NLM_F_CREATE | NLM_F_EXCL,
+        &format!("add address {net} to {ifname}"),
+    )
+    .await
+}
+
+/// Deletes `net` from link `index`; an address already gone counts as success.
+pub(crate) async fn del(
+    conn: &Conn,
+    index: u32,
+    ifname: &str,
+    net: IpNetwork,
+) -> Result<(), DataplaneError> {
+    match conn
+        .ack(
+            RouteNetlinkMessage::DelAddress(message(index, net)),
+            0,
+            &format!("delete address {net} from {ifname}"),
+        )
+        .await
+    {
+        Err(e) if matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => Ok(()),
+        other => other,
+    }
+}
+
+/// Lists the addresses of link `index` (both families).
+pub(crate) async fn list(
+    conn: &Conn,
+    index: u32,
+    ifname: &str,
+) -> Result<Vec<Addr>, DataplaneError> {
+    let mut req = AddressMessage::default();
+    req.header.index = index;
+    let msgs = conn
+        .dump(
+            RouteNetlinkMessage::GetAddress(req),
+            &format!("list addresses of {ifname}"),
+        )
+        .await?;
+    let mut out = Vec::new();
+    for m in msgs {
+        let RouteNetlinkMessage::NewAddress(m) = m else {
+            continue;
+        };
+        if m.header.index != index {
+            continue;
+        }
+        let mut ip = None;
+        let mut local = None;
+        let mut flags = AddressFlags::from_bits_retain(u32::from(m.header.flags.bits()));
+        for a in &m.attributes {
+            match a {
+                AddressAttribute::Address(a) => ip = Some(*a),
+                AddressAttribute::Local(a) => local = Some(*a),
+                AddressAttribute::Flags(f) => flags = *f,
+                _ => {}
+            }
+        }
+        // IPv4: IFA_LOCAL is the interface address (IFA_ADDRESS is the peer on p2p links).
+        let Some(ip) = local.or(ip) else { continue };
+        let Ok(net) = IpNetwork::new(ip, m.header.prefix_len) else {
+            continue;
+        };
+        out.push(Addr {
+            net,
+            flags,
+            link_local: m.header.scope == AddressScope::Link,
+        });
+    }
+    Ok(out)
+}

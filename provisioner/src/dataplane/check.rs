@@ -1,0 +1,136 @@
+//! Check of one sandbox: every expected resource, each missing or different one named.
+
+use super::error::CheckFailure;
+use super::link::{self, Link};
+use super::netlink::Conn;
+use super::netns::NetnsFile;
+use super::plan::plan;
+use super::spec::SandboxSpec;
+use super::{Dataplane, address, route};
+
+pub(crate) async fn run(dp: &Dataplane, spec: &SandboxSpec) -> Result<(), CheckFailure> {
+    let mut problems = Vec::new();
+    let plan = match plan(spec) {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(CheckFailure {
+                problems: vec![e.to_string()],
+            });
+        }
+    };
+
+    // Sandbox side.
+    let sbx_label = spec.netns.display().to_string();
+    let sbx = match NetnsFile::open(&spec.netns) {
+        Ok(ns) => Conn::open(&ns).await,
+        Err(e) => Err(e),
+    };
+    match sbx {
+        Err(e) => problems.push(format!("sandbox netns unusable: {e}")),
+        Ok(conn) => {
+            if let Some(l) = expect_link(&conn, &spec.ifname, spec.mtu, &mut problems).await {
+                let want: Vec<_> = plan.families.iter().map(|f| f.pod).collect();
+                check_addresses(&conn, &l, &want, &mut problems).await;
+                check_routes(&conn, &l, &plan.sandbox_routes, &mut problems).await;
+            }
+            if let Ok(Some(lo)) = link::by_name(&conn, "lo").await
+                && !lo.up
+            {
+                problems.push(format!("link lo is down in netns {sbx_label}"));
+            }
+        }
+    }
+
+    // Host side.
+    match dp.host().await {
+        Err(e) => problems.push(format!("host netns unusable: {e}")),
+        Ok(host) => {
+            if let Some(l) = expect_link(host, &plan.host_ifname, spec.mtu, &mut problems).await {
+                let want: Vec<_> = plan.families.iter().map(|f| f.host_address).collect();
+                check_addresses(host, &l, &want, &mut problems).await;
+                let routes: Vec<_> = plan.families.iter().map(|f| f.host_route.clone()).collect();
+                check_routes(host, &l, &routes, &mut problems).await;
+            }
+        }
+    }
+
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CheckFailure { problems })
+    }
+}
+
+async fn expect_link(
+    conn: &Conn,
+    name: &str,
+    mtu: Option<u32>,
+    problems: &mut Vec<String>,
+) -> Option<Link> {
+    let netns = conn.netns();
+    match link::by_name(conn, name).await {
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+        Ok(None) => {
+            problems.push(format!("link {name} missing in netns {netns}"));
+            None
+        }
+        Ok(Some(l)) => {
+            if !l.up {
+                problems.push(format!("link {name} is down in netns {netns}"));
+            }
+            if let Some(want) = mtu
+                && l.mtu != Some(want)
+            {
+                let have = l.mtu.map_or_else(|| "none".to_owned(), |m| m.to_string());
+                problems.push(format!(
+                    "link {name} has mtu {have}, want {want} in netns {netns}"
+                ));
+            }
+            Some(l)
+        }
+    }
+}
+
+async fn check_addresses(
+    conn: &Conn,
+    l: &Link,
+    want: &[ipnetwork::IpNetwork],
+    problems: &mut Vec<String>,
+) {
+    match address::list(conn, l.index, &l.name).await {
+        Err(e) => problems.push(e.to_string()),
+        Ok(have) => {
+            for w in want {
+                if !have.iter().any(|a| a.net == *w) {
+                    problems.push(format!(
+                        "address {w} missing on {} in netns {}",
+                        l.name,
+                        conn.netns()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+async fn check_routes(conn: &Conn, l: &Link, want: &[route::Route], problems: &mut Vec<String>) {
+    match route::list_main(conn).await {
+        Err(e) => problems.push(e.to_string()),
+        Ok(have) => {
+            for w in want {
+                if !have.iter().any(|r| r.matches(w, l.index)) {
+                    let via = w.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+                    problems.push(format!(
+                        "route {}{via} dev {} missing in netns {}",
+                        w.dst,
+                        l.name,
+                        conn.netns()
+                    ));
+                }
+            }
+        }
+    }
+}

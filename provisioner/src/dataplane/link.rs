@@ -1,0 +1,141 @@
+//! Typed link operations: create the veth pair, look links up, set them up, delete them.
+
+use std::os::fd::RawFd;
+
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+
+use super::error::DataplaneError;
+use super::netlink::Conn;
+
+pub(crate) const ENODEV: i32 = libc::ENODEV;
+
+/// What we need to know of a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub index: u32,
+    pub name: String,
+    pub mac: String,
+    pub mtu: Option<u32>,
+    pub up: bool,
+    /// `IFLA_LINK`: for a veth, the peer's index (in the peer's netns).
+    pub peer_index: Option<u32>,
+}
+
+/// Formats a hardware address as `aa:bb:cc:dd:ee:ff`.
+pub(crate) fn format_mac(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn parse_link(msg: &LinkMessage) -> Link {
+    let mut link = Link {
+        index: msg.header.index,
+        name: String::new(),
+        mac: String::new(),
+        mtu: None,
+        up: msg.header.flags.contains(LinkFlags::Up),
+        peer_index: None,
+    };
+    for attr in &msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => link.name.clone_from(n),
+            LinkAttribute::Address(a) => link.mac = format_mac(a),
+            LinkAttribute::Mtu(m) => link.mtu = Some(*m),
+            LinkAttribute::Link(l) => link.peer_index = Some(*l),
+            _ => {}
+        }
+    }
+    link
+}
+
+/// Looks a link up by name; `Ok(None)` when it does not exist.
+pub(crate) async fn by_name(conn: &Conn, name: &str) -> Result<Option<Link>, DataplaneError> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    match conn
+        .get(
+            RouteNetlinkMessage::GetLink(msg),
+            &format!("get link {name}"),
+        )
+        .await
+    {
+        Ok(RouteNetlinkMessage::NewLink(m)) => Ok(Some(parse_link(&m))),
+        Ok(other) => Err(DataplaneError::Protocol {
+            op: format!("get link {name}"),
+            netns: conn.netns().to_owned(),
+            detail: format!("unexpected answer {other:?}"),
+        }),
+        Err(e) if e.errno() == Some(ENODEV) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates the veth pair `host_name` (in `conn`'s netns) <-> `peer_name` created directly in the
+/// netns `peer_netns_fd`, both with `mtu`, both down.
+pub(crate) async fn create_veth(
+    conn: &Conn,
+    host_name: &str,
+    peer_name: &str,
+    peer_netns_fd: RawFd,
+    mtu: Option<u32>,
+) -> Result<(), DataplaneError> {
+    let mut peer = LinkMessage::default();
+    peer.attributes
+        .push(LinkAttribute::IfName(peer_name.to_owned()));
+    peer.attributes.push(LinkAttribute::NetNsFd(peer_netns_fd));
+    let mut msg = LinkMessage::default();
+    msg.attributes
+        .push(LinkAttribute::IfName(host_name.to_owned()));
+    if let Some(mtu) = mtu {
+        peer.attributes.push(LinkAttribute::Mtu(mtu));
+        msg.attributes.push(LinkAttribute::Mtu(mtu));
+    }
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Veth),
+        LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
+    ]));
+    conn.ack(
+        RouteNetlinkMessage::NewLink(msg),
+        NLM_F_CREATE | NLM_F_EXCL,
+        &format!("create veth {host_name} with peer {peer_name}"),
+    )
+    .await
+}
+
+/// Sets the link `index` (named `name` in messages) up.
+pub(crate) async fn set_up(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.header.flags = LinkFlags::Up;
+    msg.header.change_mask = LinkFlags::Up;
+    conn.ack(
+        RouteNetlinkMessage::SetLink(msg),
+        0,
+        &format!("set link {name} up"),
+    )
+    .await
+}
+
+/// Deletes the link `index`; a link already gone counts as success.
+pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    match conn
+        .ack(
+            RouteNetlinkMessage::DelLink(msg),
+            0,
+            &format!("delete link {name}"),
+        )
+        .await
+    {
+        Err(e) if e.errno() == Some(ENODEV) => Ok(()),
+        other => other,
+    }
+}

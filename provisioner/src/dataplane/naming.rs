@@ -1,0 +1,64 @@
+//! Deterministic host-side interface names.
+
+use sha2::{Digest, Sha256};
+
+/// Maximum length of a Linux interface name (IFNAMSIZ - 1).
+pub const IFNAME_MAX: usize = 15;
+
+/// The host end of the veth of (`container_id`, `ifname`): `"veth"` + 11 hex digits of
+/// sha256("`container_id`/`ifname`"), 15 bytes, the same on every call.
+#[must_use]
+pub fn host_ifname(container_id: &str, ifname: &str) -> String {
+    let digest = Sha256::digest(format!("{container_id}/{ifname}").as_bytes());
+    let mut name = String::with_capacity(IFNAME_MAX);
+    name.push_str("veth");
+    for b in digest.iter().take(6) {
+        name.push_str(&format!("{b:02x}"));
+    }
+    name.truncate(IFNAME_MAX);
+    name
+}
+
+/// Is `name` usable as a Linux interface name?
+#[must_use]
+pub fn valid_ifname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= IFNAME_MAX
+        && name != "."
+        && name != ".."
+        && !name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ifname_is_deterministic_and_short() {
+        let a = host_ifname("abc", "eth0");
+        assert_eq!(a, host_ifname("abc", "eth0"));
+        assert_eq!(a.len(), 15);
+        assert!(a.starts_with("veth"));
+        assert!(a[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(valid_ifname(&a));
+    }
+
+    #[test]
+    fn host_ifname_differs_by_id_and_ifname() {
+        assert_ne!(host_ifname("abc", "eth0"), host_ifname("abd", "eth0"));
+        assert_ne!(host_ifname("abc", "eth0"), host_ifname("abc", "eth1"));
+        // "a/b" + "c" vs "a" + "b/c" both hash "a/b/c": documented, ids never contain '/'.
+    }
+
+    #[test]
+    fn ifname_validation() {
+        assert!(valid_ifname("eth0"));
+        assert!(!valid_ifname(""));
+        assert!(!valid_ifname("0123456789abcdef"));
+        assert!(!valid_ifname("a/b"));
+        assert!(!valid_ifname("a b"));
+        assert!(!valid_ifname(".."));
+    }
+}

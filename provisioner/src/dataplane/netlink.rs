@@ -1,0 +1,189 @@
+//! One rtnetlink connection per namespace, built from a socket created inside that namespace.
+
+use std::io;
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::protocols::NETLINK_ROUTE;
+use netlink_sys::{Socket, TokioSocket};
+
+use super::error::DataplaneError;
+use super::netns::NetnsFile;
+
+/// How often an interrupted dump (`NLM_F_DUMP_INTR`) is retried before giving up.
+const DUMP_ATTEMPTS: u32 = 5;
+
+/// Creates a (blocking, not yet registered) rtnetlink socket inside `ns` from a worker thread.
+pub(crate) async fn socket_in(ns: &NetnsFile) -> Result<Socket, DataplaneError> {
+    let label = ns.label().to_owned();
+    ns.run(move || Socket::new(NETLINK_ROUTE))
+        .await?
+        .map_err(|source| DataplaneError::Socket {
+            netns: label,
+            source,
+        })
+}
+
+/// Same as [`socket_in`] for sync callers.
+pub(crate) fn socket_in_blocking(ns: &NetnsFile) -> Result<Socket, DataplaneError> {
+    ns.run_blocking(|| Socket::new(NETLINK_ROUTE))?
+        .map_err(|source| DataplaneError::Socket {
+            netns: ns.label().to_owned(),
+            source,
+        })
+}
+
+/// A typed handle on one rtnetlink connection; every error names the netns.
+#[derive(Clone, Debug)]
+pub(crate) struct Conn {
+    handle: rtnetlink::Handle,
+    netns: Arc<str>,
+}
+
+impl Conn {
+    /// Registers `socket` with the current tokio runtime and spawns its connection task.
+    /// The task ends when the last clone of the returned `Conn` is dropped.
+    pub(crate) fn from_socket(socket: Socket, netns: &str) -> Result<Self, DataplaneError> {
+        let err = |source| DataplaneError::Socket {
+            netns: netns.to_owned(),
+            source,
+        };
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| err(io::Error::other(format!("no tokio runtime: {e}"))))?;
+        socket.set_non_blocking(true).map_err(err)?;
+        // SAFETY: the fd comes from `into_raw_fd` of an open netlink socket we own; ownership
+        // moves to the TokioSocket. Its `from_raw_fd` registers with the reactor of the current
+        // runtime, which exists (checked above), and sets non-blocking mode (already set).
+        let socket = unsafe { TokioSocket::from_raw_fd(socket.into_raw_fd()) };
+        let (conn, handle, messages) = rtnetlink::from_socket(socket);
+        drop(messages);
+        runtime.spawn(conn);
+        Ok(Self {
+            handle,
+            netns: Arc::from(netns),
+        })
+    }
+
+    /// Creates the socket inside `ns` and connects it.
+    pub(crate) async fn open(ns: &NetnsFile) -> Result<Self, DataplaneError> {
+        let socket = socket_in(ns).await?;
+        Self::from_socket(socket, ns.label())
+    }
+
+    pub(crate) fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    fn nl_err(&self, op: &str, source: io::Error) -> DataplaneError {
+        DataplaneError::Netlink {
+            op: op.to_owned(),
+            netns: self.netns.to_string(),
+            source,
+        }
+    }
+
+    fn proto_err(&self, op: &str, detail: String) -> DataplaneError {
+        DataplaneError::Protocol {
+            op: op.to_owned(),
+            netns: self.netns.to_string(),
+            detail,
+        }
+    }
+
+    /// Sends one request with `NLM_F_REQUEST | NLM_F_ACK | extra_flags` and waits for the ack.
+    pub(crate) async fn ack(
+        &self,
+        msg: RouteNetlinkMessage,
+        extra_flags: u16,
+        op: &str,
+    ) -> Result<(), DataplaneError> {
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | extra_flags;
+        let mut handle = self.handle.clone();
+        let mut replies = handle
+            .request(req)
+            .map_err(|e| self.nl_err(op, io::Error::other(e.to_string())))?;
+        while let Some(reply) = replies.next().await {
+            if let NetlinkPayload::Error(e) = reply.payload
+                && let Some(code) = e.code
+            {
+                return Err(self.nl_err(op, io::Error::from_raw_os_error(-code.get())));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a non-dump GET and returns the single answer.
+    pub(crate) async fn get(
+        &self,
+        msg: RouteNetlinkMessage,
+        op: &str,
+    ) -> Result<RouteNetlinkMessage, DataplaneError> {
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST;
+        let mut handle = self.handle.clone();
+        let mut replies = handle
+            .request(req)
+            .map_err(|e| self.nl_err(op, io::Error::other(e.to_string())))?;
+        let mut answer = None;
+        while let Some(reply) = replies.next().await {
+            match reply.payload {
+                NetlinkPayload::Error(e) => {
+                    if let Some(code) = e.code {
+                        return Err(self.nl_err(op, io::Error::from_raw_os_error(-code.get())));
+                    }
+                }
+                NetlinkPayload::InnerMessage(m) => answer = Some(m),
+                _ => {}
+            }
+        }
+        answer.ok_or_else(|| self.proto_err(op, "no answer from the kernel".to_owned()))
+    }
+
+    /// Dumps (`NLM_F_DUMP`), retrying when the kernel flags the dump as interrupted.
+    pub(crate) async fn dump(
+        &self,
+        msg: RouteNetlinkMessage,
+        op: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>, DataplaneError> {
+        for _ in 0..DUMP_ATTEMPTS {
+            let mut req = NetlinkMessage::from(msg.clone());
+            req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+            let mut handle = self.handle.clone();
+            let mut replies = handle
+                .request(req)
+                .map_err(|e| self.nl_err(op, io::Error::other(e.to_string())))?;
+            let mut out = Vec::new();
+            let mut interrupted = false;
+            while let Some(reply) = replies.next().await {
+                if reply.header.flags & NLM_F_DUMP_INTR != 0 {
+                    interrupted = true;
+                }
+                match reply.payload {
+                    NetlinkPayload::Error(e) => {
+                        if let Some(code) = e.code {
+                            return Err(self.nl_err(op, io::Error::from_raw_os_error(-code.get())));
+                        }
+                    }
+                    NetlinkPayload::InnerMessage(m) => out.push(m),
+                    NetlinkPayload::Overrun(_) => interrupted = true,
+                    _ => {}
+                }
+            }
+            if !interrupted {
+                return Ok(out);
+            }
+            tracing::debug!(op, netns = %self.netns, "netlink dump interrupted, retrying");
+        }
+        Err(DataplaneError::DumpInterrupted {
+            op: op.to_owned(),
+            netns: self.netns.to_string(),
+            attempts: DUMP_ATTEMPTS,
+        })
+    }
+}

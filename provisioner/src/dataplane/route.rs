@@ -1,0 +1,214 @@
+//! Typed route operations and the route model shared by planning and checking.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnetwork::IpNetwork;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::error::DataplaneError;
+use super::netlink::Conn;
+
+/// Scope of a planned route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Via a gateway, or the default for v6.
+    Universe,
+    /// Directly on the link (e.g. the route to the gateway in the pod).
+    Link,
+    /// The host-side route to the pod (`scope host`, as ptp does).
+    Host,
+}
+
+/// One route to be installed through `dev` (the interface is given separately).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub dst: IpNetwork,
+    pub gw: Option<IpAddr>,
+    pub src: Option<IpAddr>,
+    pub scope: Scope,
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.dst)?;
+        if let Some(gw) = self.gw {
+            write!(f, " via {gw}")?;
+        }
+        match self.scope {
+            Scope::Link => write!(f, " scope link")?,
+            Scope::Host => write!(f, " scope host")?,
+            Scope::Universe => {}
+        }
+        if let Some(src) = self.src {
+            write!(f, " src {src}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A route found in the main table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FoundRoute {
+    pub dst: IpNetwork,
+    pub gw: Option<IpAddr>,
+    pub oif: Option<u32>,
+    pub msg: RouteMessage,
+}
+
+impl FoundRoute {
+    /// Does this kernel route implement `want` through link `oif`?
+    pub(crate) fn matches(&self, want: &Route, oif: u32) -> bool {
+        self.dst == want.dst && self.gw == want.gw && self.oif == Some(oif)
+    }
+}
+
+fn message(oif: u32, route: &Route) -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = if route.dst.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    msg.header.destination_prefix_length = route.dst.prefix();
+    msg.header.table = RouteHeader::RT_TABLE_MAIN;
+    msg.header.protocol = RouteProtocol::Boot;
+    msg.header.kind = RouteType::Unicast;
+    msg.header.scope = match (route.dst.is_ipv4(), route.scope) {
+        (false, _) | (true, Scope::Universe) => RouteScope::Universe,
+        (true, Scope::Link) => RouteScope::Link,
+        (true, Scope::Host) => RouteScope::Host,
+    };
+    if route.dst.prefix() > 0 {
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(
+                route.dst.network(),
+            )));
+    }
+    if let Some(gw) = route.gw {
+        msg.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+    }
+    if let Some(src) = route.src {
+        msg.attributes
+            .push(RouteAttribute::PrefSource(RouteAddress::from(src)));
+    }
+    msg.attributes.push(RouteAttribute::Oif(oif));
+    msg
+}
+
+/// Adds `route` through link `oif` (named `ifname` in messages).
+pub(crate) async fn add(
+    conn: &Conn,
+    oif: u32,
+    ifname: &str,
+    route: &Route,
+) -> Result<(), DataplaneError> {
+    conn.ack(
+        RouteNetlinkMessage::NewRoute(message(oif, route)),
+        NLM_F_CREATE | NLM_F_EXCL,
+        &format!("add route {route} dev {ifname}"),
+    )
+    .await
+}
+
+/// Deletes `route` through link `oif`; a route already gone counts as success.
+pub(crate) async fn del(
+    conn: &Conn,
+    oif: u32,
+    ifname: &str,
+    route: &Route,
+) -> Result<(), DataplaneError> {
+    del_message(
+        conn,
+        message(oif, route),
+        &format!("delete route {route} dev {ifname}"),
+    )
+    .await
+}
+
+/// Deletes a route as the kernel reported it.
+pub(crate) async fn del_found(
+    conn: &Conn,
+    found: &FoundRoute,
+    ifname: &str,
+) -> Result<(), DataplaneError> {
+    let gw = found.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+    del_message(
+        conn,
+        found.msg.clone(),
+        &format!("delete route {}{gw} dev {ifname}", found.dst),
+    )
+    .await
+}
+
+async fn del_message(conn: &Conn, msg: RouteMessage, op: &str) -> Result<(), DataplaneError> {
+    match conn.ack(RouteNetlinkMessage::DelRoute(msg), 0, op).await {
+        Err(e) if matches!(e.errno(), Some(libc::ESRCH | libc::ENODEV)) => Ok(()),
+        other => other,
+    }
+}
+
+fn addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+/// Lists the unicast routes of the main table, both families.
+pub(crate) async fn list_main(conn: &Conn) -> Result<Vec<FoundRoute>, DataplaneError> {
+    let mut out = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut req = RouteMessage::default();
+        req.header.address_family = family;
+        let msgs = conn
+            .dump(
+                RouteNetlinkMessage::GetRoute(req),
+                &format!("list {family:?} routes"),
+            )
+            .await?;
+        for m in msgs {
+            let RouteNetlinkMessage::NewRoute(m) = m else {
+                continue;
+            };
+            let mut table = u32::from(m.header.table);
+            let mut dst = None;
+            let mut gw = None;
+            let mut oif = None;
+            for a in &m.attributes {
+                match a {
+                    RouteAttribute::Table(t) => table = *t,
+                    RouteAttribute::Destination(d) => dst = addr(d),
+                    RouteAttribute::Gateway(g) => gw = addr(g),
+                    RouteAttribute::Oif(o) => oif = Some(*o),
+                    _ => {}
+                }
+            }
+            if table != u32::from(RouteHeader::RT_TABLE_MAIN) || m.header.kind != RouteType::Unicast
+            {
+                continue;
+            }
+            let base = dst.unwrap_or(if m.header.address_family == AddressFamily::Inet6 {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            });
+            let Ok(dst) = IpNetwork::new(base, m.header.destination_prefix_length) else {
+                continue;
+            };
+            out.push(FoundRoute {
+                dst,
+                gw,
+                oif,
+                msg: m,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,408 @@
+//! Dataplane integration tests (root): every test builds its own "node" netns (host side) and
+//! sandbox netns; nothing touches the root namespace.
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use ipnetwork::IpNetwork;
+use provisioner::dataplane::{
+    Dataplane, DataplaneError, PodAddress, RouteSpec, SandboxSpec, SetupStep, host_ifname,
+};
+use provisioner_tests::Netns;
+
+fn net(s: &str) -> IpNetwork {
+    s.parse().expect("cidr literal")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip literal")
+}
+
+fn spec(id: &str, sandbox: &Netns, addrs: &[(&str, &str)]) -> SandboxSpec {
+    SandboxSpec {
+        container_id: id.to_owned(),
+        netns: sandbox.path().to_owned(),
+        ifname: "eth0".to_owned(),
+        addresses: addrs
+            .iter()
+            .map(|(a, g)| PodAddress {
+                address: net(a),
+                gateway: ip(g),
+            })
+            .collect(),
+        mtu: Some(1460),
+        routes: vec![RouteSpec {
+            dst: net(if addrs[0].0.contains(':') {
+                "::/0"
+            } else {
+                "0.0.0.0/0"
+            }),
+            gw: None,
+        }],
+    }
+}
+
+fn node() -> Result<(Netns, Dataplane)> {
+    let node = Netns::new("node")?;
+    let dp = Dataplane::with_host_netns(node.path())?;
+    Ok((node, dp))
+}
+
+/// Names of the links of a netns (`ip -o link`), without the `@peer` suffix.
+fn links(ns: &Netns) -> Result<Vec<String>> {
+    Ok(ns
+        .ip(&["-o", "link", "show"])?
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .collect())
+}
+
+fn veths(ns: &Netns) -> Result<Vec<String>> {
+    Ok(links(ns)?
+        .into_iter()
+        .filter(|n| n.starts_with("veth"))
+        .collect())
+}
+
+/// Nothing of ours left in the node: no veth, no route (v4 or v6) naming a veth.
+fn assert_node_clean(node: &Netns) -> Result<()> {
+    ensure!(
+        veths(node)?.is_empty(),
+        "veth left in node: {:?}",
+        veths(node)?
+    );
+    let r4 = node.ip(&["-4", "route", "show"])?;
+    let r6 = node.ip(&["-6", "route", "show"])?;
+    ensure!(
+        !r4.contains("veth") && !r6.contains("veth"),
+        "route left in node: {r4}{r6}"
+    );
+    Ok(())
+}
+
+/// The sandbox holds only `lo` and no route.
+fn assert_sandbox_clean(sandbox: &Netns) -> Result<()> {
+    let l = links(sandbox)?;
+    ensure!(l == ["lo"], "links left in sandbox: {l:?}");
+    let r = sandbox.ip(&["route", "show"])?;
+    ensure!(r.trim().is_empty(), "routes left in sandbox: {r}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sandbox_setup_check_ping_teardown() -> Result<()> {
+    let (node, dp) = node()?;
+    let sandbox = Netns::new("pod")?;
+    let s = spec("one", &sandbox, &[("10.244.1.2/24", "10.244.1.1")]);
+    let out = dp.setup(&s).await?;
+    assert_eq!(out.host_ifname, host_ifname("one", "eth0"));
+    assert_eq!(out.sandbox_ifname, "eth0");
+    assert_eq!(out.sandbox_mac.len(), 17);
+    dp.check(&s).await?;
+
+    let addr = sandbox.ip(&["-4", "addr", "show", "eth0"])?;
+    ensure!(
+        addr.contains("10.244.1.2/24") && addr.contains("mtu 1460"),
+        "{addr}"
+    );
+    let routes = sandbox.ip(&["-4", "route", "show"])?;
+    ensure!(
+        routes.contains("default via 10.244.1.1 dev eth0"),
+        "{routes}"
+    );
+    ensure!(
+        routes.contains("10.244.1.0/24 via 10.244.1.1 dev eth0"),
+        "{routes}"
+    );
+    ensure!(routes.contains("10.244.1.1 dev eth0"), "{routes}");
+    let host_routes = node.ip(&["-4", "route", "show"])?;
+    ensure!(
+        host_routes.contains(&format!("10.244.1.2 dev {} scope host", out.host_ifname)),
+        "{host_routes}"
+    );
+    let fwd = node.exec("cat", &["/proc/sys/net/ipv4/ip_forward"])?;
+    ensure!(fwd.trim() == "1", "ip_forward in node is {fwd}");
+
+    node.ping("10.244.1.2")?;
+    sandbox.ping("10.244.1.1")?;
+
+    let t = dp.teardown("one", "eth0", Some(sandbox.path())).await?;
+    ensure!(t.host_link_deleted && t.sandbox_cleaned, "{t:?}");
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sandbox)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_sandboxes() -> Result<()> {
+    const N: usize = 100;
+    let (node, dp) = node()?;
+    let mut sandboxes = Vec::new();
+    for _ in 0..N {
+        sandboxes.push(Netns::new("p")?);
+    }
+    let specs: Vec<_> = sandboxes
+        .iter()
+        .enumerate()
+        .map(|(i, sb)| {
+            spec(
+                &format!("c{i}"),
+                sb,
+                &[(&format!("10.244.2.{}/24", i + 2), "10.244.2.1")],
+            )
+        })
+        .collect();
+
+    let t0 = Instant::now();
+    for s in &specs {
+        dp.setup(s).await.with_context(|| s.container_id.clone())?;
+    }
+    let setup_time = t0.elapsed();
+    for s in &specs {
+        dp.check(s).await?;
+    }
+    ensure!(veths(&node)?.len() == N, "expected {N} veths");
+    for (i, sb) in sandboxes.iter().enumerate().step_by(9) {
+        node.ping(&format!("10.244.2.{}", i + 2))?;
+        sb.ping("10.244.2.1")?;
+    }
+    let t1 = Instant::now();
+    for s in &specs {
+        dp.teardown(&s.container_id, &s.ifname, Some(&s.netns))
+            .await?;
+    }
+    let teardown_time = t1.elapsed();
+    eprintln!(
+        "{N} sandboxes: setup {setup_time:?} ({:?} each), teardown {teardown_time:?} ({:?} each)",
+        setup_time / 100,
+        teardown_time / 100
+    );
+    assert_node_clean(&node)?;
+    for sb in &sandboxes {
+        assert_sandbox_clean(sb)?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_setups_share_the_host_socket() -> Result<()> {
+    let (node, dp) = node()?;
+    let mut sandboxes = Vec::new();
+    for _ in 0..16 {
+        sandboxes.push(Netns::new("cc")?);
+    }
+    let mut tasks = Vec::new();
+    for (i, sb) in sandboxes.iter().enumerate() {
+        let s = spec(
+            &format!("cc{i}"),
+            sb,
+            &[(&format!("10.244.6.{}/24", i + 2), "10.244.6.1")],
+        );
+        let dp = dp.clone();
+        tasks.push(tokio::spawn(async move { dp.setup(&s).await.map(|_| s) }));
+    }
+    let mut specs = Vec::new();
+    for t in tasks {
+        specs.push(t.await??);
+    }
+    for s in &specs {
+        dp.check(s).await?;
+    }
+    node.ping("10.244.6.17")?;
+    for s in &specs {
+        dp.teardown(&s.container_id, "eth0", Some(&s.netns)).await?;
+    }
+    assert_node_clean(&node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack() -> Result<()> {
+    let (node, dp) = node()?;
+    let sandbox = Netns::new("ds")?;
+    let mut s = spec(
+        "ds",
+        &sandbox,
+        &[
+            ("10.244.3.2/24", "10.244.3.1"),
+            ("fd00:3::2/64", "fd00:3::1"),
+        ],
+    );
+    s.routes.push(RouteSpec {
+        dst: net("::/0"),
+        gw: None,
+    });
+    dp.setup(&s).await?;
+    dp.check(&s).await?;
+    for ns in [&node, &sandbox] {
+        let a = ns.ip(&["-6", "addr", "show"])?;
+        ensure!(
+            !a.contains("tentative"),
+            "tentative address in {}: {a}",
+            ns.name()
+        );
+    }
+    let a = sandbox.ip(&["-6", "addr", "show", "eth0"])?;
+    ensure!(a.contains("fd00:3::2/64"), "{a}");
+    let r = sandbox.ip(&["-6", "route", "show"])?;
+    ensure!(r.contains("default via fd00:3::1 dev eth0"), "{r}");
+    let ra = node.exec(
+        "cat",
+        &[&format!(
+            "/proc/sys/net/ipv6/conf/{}/accept_ra",
+            host_ifname("ds", "eth0")
+        )],
+    )?;
+    ensure!(ra.trim() == "0", "accept_ra {ra}");
+    node.ping("10.244.3.2")?;
+    sandbox.ping("10.244.3.1")?;
+    node.ping("fd00:3::2")?;
+    sandbox.ping("fd00:3::1")?;
+    dp.teardown("ds", "eth0", Some(sandbox.path())).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sandbox)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_is_idempotent_and_survives_a_deleted_netns() -> Result<()> {
+    let (node, dp) = node()?;
+    // Never set up at all.
+    let never = Netns::new("nv")?;
+    dp.teardown("never", "eth0", Some(never.path())).await?;
+    dp.teardown("never", "eth0", None).await?;
+
+    // Twice.
+    let sb = Netns::new("tw")?;
+    let s = spec("twice", &sb, &[("10.244.4.2/24", "10.244.4.1")]);
+    dp.setup(&s).await?;
+    let first = dp.teardown("twice", "eth0", Some(sb.path())).await?;
+    ensure!(first.host_link_deleted, "{first:?}");
+    let second = dp.teardown("twice", "eth0", Some(sb.path())).await?;
+    ensure!(!second.host_link_deleted, "{second:?}");
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sb)?;
+
+    // After the sandbox netns was deleted.
+    let mut gone = Netns::new("gn")?;
+    let s = spec("gone", &gone, &[("10.244.4.3/24", "10.244.4.1")]);
+    dp.setup(&s).await?;
+    let path = gone.path().to_owned();
+    gone.delete()?;
+    let t = dp.teardown("gone", "eth0", Some(&path)).await?;
+    ensure!(t.sandbox_netns_gone, "{t:?}");
+    dp.teardown("gone", "eth0", Some(&path)).await?;
+    assert_node_clean(&node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_fails_when_ifname_exists() -> Result<()> {
+    let (node, dp) = node()?;
+    let sb = Netns::new("ex")?;
+    // (no dummy module on these kernels: a veth pair inside the sandbox stands in)
+    sb.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ])?;
+    sb.ip(&["addr", "add", "10.99.0.5/24", "dev", "eth0"])?;
+    let before = sb.ip(&["-o", "link", "show", "eth0"])?;
+    let s = spec("exists", &sb, &[("10.244.5.2/24", "10.244.5.1")]);
+    let err = dp.setup(&s).await.expect_err("setup must fail");
+    let msg = err.to_string();
+    ensure!(
+        msg.contains("eth0") && msg.contains("already exists"),
+        "{msg}"
+    );
+    let after = sb.ip(&["-o", "link", "show", "eth0"])?;
+    let index = |s: &str| s.split(':').next().map(str::to_owned);
+    ensure!(
+        index(&before) == index(&after),
+        "eth0 changed: {before} -> {after}"
+    );
+    ensure!(
+        sb.ip(&["-4", "addr", "show", "eth0"])?
+            .contains("10.99.0.5/24"),
+        "address of the existing eth0 is gone"
+    );
+    let mut l = links(&sb)?;
+    l.sort();
+    ensure!(
+        l == ["eth0", "lo", "other0"],
+        "sandbox links changed: {l:?}"
+    );
+    assert_node_clean(&node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_failure_after_each_step_rolls_back() -> Result<()> {
+    let (node, dp) = node()?;
+    for (i, step) in SetupStep::ALL.into_iter().enumerate() {
+        let sb = Netns::new("fi")?;
+        let s = spec(
+            &format!("fi{i}"),
+            &sb,
+            &[
+                ("10.244.7.2/24", "10.244.7.1"),
+                ("fd00:7::2/64", "fd00:7::1"),
+            ],
+        );
+        let err = dp
+            .setup_failing_after(&s, step)
+            .await
+            .expect_err("injected failure");
+        ensure!(err.setup_step() == Some(step), "{err}");
+        ensure!(err.to_string().contains(&step.to_string()), "{err}");
+        if let DataplaneError::Setup {
+            rollback_errors, ..
+        } = &err
+        {
+            ensure!(rollback_errors.is_empty(), "{err}");
+        }
+        assert_node_clean(&node).with_context(|| format!("after {step}"))?;
+        assert_sandbox_clean(&sb).with_context(|| format!("after {step}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_the_missing_default_route() -> Result<()> {
+    let (_node, dp) = node()?;
+    let sb = Netns::new("ck")?;
+    let s = spec("check", &sb, &[("10.244.8.2/24", "10.244.8.1")]);
+    dp.setup(&s).await?;
+    dp.check(&s).await?;
+    sb.ip(&["route", "del", "default"])?;
+    let failure = dp.check(&s).await.expect_err("check must fail");
+    ensure!(failure.problems.len() == 1, "{failure}");
+    let p = &failure.problems[0];
+    ensure!(
+        p.contains("route 0.0.0.0/0 via 10.244.8.1")
+            && p.contains("missing")
+            && p.contains(sb.name()),
+        "{p}"
+    );
+    dp.teardown("check", "eth0", Some(sb.path())).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_operation_object_and_netns() -> Result<()> {
+    let (_node, dp) = node()?;
+    let s = SandboxSpec {
+        container_id: "nons".to_owned(),
+        netns: "/run/netns/does-not-exist-dataplane".into(),
+        ifname: "eth0".to_owned(),
+        addresses: vec![PodAddress {
+            address: net("10.244.9.2/24"),
+            gateway: ip("10.244.9.1"),
+        }],
+        mtu: None,
+        routes: vec![],
+    };
+    let err = dp.setup(&s).await.expect_err("missing netns");
+    ensure!(err.setup_step() == Some(SetupStep::SandboxNetns), "{err}");
+    ensure!(
+        err.to_string().contains("does-not-exist-dataplane"),
+        "{err}"
+    );
+    Ok(())
+}
