@@ -177,6 +177,10 @@ impl Allocator {
     /// Reserves one address per range set for `key`, durably, or returns the existing allocation
     /// of `key`. On exhaustion nothing is reserved and the error names the exhausted set(s).
     pub fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError> {
+        // A retried ADD is answered from a snapshot without queueing behind writers.
+        if let Some(existing) = self.get(key)? {
+            return Ok(existing);
+        }
         let s = &self.store;
         let txn = s.begin_write()?;
         let mut t = s.tables(&txn)?;
@@ -346,6 +350,10 @@ impl Allocator {
 
     /// Releases the allocation of `key` durably. Unknown keys are `Ok(None)`.
     pub fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
+        // DEL is often repeated; an unknown key needs no write transaction.
+        if self.get(key)?.is_none() {
+            return Ok(None);
+        }
         let s = &self.store;
         let txn = s.begin_write()?;
         let mut t = s.tables(&txn)?;
