@@ -59,6 +59,12 @@ fn slash_28_exhaustion_and_release() {
         "the only free address is reused"
     );
     assert!(a.allocate(&key(14)).is_err());
+
+    // Released addresses come back oldest release first.
+    let r1 = a.release(&key(9)).unwrap().unwrap();
+    let r2 = a.release(&key(2)).unwrap().unwrap();
+    assert_eq!(a.allocate(&key(20)).unwrap().ips, r1.ips);
+    assert_eq!(a.allocate(&key(21)).unwrap().ips, r2.ips);
 }
 
 #[test]
@@ -332,4 +338,49 @@ fn allocate_release_latency() {
         "sequential with fsync, 1000 held: allocate p50 {:?} p99 {:?}; release p50 {:?} p99 {:?}",
         alloc[100], alloc[198], rel[100], rel[198]
     );
+}
+
+/// Child half of `crash_after_commit_keeps_allocations`: allocates, then dies without any
+/// cleanup (no drop, no close), like a daemon killed mid-flight.
+#[test]
+fn crash_child() {
+    let Some(dir) = std::env::var_os("IPAM_CRASH_CHILD_DIR") else {
+        return;
+    };
+    let a = open(std::path::Path::new(&dir), r#"{"subnet":"10.244.0.0/22"}"#);
+    for i in 0..50 {
+        a.allocate(&key(i)).unwrap();
+    }
+    a.release(&key(7)).unwrap();
+    std::process::abort();
+}
+
+#[test]
+fn crash_after_commit_keeps_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child", "--test-threads=1"])
+        .env("IPAM_CRASH_CHILD_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "child must die by abort");
+    let (a, report) = Allocator::open(
+        dir.path(),
+        "pod-network",
+        &ranges(r#"{"subnet":"10.244.0.0/22"}"#),
+    )
+    .unwrap();
+    assert_eq!(report.allocations, 49);
+    assert!(a.get(&key(7)).unwrap().is_none());
+    let held: HashSet<_> = a
+        .list()
+        .unwrap()
+        .iter()
+        .map(|al| al.ips[0].address.ip())
+        .collect();
+    assert_eq!(held.len(), 49);
+    let new = a.allocate(&key(100)).unwrap();
+    assert!(!held.contains(&new.ips[0].address.ip()));
 }
