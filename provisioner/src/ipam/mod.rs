@@ -1,1 +1,21 @@
-//! Allocator over ranges, durable store, reconciliation against the kernel.
+//! IPAM: validated address ranges (host-local config shape), a durable crash-safe allocator over
+//! them backed by redb, and the report used to reconcile a store written by another config.
+//!
+//! - [`config`]: the wire config and its validation into [`RangeSets`]
+//! - [`range`]: ranges, range sets, address arithmetic
+//! - [`store`]: the redb file and its tables
+//! - [`allocator`]: allocate / release / get / list
+//! - [`error`]: the error type, [`IpamError`]
+
+pub mod allocation;
+pub mod allocator;
+pub mod config;
+pub mod error;
+pub mod range;
+pub mod store;
+
+pub use allocation::{AllocatedIp, Allocation, AllocationKey};
+pub use allocator::{Allocator, OpenReport};
+pub use config::{IpamConfig, RangeConfig, RouteConfig};
+pub use error::IpamError;
+pub use range::{Family, IpRange, RangeSet, RangeSets};

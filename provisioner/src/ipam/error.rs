@@ -1,0 +1,75 @@
+//! The one error type of the IPAM module. Every variant names the object it is about (field and
+//! value, store path, allocation key, range) so that a CNI error message is actionable as is.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in config validation, the store or the allocator.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    /// A config field has an invalid value. `field` is a path such as `ranges[1][0].rangeStart`.
+    #[error("invalid ipam config: {field} = {value:?}: {reason}")]
+    Config {
+        field: String,
+        value: String,
+        reason: String,
+    },
+
+    /// The network name cannot key a store.
+    #[error("invalid network name {name:?}: {reason}")]
+    NetworkName { name: String, reason: &'static str },
+
+    /// The data directory could not be created or resolved.
+    #[error("ipam data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The store file exists but cannot be opened (corrupt, locked by another process, newer
+    /// format, ...). It is refused rather than recreated: it holds reservations.
+    #[error("cannot open ipam store {path}: {source}")]
+    StoreOpen {
+        path: PathBuf,
+        #[source]
+        source: Box<redb::Error>,
+    },
+
+    /// A store operation failed after the store was opened.
+    #[error("ipam store {path}: {op}: {source}")]
+    Store {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: Box<redb::Error>,
+    },
+
+    /// A record in the store cannot be decoded.
+    #[error("ipam store {path}: corrupt record {what}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        what: String,
+        reason: String,
+    },
+
+    /// At least one range set has no free address. Nothing was reserved.
+    #[error("no IP addresses available in range set {} (for {key})", .range_sets.join("; "))]
+    Exhausted {
+        key: String,
+        range_sets: Vec<String>,
+    },
+}
+
+impl IpamError {
+    pub(crate) fn config(
+        field: impl Into<String>,
+        value: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        IpamError::Config {
+            field: field.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The durable store: one redb file `<data_dir>/ipam.redb` shared by every network using that
+//! data dir, with five tables per network (names prefixed `ipam/<network>/`):
+//!
+//! | table    | key                         | value                     |
+//! |----------|-----------------------------|---------------------------|
+//! | `alloc`  | (container_id, ifname)      | JSON record of the ips    |
+//! | `addr`   | (family 4/6, ip as u128)    | (container_id, ifname)    |
+//! | `cursor` | (set index, range index)    | last address consumed     |
+//! | `free`   | (set index, release seq)    | (family, ip) released     |
+//! | `meta`   | name                        | bytes (`ranges`, `seq`)   |
+//!
+//! Every table is a B-tree, so each access is O(log n). A process keeps one `Database` per file
+//! (redb locks the file), shared by all allocators of that data dir through a small registry.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use ipnetwork::IpNetwork;
+use redb::{
+    Database, Durability, ReadOnlyTable, ReadTransaction, ReadableDatabase, Table, TableDefinition,
+    WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+
+use super::allocation::{AllocatedIp, Allocation, AllocationKey};
+use super::error::IpamError;
+use super::range::{Family, from_u128, to_u128};
+
+/// File name of the store inside the data dir.
+pub const STORE_FILE: &str = "ipam.redb";
+
+pub(crate) type KeyT = (&'static str, &'static str);
+pub(crate) type AddrT = (u8, u128);
+
+pub(crate) struct Tables<'t> {
+    pub alloc: Table<'t, KeyT, &'static [u8]>,
+    pub addr: Table<'t, AddrT, KeyT>,
+    pub cursor: Table<'t, (u32, u32), u128>,
+    pub free: Table<'t, (u32, u64), AddrT>,
+    pub meta: Table<'t, &'static str, &'static [u8]>,
+}
+
+struct Names {
+    alloc: String,
+    addr: String,
+    cursor: String,
+    free: String,
+    meta: String,
+}
+
+pub(crate) struct Store {
+    db: Arc<Database>,
+    path: PathBuf,
+    names: Names,
+}
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<Database>>> {
+    static STORES: OnceLock<Mutex<HashMap<PathBuf, Weak<Database>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+fn check_network(network: &str) -> Result<(), IpamError> {
+    let bad = |reason| {
+        Err(IpamError::NetworkName {
+            name: network.to_string(),
+            reason,
+        })
+    };
+    if network.is_empty() {
+        return bad("empty");
+    }
+    if network.len() > 200 {
+        return bad("longer than 200 bytes");
+    }
+    if network.chars().any(|c| c.is_control() || c == '/') {
+        return bad("contains '/' or a control character");
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Opens (creating if missing) the store of `network` under `data_dir`.
+    pub fn open(data_dir: &Path, network: &str) -> Result<Store, IpamError> {
+        check_network(network)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(data_dir)
+            .map_err(|source| IpamError::DataDir {
+                path: data_dir.to_path_buf(),
+                source,
+            })?;
+        let dir = data_dir
+            .canonicalize()
+            .map_err(|source| IpamError::DataDir {
+                path: data_dir.to_path_buf(),
+                source,
+            })?;
+        let path = dir.join(STORE_FILE);
+        let db = {
+            // Poisoning only means another thread panicked while opening; the map is still valid.
+            let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+            match reg.get(&path).and_then(Weak::upgrade) {
+                Some(db) => db,
+                None => {
+                    let db =
+                        Arc::new(Database::create(&path).map_err(|e| IpamError::StoreOpen {
+                            path: path.clone(),
+                            source: Box::new(e.into()),
+                        })?);
+                    reg.retain(|_, w| w.strong_count() > 0);
+                    reg.insert(path.clone(), Arc::downgrade(&db));
+                    db
+                }
+            }
+        };
+        let p = format!("ipam/{network}/");
+        Ok(Store {
+            db,
+            path,
+            names: Names {
+                alloc: format!("{p}alloc"),
+                addr: format!("{p}addr"),
+                cursor: format!("{p}cursor"),
+                free: format!("{p}free"),
+                meta: format!("{p}meta"),
+            },
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Maps any redb error to [`IpamError::Store`] naming the file and the operation.
+    pub fn err<E: Into<redb::Error>>(&self, op: &'static str) -> impl FnOnce(E) -> IpamError + '_ {
+        move |e| IpamError::Store {
+            path: self.path.clone(),
+            op,
+            source: Box::new(e.into()),
+        }
+    }
+
+    pub fn corrupt(&self, what: impl Into<String>, reason: impl Into<String>) -> IpamError {
+        IpamError::Corrupt {
+            path: self.path.clone(),
+            what: what.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A write transaction whose commit returns only once it is on disk (fsync).
+    pub fn begin_write(&self) -> Result<WriteTransaction, IpamError> {
+        let mut txn = self.db.begin_write().map_err(self.err("begin write"))?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(|e| self.corrupt("durability", e.to_string()))?;
+        Ok(txn)
+    }
+
+    pub fn tables<'t>(&self, txn: &'t WriteTransaction) -> Result<Tables<'t>, IpamError> {
+        let n = &self.names;
+        Ok(Tables {
+            alloc: txn
+                .open_table(TableDefinition::new(&n.alloc))
+                .map_err(self.err("open table"))?,
+            addr: txn
+                .open_table(TableDefinition::new(&n.addr))
+                .map_err(self.err("open table"))?,
+            cursor: txn
+                .open_table(TableDefinition::new(&n.cursor))
+                .map_err(self.err("open table"))?,
+            free: txn
+                .open_table(TableDefinition::new(&n.free))
+                .map_err(self.err("open table"))?,
+            meta: txn
+                .open_table(TableDefinition::new(&n.meta))
+                .map_err(self.err("open table"))?,
+        })
+    }
+
+    /// Drops the cursor and free-list tables (used when the range config changed).
+    pub fn reset_cursors(&self, txn: &WriteTransaction) -> Result<(), IpamError> {
+        let n = &self.names;
+        let c: TableDefinition<(u32, u32), u128> = TableDefinition::new(&n.cursor);
+        let f: TableDefinition<(u32, u64), AddrT> = TableDefinition::new(&n.free);
+        txn.delete_table(c).map_err(self.err("reset cursors"))?;
+        txn.delete_table(f).map_err(self.err("reset free list"))?;
+        Ok(())
+    }
+
+    pub fn commit(&self, txn: WriteTransaction) -> Result<(), IpamError> {
+        txn.commit().map_err(self.err("commit"))
+    }
+
+    pub fn begin_read(&self) -> Result<ReadTransaction, IpamError> {
+        self.db.begin_read().map_err(self.err("begin read"))
+    }
+
+    pub fn read_alloc(
+        &self,
+        txn: &ReadTransaction,
+    ) -> Result<ReadOnlyTable<KeyT, &'static [u8]>, IpamError> {
+        txn.open_table(TableDefinition::new(&self.names.alloc))
+            .map_err(self.err("open table"))
+    }
+}
+
+pub(crate) fn addr_key(ip: IpAddr) -> AddrT {
+    (Family::of(ip).code(), to_u128(ip))
+}
+
+pub(crate) fn addr_from_key(key: AddrT) -> Option<IpAddr> {
+    from_u128(Family::from_code(key.0)?, key.1)
+}
+
+#[derive(Serialize, Deserialize)]
+struct Record {
+    ips: Vec<RecordIp>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RecordIp {
+    address: String,
+    gateway: String,
+}
+
+pub(crate) fn encode(ips: &[AllocatedIp]) -> Vec<u8> {
+    let rec = Record {
+        ips: ips
+            .iter()
+            .map(|ip| RecordIp {
+                address: ip.address.to_string(),
+                gateway: ip.gateway.to_string(),
+            })
+            .collect(),
+    };
+    // Serialising plain strings into a Vec cannot fail.
+    serde_json::to_vec(&rec).unwrap_or_default()
+}
+
+pub(crate) fn decode(key: AllocationKey, bytes: &[u8]) -> Result<Allocation, String> {
+    let rec: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let ips = rec
+        .ips
+        .into_iter()
+        .map(|r| {
+            Ok(AllocatedIp {
+                address: r
+                    .address
+                    .parse::<IpNetwork>()
+                    .map_err(|e| format!("address {:?}: {e}", r.address))?,
+                gateway: r
+                    .gateway
+                    .parse::<IpAddr>()
+                    .map_err(|e| format!("gateway {:?}: {e}", r.gateway))?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Allocation { key, ips })
+}

@@ -1,0 +1,386 @@
+//! IPAM allocator against a real redb file in a temp dir (no root needed).
+#![expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use provisioner::ipam::{AllocationKey, Allocator, IpamConfig, IpamError, RangeSets};
+
+fn ranges(json: &str) -> RangeSets {
+    IpamConfig::from_json(json).unwrap().validate().unwrap()
+}
+
+fn key(i: usize) -> AllocationKey {
+    AllocationKey::new(format!("c{i:04}"), "eth0")
+}
+
+fn open(dir: &std::path::Path, json: &str) -> Allocator {
+    let (a, report) = Allocator::open(dir, "pod-network", &ranges(json)).unwrap();
+    assert!(report.unreadable.is_empty(), "{report:?}");
+    a
+}
+
+const V4_28: &str = r#"{"subnet":"10.244.1.0/28"}"#;
+
+#[test]
+fn slash_28_exhaustion_and_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), V4_28);
+    let mut seen = HashSet::new();
+    for i in 0..13 {
+        let al = a.allocate(&key(i)).unwrap();
+        assert_eq!(al.ips.len(), 1);
+        let ip = al.ips[0];
+        assert_eq!(ip.address.prefix(), 28);
+        assert_eq!(ip.gateway, "10.244.1.1".parse::<IpAddr>().unwrap());
+        assert!(
+            !["10.244.1.0", "10.244.1.1", "10.244.1.15"]
+                .contains(&ip.address.ip().to_string().as_str()),
+            "{ip:?}"
+        );
+        assert!(seen.insert(ip.address.ip()), "duplicate {ip:?}");
+    }
+    let err = a.allocate(&key(13)).unwrap_err();
+    assert!(matches!(err, IpamError::Exhausted { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("no IP addresses available in range set") && msg.contains("10.244.1.0/28"),
+        "{msg}"
+    );
+    assert!(a.get(&key(13)).unwrap().is_none(), "no partial state");
+    assert_eq!(a.count().unwrap(), 13);
+
+    let freed = a.release(&key(4)).unwrap().unwrap();
+    let again = a.allocate(&key(13)).unwrap();
+    assert_eq!(
+        again.ips[0].address, freed.ips[0].address,
+        "the only free address is reused"
+    );
+    assert!(a.allocate(&key(14)).is_err());
+
+    // Released addresses come back oldest release first.
+    let r1 = a.release(&key(9)).unwrap().unwrap();
+    let r2 = a.release(&key(2)).unwrap().unwrap();
+    assert_eq!(a.allocate(&key(20)).unwrap().ips, r1.ips);
+    assert_eq!(a.allocate(&key(21)).unwrap().ips, r2.ips);
+}
+
+#[test]
+fn allocate_is_idempotent_and_released_ips_come_back_late() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), V4_28);
+    let first = a.allocate(&key(1)).unwrap();
+    assert_eq!(a.allocate(&key(1)).unwrap(), first);
+    assert_eq!(a.count().unwrap(), 1);
+    // Same container, other interface: a different allocation.
+    let other = a.allocate(&AllocationKey::new("c0001", "net1")).unwrap();
+    assert_ne!(other.ips[0].address, first.ips[0].address);
+    // A released address is not handed out again while never-used ones remain.
+    a.release(&key(1)).unwrap().unwrap();
+    let next = a.allocate(&key(2)).unwrap();
+    assert_ne!(next.ips[0].address, first.ips[0].address);
+    assert_eq!(next.ips[0].address.ip().to_string(), "10.244.1.4");
+}
+
+#[test]
+fn release_unknown_key_is_ok() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), V4_28);
+    assert!(a.release(&key(99)).unwrap().is_none());
+    a.allocate(&key(1)).unwrap();
+    assert!(a.release(&key(1)).unwrap().is_some());
+    assert!(a.release(&key(1)).unwrap().is_none());
+    assert_eq!(a.count().unwrap(), 0);
+}
+
+#[test]
+fn reopen_after_100_allocations_restores_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = r#"{"subnet":"10.244.0.0/22"}"#;
+    let before: Vec<_> = {
+        let a = open(dir.path(), cfg);
+        (0..100).map(|i| a.allocate(&key(i)).unwrap()).collect()
+    };
+    let (a, report) = Allocator::open(dir.path(), "pod-network", &ranges(cfg)).unwrap();
+    assert_eq!(report.allocations, 100);
+    assert!(!report.ranges_changed);
+    assert!(report.out_of_range.is_empty());
+    assert_eq!(a.count().unwrap(), 100);
+    let list = a.list().unwrap();
+    let distinct: HashSet<_> = list.iter().map(|al| al.ips[0].address.ip()).collect();
+    assert_eq!(distinct.len(), 100);
+    for (i, b) in before.iter().enumerate() {
+        assert_eq!(a.get(&key(i)).unwrap().as_ref(), Some(b));
+        assert_eq!(&a.allocate(&key(i)).unwrap(), b);
+    }
+    // New allocations do not collide with restored ones.
+    let new = a.allocate(&key(100)).unwrap();
+    assert!(!distinct.contains(&new.ips[0].address.ip()));
+}
+
+#[test]
+fn dual_stack_gives_one_v4_and_one_v6() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(
+        dir.path(),
+        r#"{"ranges":[[{"subnet":"10.244.1.0/24"}],[{"subnet":"fd00:244:1::/64"}]]}"#,
+    );
+    let al = a.allocate(&key(1)).unwrap();
+    assert_eq!(al.ips.len(), 2);
+    assert_eq!(al.ips[0].address.to_string(), "10.244.1.2/24");
+    assert_eq!(al.ips[0].gateway.to_string(), "10.244.1.1");
+    assert_eq!(al.ips[1].address.to_string(), "fd00:244:1::2/64");
+    assert_eq!(al.ips[1].gateway.to_string(), "fd00:244:1::1");
+}
+
+#[test]
+fn dual_stack_exhaustion_leaves_no_partial_state() {
+    let dir = tempfile::tempdir().unwrap();
+    // v4 has 13 addresses, v6 /126 has 2 (::1 gateway, ::2, ::3).
+    let a = open(
+        dir.path(),
+        r#"{"ranges":[[{"subnet":"10.244.1.0/28"}],[{"subnet":"fd00::/126"}]]}"#,
+    );
+    a.allocate(&key(1)).unwrap();
+    a.allocate(&key(2)).unwrap();
+    let err = a.allocate(&key(3)).unwrap_err().to_string();
+    assert!(
+        err.contains("fd00::/126") && !err.contains("10.244.1.0/28"),
+        "{err}"
+    );
+    assert!(a.get(&key(3)).unwrap().is_none());
+    // The v4 address that would have been taken is still free: releasing one key makes room
+    // and the next v4 address is the one after key 2's.
+    a.release(&key(1)).unwrap();
+    let al = a.allocate(&key(3)).unwrap();
+    assert_eq!(al.ips[0].address.ip().to_string(), "10.244.1.4");
+    assert_eq!(al.ips[1].address.ip().to_string(), "fd00::2");
+}
+
+#[test]
+fn reopen_with_other_ranges_reports_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let a = open(dir.path(), r#"{"subnet":"10.244.1.0/24"}"#);
+        for i in 0..10 {
+            a.allocate(&key(i)).unwrap(); // .2 ..= .11
+        }
+    }
+    // Shrink the range to .2-.6: keys 5..10 (.7-.11) are now outside.
+    let narrow = r#"{"subnet":"10.244.1.0/24","rangeStart":"10.244.1.2","rangeEnd":"10.244.1.6"}"#;
+    let (a, report) = Allocator::open(dir.path(), "pod-network", &ranges(narrow)).unwrap();
+    assert!(report.ranges_changed);
+    assert_eq!(report.allocations, 10);
+    let mut out: Vec<_> = report
+        .out_of_range
+        .iter()
+        .map(|al| al.key.clone())
+        .collect();
+    out.sort();
+    assert_eq!(out, (5..10).map(key).collect::<Vec<_>>());
+    // Kept reserved and still returned for their keys.
+    assert_eq!(a.count().unwrap(), 10);
+    assert_eq!(
+        a.allocate(&key(7)).unwrap().ips[0].address.ip().to_string(),
+        "10.244.1.9"
+    );
+    // The narrow range is full (its five addresses are held by keys 0..5).
+    assert!(a.allocate(&key(50)).is_err());
+    // Releasable by key; an out-of-range address is not put back in the pool.
+    assert!(a.release(&key(7)).unwrap().is_some());
+    assert!(a.allocate(&key(50)).is_err());
+    a.release(&key(0)).unwrap();
+    assert_eq!(
+        a.allocate(&key(50)).unwrap().ips[0]
+            .address
+            .ip()
+            .to_string(),
+        "10.244.1.2"
+    );
+    drop(a);
+    // Widening again: the cursor restarts, skips every reserved address and finds .11's neighbours.
+    let (a, report) = Allocator::open(
+        dir.path(),
+        "pod-network",
+        &ranges(r#"{"subnet":"10.244.1.0/24"}"#),
+    )
+    .unwrap();
+    assert!(report.out_of_range.is_empty());
+    let held: HashSet<_> = a
+        .list()
+        .unwrap()
+        .iter()
+        .map(|al| al.ips[0].address.ip())
+        .collect();
+    let al = a.allocate(&key(60)).unwrap();
+    assert!(!held.contains(&al.ips[0].address.ip()));
+    assert_eq!(
+        al.ips[0].address.ip().to_string(),
+        "10.244.1.9",
+        "freed while out of range"
+    );
+}
+
+#[test]
+fn networks_share_a_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ranges(V4_28);
+    let (a, _) = Allocator::open(dir.path(), "net-a", &r).unwrap();
+    let (b, _) = Allocator::open(dir.path(), "net-b", &r).unwrap();
+    assert_eq!(a.allocate(&key(1)).unwrap(), b.allocate(&key(1)).unwrap());
+    assert_eq!(a.path(), b.path());
+    assert_eq!(a.count().unwrap(), 1);
+}
+
+#[test]
+fn unreadable_store_is_refused_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ipam.redb");
+    std::fs::write(&path, vec![0x5a_u8; 8192]).unwrap();
+    let err = Allocator::open(dir.path(), "pod-network", &ranges(V4_28))
+        .err()
+        .unwrap();
+    let msg = err.to_string();
+    assert!(matches!(err, IpamError::StoreOpen { .. }), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+}
+
+#[test]
+fn data_dir_is_created_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("a/b");
+    let (_a, report) = Allocator::open(&data, "pod-network", &ranges(V4_28)).unwrap();
+    assert!(report.path.starts_with(data.canonicalize().unwrap()));
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
+
+#[test]
+fn concurrent_16_threads_x_50_keys_all_distinct() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(open(dir.path(), r#"{"subnet":"10.244.0.0/22"}"#));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..16)
+        .map(|t| {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                let mut ips = Vec::new();
+                for k in 0..50 {
+                    let t0 = Instant::now();
+                    let al = a
+                        .allocate(&AllocationKey::new(format!("t{t}-k{k}"), "eth0"))
+                        .unwrap();
+                    lat.push(t0.elapsed());
+                    ips.push(al.ips[0].address.ip());
+                }
+                (ips, lat)
+            })
+        })
+        .collect();
+    let mut all = HashSet::new();
+    let mut lat = Vec::new();
+    for h in handles {
+        let (ips, l) = h.join().unwrap();
+        for ip in ips {
+            assert!(all.insert(ip), "duplicate {ip}");
+        }
+        lat.extend(l);
+    }
+    assert_eq!(all.len(), 800);
+    assert_eq!(a.count().unwrap(), 800);
+    lat.sort();
+    eprintln!(
+        "16x50 concurrent allocate: total {:?}, p50 {:?}, p99 {:?}",
+        start.elapsed(),
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100]
+    );
+}
+
+#[test]
+fn v6_slash_64_is_quick() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), r#"{"ranges":[[{"subnet":"fd00:244:1::/64"}]]}"#);
+    let t0 = Instant::now();
+    for i in 0..20 {
+        let al = a.allocate(&key(i)).unwrap();
+        assert_eq!(al.ips[0].address.prefix(), 64);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn allocate_release_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), r#"{"subnet":"10.244.0.0/16"}"#);
+    // Some background allocations so the trees are not trivially small.
+    for i in 0..1000 {
+        a.allocate(&AllocationKey::new(format!("bg{i}"), "eth0"))
+            .unwrap();
+    }
+    let (mut alloc, mut rel) = (Vec::new(), Vec::new());
+    for i in 0..200 {
+        let k = key(i);
+        let t0 = Instant::now();
+        a.allocate(&k).unwrap();
+        alloc.push(t0.elapsed());
+        let t0 = Instant::now();
+        a.release(&k).unwrap().unwrap();
+        rel.push(t0.elapsed());
+    }
+    alloc.sort();
+    rel.sort();
+    eprintln!(
+        "sequential with fsync, 1000 held: allocate p50 {:?} p99 {:?}; release p50 {:?} p99 {:?}",
+        alloc[100], alloc[198], rel[100], rel[198]
+    );
+}
+
+/// Child half of `crash_after_commit_keeps_allocations`: allocates, then dies without any
+/// cleanup (no drop, no close), like a daemon killed mid-flight.
+#[test]
+fn crash_child() {
+    let Some(dir) = std::env::var_os("IPAM_CRASH_CHILD_DIR") else {
+        return;
+    };
+    let a = open(std::path::Path::new(&dir), r#"{"subnet":"10.244.0.0/22"}"#);
+    for i in 0..50 {
+        a.allocate(&key(i)).unwrap();
+    }
+    a.release(&key(7)).unwrap();
+    std::process::abort();
+}
+
+#[test]
+fn crash_after_commit_keeps_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child", "--test-threads=1"])
+        .env("IPAM_CRASH_CHILD_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "child must die by abort");
+    let (a, report) = Allocator::open(
+        dir.path(),
+        "pod-network",
+        &ranges(r#"{"subnet":"10.244.0.0/22"}"#),
+    )
+    .unwrap();
+    assert_eq!(report.allocations, 49);
+    assert!(a.get(&key(7)).unwrap().is_none());
+    let held: HashSet<_> = a
+        .list()
+        .unwrap()
+        .iter()
+        .map(|al| al.ips[0].address.ip())
+        .collect();
+    assert_eq!(held.len(), 49);
+    let new = a.allocate(&key(100)).unwrap();
+    assert!(!held.contains(&new.ips[0].address.ip()));
+}
