@@ -6,7 +6,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=PROVISIONER_EBPF_OBJECT");
     let object = std::env::var_os("PROVISIONER_EBPF_OBJECT").map_or_else(
         || {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
+            PathBuf::from(manifest_dir)
                 .join("../target/ebpf/bpfel-unknown-none/release/provisioner-ebpf")
         },
         PathBuf::from,

@@ -55,7 +55,10 @@ impl Daemon {
         let conf_dir = dir.path().join("net.d");
         std::fs::create_dir_all(&conf_dir)?;
         if let Some(config) = config {
-            std::fs::write(conf_dir.join("10-provisioner.conflist"), serde_json::to_vec_pretty(config)?)?;
+            std::fs::write(
+                conf_dir.join("10-provisioner.conflist"),
+                serde_json::to_vec_pretty(config)?,
+            )?;
         }
         Self::spawn(node, dir)
     }
@@ -108,7 +111,11 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        bail!("daemon did not listen on {} within {limit:?}; log:\n{}", self.socket.display(), self.log())
+        bail!(
+            "daemon did not listen on {} within {limit:?}; log:\n{}",
+            self.socket.display(),
+            self.log()
+        )
     }
 
     /// The daemon's log so far.
@@ -167,14 +174,23 @@ impl PluginRun {
 }
 
 /// Executes the binary exactly as a runtime does: CNI_* env, config on stdin, result on stdout.
-pub fn run_plugin(command: &str, container_id: &str, netns: Option<&Path>, ifname: &str, stdin: &[u8]) -> Result<PluginRun> {
+pub fn run_plugin(
+    command: &str,
+    container_id: &str,
+    netns: Option<&Path>,
+    ifname: &str,
+    stdin: &[u8],
+) -> Result<PluginRun> {
     let mut cmd = Command::new(provisioner_bin());
     cmd.env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", container_id)
         .env("CNI_IFNAME", ifname)
         .env("CNI_PATH", "/opt/cni/bin")
-        .env("CNI_NETNS", netns.map(|p| p.display().to_string()).unwrap_or_default())
+        .env(
+            "CNI_NETNS",
+            netns.map(|p| p.display().to_string()).unwrap_or_default(),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -17,7 +17,11 @@ fn stdin_for(config: &Value, version: &str) -> Vec<u8> {
 
 fn list(daemon: &Daemon) -> Result<Vec<Value>> {
     let out = daemon.cli(&["list", "--json"])?;
-    assert!(out.status.success(), "list: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(serde_json::from_slice::<Vec<Value>>(&out.stdout)?)
 }
 
@@ -28,7 +32,10 @@ fn add_check_del_in_every_spec_version() -> Result<()> {
     let mut config = conflist("podnet", "1.0.0", socket_placeholder, "10.250.1.0/24", None);
     let daemon = Daemon::start(&node, None)?;
     config["plugins"][0]["socket"] = Value::from(daemon.socket.display().to_string());
-    std::fs::write(daemon.conf_dir.join("10-provisioner.conflist"), serde_json::to_vec(&config)?)?;
+    std::fs::write(
+        daemon.conf_dir.join("10-provisioner.conflist"),
+        serde_json::to_vec(&config)?,
+    )?;
     wait_ready(&daemon)?;
 
     for version in VERSIONS {
@@ -42,10 +49,17 @@ fn add_check_del_in_every_spec_version() -> Result<()> {
         let ips = result["ips"].as_array().cloned().unwrap_or_default();
         assert_eq!(ips.len(), 1, "{result}");
         let has_version_field = ips[0].get("version").is_some();
-        assert_eq!(has_version_field, version.starts_with("0."), "ips[].version in {version}: {result}");
+        assert_eq!(
+            has_version_field,
+            version.starts_with("0."),
+            "ips[].version in {version}: {result}"
+        );
         assert_eq!(ips[0]["interface"], 1);
         assert_eq!(result["interfaces"][1]["name"], "eth0");
-        assert_eq!(result["interfaces"][1]["sandbox"], pod.path().display().to_string());
+        assert_eq!(
+            result["interfaces"][1]["sandbox"],
+            pod.path().display().to_string()
+        );
         let address = ips[0]["address"].as_str().unwrap_or_default().to_owned();
         assert!(address.starts_with("10.250.1."), "{address}");
         let shown = pod.ip(&["-o", "addr", "show", "dev", "eth0"])?;
@@ -54,14 +68,27 @@ fn add_check_del_in_every_spec_version() -> Result<()> {
         if version != "0.3.1" {
             let mut check_conf = plugin_stdin(&config, version);
             check_conf["prevResult"] = result.clone();
-            let check = run_plugin("CHECK", &id, Some(pod.path()), "eth0", &serde_json::to_vec(&check_conf)?)?;
+            let check = run_plugin(
+                "CHECK",
+                &id,
+                Some(pod.path()),
+                "eth0",
+                &serde_json::to_vec(&check_conf)?,
+            )?;
             assert_eq!(check.code, 0, "CHECK {version}: {check:?}");
         }
 
         let del = run_plugin("DEL", &id, Some(pod.path()), "eth0", &stdin)?;
         assert_eq!(del.code, 0, "DEL {version}: {del:?}");
-        assert!(del.stdout.trim().is_empty(), "DEL prints nothing: {:?}", del.stdout);
-        assert!(list(&daemon)?.is_empty(), "allocation left after DEL in {version}");
+        assert!(
+            del.stdout.trim().is_empty(),
+            "DEL prints nothing: {:?}",
+            del.stdout
+        );
+        assert!(
+            list(&daemon)?.is_empty(),
+            "allocation left after DEL in {version}"
+        );
         assert!(!pod.ip(&["link"])?.contains("eth0"));
     }
     assert!(!node.ip(&["link"])?.contains("veth") && !node.ip(&["link"])?.contains("pvn"));
@@ -87,7 +114,10 @@ fn started_daemon(node: &Netns, name: &str, v4: &str) -> Result<(Daemon, Value)>
     let mut config = conflist(name, "1.1.0", Path::new("/nonexistent"), v4, None);
     let daemon = Daemon::start(node, None)?;
     config["plugins"][0]["socket"] = Value::from(daemon.socket.display().to_string());
-    std::fs::write(daemon.conf_dir.join("10-provisioner.conflist"), serde_json::to_vec(&config)?)?;
+    std::fs::write(
+        daemon.conf_dir.join("10-provisioner.conflist"),
+        serde_json::to_vec(&config)?,
+    )?;
     wait_ready(&daemon)?;
     Ok((daemon, config))
 }
@@ -100,23 +130,38 @@ fn del_succeeds_in_every_case_and_releases_what_remains() -> Result<()> {
 
     // Unknown container, with and without a netns.
     let pod = Netns::new("pod")?;
-    assert_eq!(run_plugin("DEL", "never-added", Some(pod.path()), "eth0", &stdin)?.code, 0);
-    assert_eq!(run_plugin("DEL", "never-added", None, "eth0", &stdin)?.code, 0);
+    assert_eq!(
+        run_plugin("DEL", "never-added", Some(pod.path()), "eth0", &stdin)?.code,
+        0
+    );
+    assert_eq!(
+        run_plugin("DEL", "never-added", None, "eth0", &stdin)?.code,
+        0
+    );
 
     // Netns deleted before DEL: success, allocation released.
     let mut gone = Netns::new("gone")?;
-    assert_eq!(run_plugin("ADD", "c-gone", Some(gone.path()), "eth0", &stdin)?.code, 0);
+    assert_eq!(
+        run_plugin("ADD", "c-gone", Some(gone.path()), "eth0", &stdin)?.code,
+        0
+    );
     let gone_path = gone.path().to_path_buf();
     gone.delete()?;
     let del = run_plugin("DEL", "c-gone", Some(&gone_path), "eth0", &stdin)?;
     assert_eq!(del.code, 0, "{del:?}");
     // Empty CNI_NETNS (containerd's second DEL) and a second DEL: success.
     assert_eq!(run_plugin("DEL", "c-gone", None, "eth0", &stdin)?.code, 0);
-    assert_eq!(run_plugin("DEL", "c-gone", Some(&gone_path), "eth0", &stdin)?.code, 0);
+    assert_eq!(
+        run_plugin("DEL", "c-gone", Some(&gone_path), "eth0", &stdin)?.code,
+        0
+    );
     assert!(list(&daemon)?.is_empty());
 
     // DEL with an empty CNI_NETNS of a live sandbox releases it too.
-    assert_eq!(run_plugin("ADD", "c-live", Some(pod.path()), "eth0", &stdin)?.code, 0);
+    assert_eq!(
+        run_plugin("ADD", "c-live", Some(pod.path()), "eth0", &stdin)?.code,
+        0
+    );
     assert_eq!(run_plugin("DEL", "c-live", None, "eth0", &stdin)?.code, 0);
     assert!(list(&daemon)?.is_empty());
     Ok(())
@@ -133,11 +178,23 @@ fn check_after_route_removed_fails_naming_it() -> Result<()> {
     pod.ip(&["route", "del", "default"])?;
     let mut check_conf = plugin_stdin(&config, "1.0.0");
     check_conf["prevResult"] = add.json();
-    let check = run_plugin("CHECK", "c-check", Some(pod.path()), "eth0", &serde_json::to_vec(&check_conf)?)?;
+    let check = run_plugin(
+        "CHECK",
+        "c-check",
+        Some(pod.path()),
+        "eth0",
+        &serde_json::to_vec(&check_conf)?,
+    )?;
     assert_ne!(check.code, 0);
     let msg = check.json()["msg"].as_str().unwrap_or_default().to_owned();
-    assert!(msg.contains("0.0.0.0/0"), "CHECK must name the default route: {msg}");
-    assert_eq!(run_plugin("DEL", "c-check", Some(pod.path()), "eth0", &stdin)?.code, 0);
+    assert!(
+        msg.contains("0.0.0.0/0"),
+        "CHECK must name the default route: {msg}"
+    );
+    assert_eq!(
+        run_plugin("DEL", "c-check", Some(pod.path()), "eth0", &stdin)?.code,
+        0
+    );
     Ok(())
 }
 
@@ -147,16 +204,26 @@ fn gc_releases_every_attachment_not_listed() -> Result<()> {
     let (daemon, config) = started_daemon(&node, "gcnet", "10.250.4.0/24")?;
     let stdin = stdin_for(&config, "1.1.0");
     let (a, b) = (Netns::new("gca")?, Netns::new("gcb")?);
-    assert_eq!(run_plugin("ADD", "keep", Some(a.path()), "eth0", &stdin)?.code, 0);
-    assert_eq!(run_plugin("ADD", "drop", Some(b.path()), "eth0", &stdin)?.code, 0);
+    assert_eq!(
+        run_plugin("ADD", "keep", Some(a.path()), "eth0", &stdin)?.code,
+        0
+    );
+    assert_eq!(
+        run_plugin("ADD", "drop", Some(b.path()), "eth0", &stdin)?.code,
+        0
+    );
     let mut gc_conf = plugin_stdin(&config, "1.1.0");
-    gc_conf["cni.dev/valid-attachments"] = serde_json::json!([{ "containerID": "keep", "ifname": "eth0" }]);
+    gc_conf["cni.dev/valid-attachments"] =
+        serde_json::json!([{ "containerID": "keep", "ifname": "eth0" }]);
     let gc = run_plugin("GC", "", None, "", &serde_json::to_vec(&gc_conf)?)?;
     assert_eq!(gc.code, 0, "{gc:?}");
     let left = list(&daemon)?;
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["container_id"], "keep");
-    assert!(!b.ip(&["link"])?.contains("eth0"), "GC'd sandbox still wired");
+    assert!(
+        !b.ip(&["link"])?.contains("eth0"),
+        "GC'd sandbox still wired"
+    );
     Ok(())
 }
 
@@ -167,7 +234,12 @@ fn version_status_and_error_codes() -> Result<()> {
     assert_eq!(version.code, 0);
     let supported = version.json()["supportedVersions"].clone();
     for v in VERSIONS {
-        assert!(supported.as_array().is_some_and(|a| a.contains(&Value::from(v))), "{supported}");
+        assert!(
+            supported
+                .as_array()
+                .is_some_and(|a| a.contains(&Value::from(v))),
+            "{supported}"
+        );
     }
 
     // Daemon with an empty conf dir: STATUS answers 50 with the reason.
@@ -175,10 +247,22 @@ fn version_status_and_error_codes() -> Result<()> {
     let mut config = conflist("stnet", "1.1.0", &empty.socket, "10.250.5.0/24", None);
     let status = run_plugin("STATUS", "", None, "", &stdin_for(&config, "1.1.0"))?;
     assert_eq!(status.error_code(), Some(50), "{status:?}");
-    assert!(status.json()["msg"].as_str().unwrap_or_default().contains("no"), "{status:?}");
+    assert!(
+        status.json()["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no"),
+        "{status:?}"
+    );
     // ADD while not ready: 11 (try again later), nothing allocated.
     let pod = Netns::new("pod")?;
-    let add = run_plugin("ADD", "c1", Some(pod.path()), "eth0", &stdin_for(&config, "1.1.0"))?;
+    let add = run_plugin(
+        "ADD",
+        "c1",
+        Some(pod.path()),
+        "eth0",
+        &stdin_for(&config, "1.1.0"),
+    )?;
     assert_eq!(add.error_code(), Some(11), "{add:?}");
     drop(empty);
 
@@ -194,22 +278,45 @@ fn version_status_and_error_codes() -> Result<()> {
     let bad_ifname = run_plugin("ADD", "c1", Some(pod.path()), "eth0/x", &stdin)?;
     assert_eq!(bad_ifname.error_code(), Some(4), "{bad_ifname:?}");
     // Undecodable config: 6. Invalid config: 7.
-    assert_eq!(run_plugin("ADD", "c1", Some(pod.path()), "eth0", b"{not json")?.error_code(), Some(6));
+    assert_eq!(
+        run_plugin("ADD", "c1", Some(pod.path()), "eth0", b"{not json")?.error_code(),
+        Some(6)
+    );
     let no_name = br#"{"cniVersion":"1.0.0","type":"provisioner"}"#;
-    assert_eq!(run_plugin("ADD", "c1", Some(pod.path()), "eth0", no_name)?.error_code(), Some(7));
+    assert_eq!(
+        run_plugin("ADD", "c1", Some(pod.path()), "eth0", no_name)?.error_code(),
+        Some(7)
+    );
     // Netns that is not a network namespace.
-    let not_netns = run_plugin("ADD", "c1", Some(Path::new("/etc/hostname")), "eth0", &stdin)?;
+    let not_netns = run_plugin(
+        "ADD",
+        "c1",
+        Some(Path::new("/etc/hostname")),
+        "eth0",
+        &stdin,
+    )?;
     assert_ne!(not_netns.code, 0);
     // A request for another subnet than the daemon serves: 103, nothing allocated.
     let other = conflist("stnet", "1.1.0", &daemon.socket, "10.250.99.0/24", None);
-    let mismatch = run_plugin("ADD", "c1", Some(pod.path()), "eth0", &stdin_for(&other, "1.1.0"))?;
+    let mismatch = run_plugin(
+        "ADD",
+        "c1",
+        Some(pod.path()),
+        "eth0",
+        &stdin_for(&other, "1.1.0"),
+    )?;
     assert_eq!(mismatch.error_code(), Some(103), "{mismatch:?}");
     assert!(list(&daemon)?.is_empty());
     // The interface already exists in the sandbox: 102, existing interface untouched.
-    pod.ip(&["link", "add", "eth0", "type", "dummy"])?;
+    pod.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ])?;
     let exists = run_plugin("ADD", "c1", Some(pod.path()), "eth0", &stdin)?;
     assert_eq!(exists.error_code(), Some(102), "{exists:?}");
-    assert!(pod.ip(&["link", "show", "eth0"])?.contains("dummy") || pod.ip(&["-d", "link", "show", "eth0"])?.contains("dummy"));
+    assert!(
+        pod.ip(&["link", "show", "eth0"])?.contains("eth0@other0"),
+        "existing eth0 was touched"
+    );
     assert!(list(&daemon)?.is_empty(), "failed ADD leaked an allocation");
     Ok(())
 }
@@ -217,12 +324,28 @@ fn version_status_and_error_codes() -> Result<()> {
 #[test]
 fn daemon_not_running_answers_11_at_once() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let config = conflist("downnet", "1.1.0", &dir.path().join("nobody.sock"), "10.250.6.0/24", None);
+    let config = conflist(
+        "downnet",
+        "1.1.0",
+        &dir.path().join("nobody.sock"),
+        "10.250.6.0/24",
+        None,
+    );
     let pod = Netns::new("pod")?;
     let started = Instant::now();
-    let add = run_plugin("ADD", "c1", Some(pod.path()), "eth0", &stdin_for(&config, "1.1.0"))?;
+    let add = run_plugin(
+        "ADD",
+        "c1",
+        Some(pod.path()),
+        "eth0",
+        &stdin_for(&config, "1.1.0"),
+    )?;
     assert_eq!(add.error_code(), Some(11), "{add:?}");
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(!pod.ip(&["link"])?.contains("eth0"));
     Ok(())
 }
@@ -241,13 +364,23 @@ fn parallel_adds_then_dels_through_the_plugin() -> Result<()> {
             .map(|(i, pod)| {
                 let stdin = &stdin;
                 s.spawn(move || -> Result<String> {
-                    let add = run_plugin("ADD", &format!("par-{i}"), Some(pod.path()), "eth0", stdin)?;
+                    let add =
+                        run_plugin("ADD", &format!("par-{i}"), Some(pod.path()), "eth0", stdin)?;
                     anyhow::ensure!(add.code == 0, "ADD par-{i}: {add:?}");
-                    Ok(add.json()["ips"][0]["address"].as_str().unwrap_or_default().to_owned())
+                    Ok(add.json()["ips"][0]["address"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned())
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("panicked")))
+            })
+            .collect()
     });
     let mut addresses = Vec::new();
     for r in results {
@@ -264,7 +397,9 @@ fn parallel_adds_then_dels_through_the_plugin() -> Result<()> {
             .enumerate()
             .map(|(i, pod)| {
                 let stdin = &stdin;
-                s.spawn(move || run_plugin("DEL", &format!("par-{i}"), Some(pod.path()), "eth0", stdin))
+                s.spawn(move || {
+                    run_plugin("DEL", &format!("par-{i}"), Some(pod.path()), "eth0", stdin)
+                })
             })
             .collect();
         for h in handles {
@@ -275,6 +410,10 @@ fn parallel_adds_then_dels_through_the_plugin() -> Result<()> {
     })?;
     assert!(list(&daemon)?.is_empty());
     let links = node.ip(&["-o", "link"])?;
-    assert_eq!(links.lines().count(), 1, "only lo may remain in node: {links}");
+    assert_eq!(
+        links.lines().count(),
+        1,
+        "only lo may remain in node: {links}"
+    );
     Ok(())
 }

@@ -45,14 +45,22 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
     let good = |name: &str| conflist(name, "1.0.0", &daemon.socket, "10.252.1.0/24", None);
 
     // mv into the dir (containerd missed this).
-    let staged = daemon.conf_dir.parent().unwrap_or(Path::new("/tmp")).join("staged.conflist");
+    let staged = daemon
+        .conf_dir
+        .parent()
+        .unwrap_or(Path::new("/tmp"))
+        .join("staged.conflist");
     std::fs::write(&staged, serde_json::to_vec(&good("net-mv"))?)?;
     std::fs::rename(&staged, &file)?;
-    wait_status(&daemon, "ready with net-mv", |s| s["ready"] == true && network_name(s) == Some("net-mv"))?;
+    wait_status(&daemon, "ready with net-mv", |s| {
+        s["ready"] == true && network_name(s) == Some("net-mv")
+    })?;
 
     // Broken JSON over the good file: the good config stays in force, the error is reported.
     std::fs::write(&file, b"{\"cniVersion\": \"1.0.0\", \"name\": ")?;
-    let s = wait_status(&daemon, "load error reported", |s| s["last_load"]["ok"] == false)?;
+    let s = wait_status(&daemon, "load error reported", |s| {
+        s["last_load"]["ok"] == false
+    })?;
     assert_eq!(s["ready"], true, "{s}");
     assert_eq!(network_name(&s), Some("net-mv"), "{s}");
 
@@ -61,15 +69,23 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
     std::fs::write(&file, &text[..text.len() / 2])?;
     std::thread::sleep(Duration::from_millis(150));
     let s = status(&daemon)?;
-    assert_eq!(network_name(&s), Some("net-mv"), "half-written file must not load: {s}");
+    assert_eq!(
+        network_name(&s),
+        Some("net-mv"),
+        "half-written file must not load: {s}"
+    );
     std::fs::write(&file, &text)?;
-    wait_status(&daemon, "net-inplace", |s| network_name(s) == Some("net-inplace") && s["ready"] == true)?;
+    wait_status(&daemon, "net-inplace", |s| {
+        network_name(s) == Some("net-inplace") && s["ready"] == true
+    })?;
 
     // temp + rename, and cp.
     let tmp = daemon.conf_dir.join(".tmp-new");
     std::fs::write(&tmp, serde_json::to_vec(&good("net-rename"))?)?;
     std::fs::rename(&tmp, &file)?;
-    wait_status(&daemon, "net-rename", |s| network_name(s) == Some("net-rename"))?;
+    wait_status(&daemon, "net-rename", |s| {
+        network_name(s) == Some("net-rename")
+    })?;
     std::fs::write(&staged, serde_json::to_vec(&good("net-cp"))?)?;
     std::fs::copy(&staged, &file)?;
     wait_status(&daemon, "net-cp", |s| network_name(s) == Some("net-cp"))?;
@@ -84,7 +100,13 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
 #[test]
 fn adds_during_config_rewrites_never_see_a_partial_config() -> Result<()> {
     let node = Netns::new("node")?;
-    let config = conflist("racenet", "1.0.0", Path::new("/nonexistent"), "10.252.2.0/24", None);
+    let config = conflist(
+        "racenet",
+        "1.0.0",
+        Path::new("/nonexistent"),
+        "10.252.2.0/24",
+        None,
+    );
     let daemon = Daemon::start(&node, None)?;
     let mut config = config;
     config["plugins"][0]["socket"] = Value::from(daemon.socket.display().to_string());
@@ -107,17 +129,38 @@ fn adds_during_config_rewrites_never_see_a_partial_config() -> Result<()> {
             Ok(())
         });
         for (i, pod) in pods.iter().enumerate() {
-            let add = run_plugin("ADD", &format!("race-{i}"), Some(pod.path()), "eth0", &stdin)?;
+            let add = run_plugin(
+                "ADD",
+                &format!("race-{i}"),
+                Some(pod.path()),
+                "eth0",
+                &stdin,
+            )?;
             assert_eq!(add.code, 0, "ADD race-{i} during rewrites: {add:?}");
-            let address = add.json()["ips"][0]["address"].as_str().unwrap_or_default().to_owned();
+            let address = add.json()["ips"][0]["address"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             assert!(address.starts_with("10.252.2."), "{address}");
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        writer.join().map_err(|_| anyhow::anyhow!("writer panicked"))??;
+        writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("writer panicked"))??;
         Ok(())
     })?;
     for (i, pod) in pods.iter().enumerate() {
-        assert_eq!(run_plugin("DEL", &format!("race-{i}"), Some(pod.path()), "eth0", &stdin)?.code, 0);
+        assert_eq!(
+            run_plugin(
+                "DEL",
+                &format!("race-{i}"),
+                Some(pod.path()),
+                "eth0",
+                &stdin
+            )?
+            .code,
+            0
+        );
     }
     Ok(())
 }
@@ -126,21 +169,45 @@ fn adds_during_config_rewrites_never_see_a_partial_config() -> Result<()> {
 fn restart_reconciles_store_and_kernel() -> Result<()> {
     let node = Netns::new("node")?;
     let mut daemon = Daemon::start(&node, None)?;
-    let mut config = conflist("recnet", "1.0.0", Path::new("/nonexistent"), "10.252.3.0/24", None);
+    let mut config = conflist(
+        "recnet",
+        "1.0.0",
+        Path::new("/nonexistent"),
+        "10.252.3.0/24",
+        None,
+    );
     config["plugins"][0]["socket"] = Value::from(daemon.socket.display().to_string());
-    std::fs::write(daemon.conf_dir.join("10-provisioner.conflist"), serde_json::to_vec(&config)?)?;
+    std::fs::write(
+        daemon.conf_dir.join("10-provisioner.conflist"),
+        serde_json::to_vec(&config)?,
+    )?;
     wait_status(&daemon, "ready", |s| s["ready"] == true)?;
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     let keep = Netns::new("keep")?;
     let mut lost = Netns::new("lost")?;
-    assert_eq!(run_plugin("ADD", "keep", Some(keep.path()), "eth0", &stdin)?.code, 0);
-    assert_eq!(run_plugin("ADD", "lost", Some(lost.path()), "eth0", &stdin)?.code, 0);
+    assert_eq!(
+        run_plugin("ADD", "keep", Some(keep.path()), "eth0", &stdin)?.code,
+        0
+    );
+    assert_eq!(
+        run_plugin("ADD", "lost", Some(lost.path()), "eth0", &stdin)?.code,
+        0
+    );
     assert!(daemon.stop()?.success(), "daemon exit on SIGTERM");
     assert!(!daemon.socket.exists(), "socket removed on stop");
 
     // While it is down: one sandbox disappears, and a host veth is left without allocation.
     lost.delete()?;
-    node.ip(&["link", "add", "pvn00000000dead", "type", "veth", "peer", "name", "strayp"])?;
+    node.ip(&[
+        "link",
+        "add",
+        "pvn00000000dead",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "strayp",
+    ])?;
 
     let restarted = Daemon::start_in(&node, &daemon)?;
     wait_status(&restarted, "ready", |s| s["ready"] == true)?;
@@ -148,7 +215,13 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
     let left: Vec<Value> = serde_json::from_slice(&out.stdout)?;
     assert_eq!(left.len(), 1, "{left:?}\n{}", restarted.log());
     assert_eq!(left[0]["container_id"], "keep");
-    assert!(!node.ip(&["link"])?.contains("pvn00000000dead"), "leftover veth not removed");
-    assert_eq!(run_plugin("DEL", "keep", Some(keep.path()), "eth0", &stdin)?.code, 0);
+    assert!(
+        !node.ip(&["link"])?.contains("pvn00000000dead"),
+        "leftover veth not removed"
+    );
+    assert_eq!(
+        run_plugin("DEL", "keep", Some(keep.path()), "eth0", &stdin)?.code,
+        0
+    );
     Ok(())
 }

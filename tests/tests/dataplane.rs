@@ -7,7 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use provisioner::dataplane::{
-    Dataplane, DataplaneError, PodAddress, RouteSpec, SandboxSpec, SetupStep, host_ifname,
+    Dataplane, DataplaneError, HOST_IFNAME_PREFIX, PodAddress, RouteSpec, SandboxSpec, SetupStep,
+    host_ifname,
 };
 use provisioner_tests::Netns;
 
@@ -62,7 +63,7 @@ fn links(ns: &Netns) -> Result<Vec<String>> {
 fn veths(ns: &Netns) -> Result<Vec<String>> {
     Ok(links(ns)?
         .into_iter()
-        .filter(|n| n.starts_with("veth"))
+        .filter(|n| n.starts_with(HOST_IFNAME_PREFIX))
         .collect())
 }
 
@@ -76,7 +77,7 @@ fn assert_node_clean(node: &Netns) -> Result<()> {
     let r4 = node.ip(&["-4", "route", "show"])?;
     let r6 = node.ip(&["-6", "route", "show"])?;
     ensure!(
-        !r4.contains("veth") && !r6.contains("veth"),
+        !r4.contains(HOST_IFNAME_PREFIX) && !r6.contains(HOST_IFNAME_PREFIX),
         "route left in node: {r4}{r6}"
     );
     Ok(())

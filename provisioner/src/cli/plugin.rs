@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use provisioner::cni::{Attachment, CniError, CniResult, NetConf, PluginBackend, Request, run_plugin};
+use provisioner::cni::{
+    Attachment, CniError, CniResult, NetConf, PluginBackend, Request, run_plugin,
+};
 use provisioner::daemon::api::{self, AttachmentRef, NetworkClaim, Response, SandboxRequest};
 use provisioner::daemon::client::{self, ClientError};
 
@@ -31,7 +33,9 @@ fn claim_of(conf: &NetConf) -> Option<NetworkClaim> {
 fn call(socket: &Path, request: &api::Request) -> Result<serde_json::Value, CniError> {
     match client::call(socket, request, CALL_TIMEOUT) {
         Ok(Response::Ok { result }) => Ok(result),
-        Ok(Response::Error { code, msg, details }) => Err(CniError::new(code, msg).with_details(details)),
+        Ok(Response::Error { code, msg, details }) => {
+            Err(CniError::new(code, msg).with_details(details))
+        }
         Err(err @ ClientError::Unreachable { .. }) => Err(CniError::try_again_later(format!(
             "{err} (is `provisioner daemon` running?)"
         ))),
@@ -51,21 +55,33 @@ fn sandbox_request(req: &Request) -> SandboxRequest {
 
 impl PluginBackend for DaemonBackend {
     fn add(&self, req: &Request) -> Result<CniResult, CniError> {
-        let result = call(&socket_of(&req.conf), &api::Request::Add(sandbox_request(req)))?;
+        let result = call(
+            &socket_of(&req.conf),
+            &api::Request::Add(sandbox_request(req)),
+        )?;
         CniResult::from_json(&result)
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        call(&socket_of(&req.conf), &api::Request::Del(sandbox_request(req))).map(|_| ())
+        call(
+            &socket_of(&req.conf),
+            &api::Request::Del(sandbox_request(req)),
+        )
+        .map(|_| ())
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
-        call(&socket_of(&req.conf), &api::Request::Check(sandbox_request(req))).map(|_| ())
+        call(
+            &socket_of(&req.conf),
+            &api::Request::Check(sandbox_request(req)),
+        )
+        .map(|_| ())
     }
 
     fn status(&self, conf: &NetConf) -> Result<(), CniError> {
-        let status: api::Status = serde_json::from_value(call(&socket_of(conf), &api::Request::Status)?)
-            .map_err(|e| CniError::internal(format!("undecodable status: {e}")))?;
+        let status: api::Status =
+            serde_json::from_value(call(&socket_of(conf), &api::Request::Status)?)
+                .map_err(|e| CniError::internal(format!("undecodable status: {e}")))?;
         if status.ready {
             Ok(())
         } else {

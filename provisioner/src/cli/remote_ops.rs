@@ -38,13 +38,24 @@ pub fn sandbox(op: Op, args: &SandboxArgs) -> Result<()> {
     if let Op::Add = op {
         let parsed = CniResult::from_json(&result).map_err(|e| anyhow::anyhow!("{}", e.msg))?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&parsed.to_json(CniVersion::LATEST))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&parsed.to_json(CniVersion::LATEST))?
+            );
         } else {
             let ips: Vec<String> = parsed.ips.iter().map(|ip| ip.address.to_string()).collect();
-            println!("{verb} {} ({}): {}", args.container_id, args.ifname, ips.join(", "));
+            println!(
+                "{verb} {} ({}): {}",
+                args.container_id,
+                args.ifname,
+                ips.join(", ")
+            );
         }
     } else if args.json {
-        println!("{}", serde_json::json!({"containerId": args.container_id, "ifname": args.ifname, "result": verb}));
+        println!(
+            "{}",
+            serde_json::json!({"containerId": args.container_id, "ifname": args.ifname, "result": verb})
+        );
     } else {
         println!("{verb}: {} ({})", args.container_id, args.ifname);
     }
@@ -67,12 +78,19 @@ pub fn status(socket: &Path, json: bool) -> Result<bool> {
             n.name,
             n.file.display(),
             n.ranges.join(","),
-            n.mtu.map_or_else(|| "default".to_owned(), |m| m.to_string())
+            n.mtu
+                .map_or_else(|| "default".to_owned(), |m| m.to_string())
         ),
-        None => println!("network: none loaded (source {})", status.config_source.display()),
+        None => println!(
+            "network: none loaded (source {})",
+            status.config_source.display()
+        ),
     }
     if let Some(load) = &status.last_load {
-        let file = load.file.as_ref().map_or_else(|| "-".to_owned(), |f| f.display().to_string());
+        let file = load
+            .file
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |f| f.display().to_string());
         match &load.error {
             None => println!("last load: ok ({file})"),
             Some(err) => println!("last load: FAILED ({file}): {err}"),
@@ -92,7 +110,12 @@ pub fn list(socket: &Path, json: bool) -> Result<()> {
     }
     let allocations: Vec<AllocationInfo> = serde_json::from_value(result)?;
     for a in &allocations {
-        println!("{}\t{}\t{}", a.container_id, a.ifname, a.addresses.join(","));
+        println!(
+            "{}\t{}\t{}",
+            a.container_id,
+            a.ifname,
+            a.addresses.join(",")
+        );
     }
     eprintln!("{} allocation(s)", allocations.len());
     Ok(())

@@ -22,8 +22,13 @@ pub struct RenderArgs {
 
 pub fn run(args: &RenderArgs) -> Result<()> {
     let cidrs = parse_pod_cidrs(&args.pod_cidr).context("--pod-cidr")?;
-    let outcome = render_config(&args.template, &cidrs, &args.output)
-        .with_context(|| format!("render {} into {}", args.template.display(), args.output.display()))?;
+    let outcome = render_config(&args.template, &cidrs, &args.output).with_context(|| {
+        format!(
+            "render {} into {}",
+            args.template.display(),
+            args.output.display()
+        )
+    })?;
     match outcome {
         RenderOutcome::Written { .. } => eprintln!("wrote {}", args.output.display()),
         RenderOutcome::Unchanged { .. } => {

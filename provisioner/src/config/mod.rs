@@ -15,5 +15,7 @@ pub mod watch;
 pub use conf_dir::{LoadedNetwork, SkipReason, SkippedFile, load_conf_dir, load_conf_file};
 pub use error::ConfigError;
 pub use network::{NetworkConfig, PLUGIN_TYPE};
-pub use template::{RenderOutcome, parse_pod_cidrs, render_config, render_template, write_atomically};
+pub use template::{
+    RenderOutcome, parse_pod_cidrs, render_config, render_template, write_atomically,
+};
 pub use watch::{ConfigState, ConfigWatcher, LoadAttempt};

@@ -36,16 +36,26 @@ impl KeyLocks {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.locks.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
 impl Drop for KeyGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        let mut locks = self.owner.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut locks = self
+            .owner
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Only the map holds it now: nobody waits for this key.
-        if locks.get(&self.key).is_some_and(|l| Arc::strong_count(l) == 1) {
+        if locks
+            .get(&self.key)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
             locks.remove(&self.key);
         }
     }
@@ -66,7 +76,11 @@ mod tests {
             let (locks, inside) = (Arc::clone(&locks), Arc::clone(&inside));
             tasks.push(tokio::spawn(async move {
                 let _guard = locks.lock("c1", "eth0").await;
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
             }));

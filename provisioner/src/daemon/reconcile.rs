@@ -50,7 +50,10 @@ pub async fn with_kernel(service: &SandboxService) -> Result<(), String> {
             tracing::error!(key = %allocation.key, error = %err, "release of a gone sandbox failed");
         }
     }
-    for link in links.iter().filter(|l| is_host_ifname(l) && !expected.contains(*l)) {
+    for link in links
+        .iter()
+        .filter(|l| is_host_ifname(l) && !expected.contains(*l))
+    {
         tracing::warn!(host_link = %link, "host veth without allocation: deleting");
         if let Err(err) = service.dataplane().delete_host_link(link).await {
             tracing::error!(host_link = %link, error = %err, "delete leftover host veth");

@@ -35,7 +35,10 @@ pub fn cni_result(outcome: &AddOutcome) -> CniResult {
             .spec
             .routes
             .iter()
-            .map(|r| Route { dst: r.dst, gw: r.gw })
+            .map(|r| Route {
+                dst: r.dst,
+                gw: r.gw,
+            })
             .collect(),
         dns: Default::default(),
     }

@@ -104,7 +104,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    tracing::info!(in_flight = in_flight.len(), "shutting down: finishing operations in flight");
+    tracing::info!(
+        in_flight = in_flight.len(),
+        "shutting down: finishing operations in flight"
+    );
     drop(listener);
     while in_flight.join_next().await.is_some() {}
     follower.abort();
@@ -149,7 +152,9 @@ async fn serve(state: &DaemonState, stream: UnixStream) {
                     Ok(request) => handle(state, request).await,
                     Err(err) => CniError::decode(format!("undecodable request: {err}")).into(),
                 },
-                Err(err) => CniError::new(CniError::IO_FAILURE, format!("read request: {err}")).into(),
+                Err(err) => {
+                    CniError::new(CniError::IO_FAILURE, format!("read request: {err}")).into()
+                }
             }
         }
         Ok((false, uid)) => CniError::new(
@@ -279,7 +284,11 @@ async fn check(
             Ok(prev) => prev,
             Err(err) => return err.into(),
         };
-        let mut expected: Vec<String> = allocation.ips.iter().map(|ip| ip.address.to_string()).collect();
+        let mut expected: Vec<String> = allocation
+            .ips
+            .iter()
+            .map(|ip| ip.address.to_string())
+            .collect();
         let mut claimed: Vec<String> = prev.ips.iter().map(|ip| ip.address.to_string()).collect();
         expected.sort();
         claimed.sort();
@@ -302,7 +311,11 @@ async fn check(
     }
 }
 
-async fn gc(state: &DaemonState, network: Option<&NetworkClaim>, valid: &[AttachmentRef]) -> Response {
+async fn gc(
+    state: &DaemonState,
+    network: Option<&NetworkClaim>,
+    valid: &[AttachmentRef],
+) -> Response {
     let active = match require_active(state).await {
         Ok(active) => active,
         Err(response) => return response,

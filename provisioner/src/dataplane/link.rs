@@ -139,3 +139,20 @@ pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), Da
         other => other,
     }
 }
+
+/// Every link in `conn`'s netns.
+pub(crate) async fn all(conn: &Conn) -> Result<Vec<Link>, DataplaneError> {
+    let replies = conn
+        .dump(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            "list links",
+        )
+        .await?;
+    Ok(replies
+        .iter()
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewLink(link) => Some(parse_link(link)),
+            _ => None,
+        })
+        .collect())
+}

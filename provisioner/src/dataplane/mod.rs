@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use error::{CheckFailure, DataplaneError, SetupStep};
-pub use naming::{IFNAME_MAX, host_ifname, valid_ifname};
+pub use naming::{HOST_IFNAME_PREFIX, IFNAME_MAX, host_ifname, is_host_ifname, valid_ifname};
 pub use route::{Route, Scope};
 pub use spec::{PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
 
@@ -131,6 +131,26 @@ impl Dataplane {
         netns: Option<&Path>,
     ) -> Result<TeardownOutcome, DataplaneError> {
         teardown::run(self, container_id, ifname, netns).await
+    }
+
+    /// Names of every link in the host netns.
+    pub async fn host_link_names(&self) -> Result<Vec<String>, DataplaneError> {
+        let links = link::all(self.host().await?).await?;
+        Ok(links.into_iter().map(|l| l.name).collect())
+    }
+
+    /// Deletes the host link `name` (and with a veth its peer); absent is fine.
+    pub async fn delete_host_link(&self, name: &str) -> Result<(), DataplaneError> {
+        let conn = self.host().await?;
+        match link::by_name(conn, name).await? {
+            Some(found) => link::delete(conn, found.index, name).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Cheap liveness check of the host netlink socket (readiness).
+    pub async fn probe(&self) -> Result<(), DataplaneError> {
+        link::by_name(self.host().await?, "lo").await.map(|_| ())
     }
 
     /// Verifies every resource setup would create; names each one missing or different.

@@ -5,18 +5,32 @@ use sha2::{Digest, Sha256};
 /// Maximum length of a Linux interface name (IFNAMSIZ - 1).
 pub const IFNAME_MAX: usize = 15;
 
-/// The host end of the veth of (`container_id`, `ifname`): `"veth"` + 11 hex digits of
+/// Prefix of every host veth provisioner creates; no other plugin uses it, so reconciliation can
+/// tell our links from others'.
+pub const HOST_IFNAME_PREFIX: &str = "pvn";
+
+/// The host end of the veth of (`container_id`, `ifname`): `"pvn"` + 12 hex digits of
 /// sha256("`container_id`/`ifname`"), 15 bytes, the same on every call.
 #[must_use]
 pub fn host_ifname(container_id: &str, ifname: &str) -> String {
     let digest = Sha256::digest(format!("{container_id}/{ifname}").as_bytes());
     let mut name = String::with_capacity(IFNAME_MAX);
-    name.push_str("veth");
+    name.push_str(HOST_IFNAME_PREFIX);
     for b in digest.iter().take(6) {
         name.push_str(&format!("{b:02x}"));
     }
     name.truncate(IFNAME_MAX);
     name
+}
+
+/// Is `name` shaped like a name [`host_ifname`] produces?
+#[must_use]
+pub fn is_host_ifname(name: &str) -> bool {
+    name.len() == IFNAME_MAX
+        && name.starts_with(HOST_IFNAME_PREFIX)
+        && name[HOST_IFNAME_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Is `name` usable as a Linux interface name?
@@ -40,7 +54,7 @@ mod tests {
         let a = host_ifname("abc", "eth0");
         assert_eq!(a, host_ifname("abc", "eth0"));
         assert_eq!(a.len(), 15);
-        assert!(a.starts_with("veth"));
+        assert!(a.starts_with(HOST_IFNAME_PREFIX) && is_host_ifname(&a));
         assert!(a[4..].bytes().all(|b| b.is_ascii_hexdigit()));
         assert!(valid_ifname(&a));
     }

@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::dataplane::{Dataplane, PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
+use crate::dataplane::{
+    Dataplane, PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome,
+};
 use crate::ipam::{Allocation, AllocationKey, Allocator};
 
 use super::{Network, SandboxError};
@@ -83,9 +85,9 @@ impl SandboxService {
     /// Reserves addresses, wires the sandbox and verifies it.
     pub async fn add(&self, sandbox: &SandboxRef) -> Result<AddOutcome, SandboxError> {
         let label = sandbox.label();
-        let netns = sandbox.netns.clone().ok_or_else(|| SandboxError::Config(format!(
-            "{label}: ADD needs a network namespace path"
-        )))?;
+        let netns = sandbox.netns.clone().ok_or_else(|| {
+            SandboxError::Config(format!("{label}: ADD needs a network namespace path"))
+        })?;
         let key = sandbox.key();
         let (existed, allocation) = self
             .blocking(&label, {
@@ -138,7 +140,11 @@ impl SandboxService {
         let label = sandbox.label();
         let teardown = self
             .dataplane
-            .teardown(&sandbox.container_id, &sandbox.ifname, sandbox.netns.as_deref())
+            .teardown(
+                &sandbox.container_id,
+                &sandbox.ifname,
+                sandbox.netns.as_deref(),
+            )
             .await
             .map_err(|source| SandboxError::Dataplane {
                 sandbox: label.clone(),
@@ -154,9 +160,9 @@ impl SandboxService {
     /// Verifies that the kernel holds everything the allocation implies.
     pub async fn check(&self, sandbox: &SandboxRef) -> Result<Allocation, SandboxError> {
         let label = sandbox.label();
-        let netns = sandbox.netns.clone().ok_or_else(|| SandboxError::Config(format!(
-            "{label}: CHECK needs a network namespace path"
-        )))?;
+        let netns = sandbox.netns.clone().ok_or_else(|| {
+            SandboxError::Config(format!("{label}: CHECK needs a network namespace path"))
+        })?;
         let key = sandbox.key();
         let allocation = self
             .blocking(&label, move |allocator| allocator.get(&key))
@@ -194,7 +200,10 @@ impl SandboxService {
                 .network
                 .routes
                 .iter()
-                .map(|r| RouteSpec { dst: r.dst, gw: r.gw })
+                .map(|r| RouteSpec {
+                    dst: r.dst,
+                    gw: r.gw,
+                })
                 .collect(),
         }
     }
