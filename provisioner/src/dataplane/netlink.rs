@@ -43,6 +43,9 @@ pub(crate) fn socket_in_blocking(ns: &NetnsFile) -> Result<Socket, DataplaneErro
 pub(crate) struct Conn {
     handle: rtnetlink::Handle,
     netns: Arc<str>,
+    /// The kernel runs one dump at a time per netlink socket (EBUSY otherwise); concurrent
+    /// operations sharing the host socket take turns.
+    dumps: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Conn {
@@ -66,6 +69,7 @@ impl Conn {
         Ok(Self {
             handle,
             netns: Arc::from(netns),
+            dumps: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -151,6 +155,7 @@ impl Conn {
         msg: RouteNetlinkMessage,
         op: &str,
     ) -> Result<Vec<RouteNetlinkMessage>, DataplaneError> {
+        let _one_dump_at_a_time = self.dumps.lock().await;
         for _ in 0..DUMP_ATTEMPTS {
             let mut req = NetlinkMessage::from(msg.clone());
             req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
