@@ -219,6 +219,8 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
         !node.ip(&["link"])?.contains("pvn00000000dead"),
         "leftover veth not removed"
     );
+    config["plugins"][0]["socket"] = Value::from(restarted.socket.display().to_string());
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     assert_eq!(
         run_plugin("DEL", "keep", Some(keep.path()), "eth0", &stdin)?.code,
         0
