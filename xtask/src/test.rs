@@ -25,6 +25,15 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
             "warnings",
         ]))?;
     }
+    announce(
+        "build",
+        "provisioner binary (the tests exec it as daemon and CNI plugin)",
+    );
+    run_command(
+        cargo("stable")
+            .current_dir(&root)
+            .args(["build", "-p", "provisioner", "--bins"]),
+    )?;
     announce("test", "cargo test (needs root: namespaces, netlink, eBPF)");
     run_command(
         cargo("stable")
