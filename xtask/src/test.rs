@@ -1,8 +1,11 @@
 //! `cargo xtask test`: everything CI runs.
 
-use anyhow::Result;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 
-use crate::step::{announce, cargo, run as run_command, workspace_root};
+use anyhow::{Context, Result, bail};
+
+use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
 use crate::{bootstrap, ebpf};
 
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
@@ -35,10 +38,58 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
             .args(["build", "-p", "provisioner", "--bins"]),
     )?;
     announce("test", "cargo test (needs root: namespaces, netlink, eBPF)");
-    run_command(
+    let totals = run_counting(
         cargo("stable")
             .current_dir(&root)
             .args(["test", "--no-fail-fast"])
             .args(cargo_test_args),
-    )
+    )?;
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    if !totals.success || totals.failed > 0 {
+        bail!("{} test(s) failed", totals.failed);
+    }
+    if totals.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    success: bool,
+}
+
+/// Runs cargo test, echoing its output and adding up every `test result:` line.
+fn run_counting(cmd: &mut std::process::Command) -> Result<Totals> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("spawn cargo test")?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("read cargo test output")?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            totals.passed += count(rest, "passed");
+            totals.failed += count(rest, "failed");
+        }
+    }
+    totals.success = child.wait().context("wait for cargo test")?.success();
+    detail(&format!(
+        "{} passed, {} failed",
+        totals.passed, totals.failed
+    ));
+    Ok(totals)
+}
+
+/// The number before `word` in `ok. 7 passed; 0 failed; ...`.
+fn count(summary: &str, word: &str) -> u64 {
+    summary
+        .split([';', '.'])
+        .filter_map(|part| part.trim().strip_suffix(word))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
 }
