@@ -10,5 +10,6 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod ipam;
+pub mod metrics;
 pub mod sandbox;
 pub mod trace;

@@ -51,6 +51,11 @@ impl Daemon {
     /// Starts a daemon watching a fresh conf dir that holds `config` (if any) as
     /// `10-provisioner.conflist`, and waits until its socket answers.
     pub fn start(node: &Netns, config: Option<&Value>) -> Result<Self> {
+        Self::start_with(node, config, &[])
+    }
+
+    /// Like [`Daemon::start`] with extra daemon arguments.
+    pub fn start_with(node: &Netns, config: Option<&Value>, extra: &[&str]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let conf_dir = dir.path().join("net.d");
         std::fs::create_dir_all(&conf_dir)?;
@@ -60,7 +65,7 @@ impl Daemon {
                 serde_json::to_vec_pretty(config)?,
             )?;
         }
-        Self::spawn(node, dir)
+        Self::spawn(node, dir, extra)
     }
 
     /// Starts a second daemon on the state of a stopped one: same conf dir and data dir.
@@ -68,10 +73,10 @@ impl Daemon {
         let dir = tempfile::tempdir()?;
         std::os::unix::fs::symlink(&stopped.conf_dir, dir.path().join("net.d"))?;
         std::os::unix::fs::symlink(&stopped.data_dir, dir.path().join("data"))?;
-        Self::spawn(node, dir)
+        Self::spawn(node, dir, &[])
     }
 
-    fn spawn(node: &Netns, dir: tempfile::TempDir) -> Result<Self> {
+    fn spawn(node: &Netns, dir: tempfile::TempDir, extra: &[&str]) -> Result<Self> {
         let socket = dir.path().join("provisioner.sock");
         let conf_dir = dir.path().join("net.d");
         let data_dir = dir.path().join("data");
@@ -86,6 +91,7 @@ impl Daemon {
             .arg(&data_dir)
             .arg("--host-netns")
             .arg(node.path())
+            .args(extra)
             .env("PROVISIONER_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

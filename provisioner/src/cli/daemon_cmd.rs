@@ -35,6 +35,9 @@ pub struct DaemonArgs {
     /// Host ("node") network namespace path; default: the daemon's own.
     #[arg(long)]
     host_netns: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9640.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 pub fn run(args: DaemonArgs) -> Result<()> {
@@ -68,5 +71,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         config_source,
         render,
         host_netns: args.host_netns,
+        metrics_addr: args.metrics_addr,
     }))
 }

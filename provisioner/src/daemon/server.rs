@@ -13,6 +13,7 @@ use crate::cni::{CniError, CniResult, CniVersion};
 use crate::config::{ConfigWatcher, render_config};
 use crate::dataplane::Dataplane;
 use crate::ipam::IpamConfig;
+use crate::metrics::Operation;
 use crate::sandbox::{Network, SandboxRef};
 
 use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
@@ -32,6 +33,8 @@ pub struct DaemonOptions {
     pub render: Option<RenderAtStart>,
     /// Host ("node") network namespace; default: the daemon's own.
     pub host_netns: Option<PathBuf>,
+    /// Serve Prometheus metrics here (loopback recommended).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 pub struct RenderAtStart {
@@ -79,6 +82,17 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         }
     });
 
+    let metrics_server = opts.metrics_addr.map(|addr| {
+        let metrics = Arc::clone(&state.metrics);
+        tokio::spawn(async move {
+            if let Err(err) =
+                crate::metrics::serve(addr, metrics, Arc::new(|_: &crate::metrics::Metrics| {}))
+                    .await
+            {
+                tracing::error!(%addr, error = %err, "metrics endpoint failed");
+            }
+        })
+    });
     let listener = bind(&opts.socket)?;
     let status = state.status().await;
     tracing::info!(
@@ -111,6 +125,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     drop(listener);
     while in_flight.join_next().await.is_some() {}
     follower.abort();
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
     drop(watcher);
     let _ = std::fs::remove_file(&opts.socket);
     tracing::info!("stopped");
@@ -224,6 +241,22 @@ fn claim_mismatch(network: &Network, claim: Option<&NetworkClaim>) -> Option<Res
 }
 
 async fn sandbox_op(state: &DaemonState, req: SandboxRequest, op: Op) -> Response {
+    let started = std::time::Instant::now();
+    let response = sandbox_op_inner(state, req, op).await;
+    let result = match &response {
+        Response::Ok { .. } => "ok".to_owned(),
+        Response::Error { code, .. } => code.to_string(),
+    };
+    let operation = match op {
+        Op::Add => Operation::Add,
+        Op::Del => Operation::Del,
+        Op::Check => Operation::Check,
+    };
+    state.metrics.observe(operation, &result, started.elapsed());
+    response
+}
+
+async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> Response {
     let active = match require_active(state).await {
         Ok(active) => active,
         Err(response) => return response,

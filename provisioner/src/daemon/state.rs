@@ -9,6 +9,7 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use crate::config::{ConfigState, LoadedNetwork};
 use crate::dataplane::Dataplane;
 use crate::ipam::Allocator;
+use crate::metrics::Metrics;
 use crate::sandbox::{Network, SandboxService};
 
 use super::api::{LoadInfo, NetworkInfo, Status};
@@ -31,6 +32,7 @@ pub struct DaemonState {
     pub paths: Paths,
     pub dataplane: Dataplane,
     pub locks: KeyLocks,
+    pub metrics: Arc<Metrics>,
     /// Requests hold a read guard for their whole duration; a config change takes the write
     /// guard, so it waits for operations in flight and none ever sees a half-applied config.
     active: Arc<RwLock<Option<Active>>>,
@@ -53,6 +55,7 @@ impl DaemonState {
             paths,
             dataplane,
             locks: KeyLocks::default(),
+            metrics: Arc::new(Metrics::new()),
             active: Arc::new(RwLock::new(None)),
             applied: std::sync::Mutex::new(Applied::default()),
         }
@@ -79,6 +82,7 @@ impl DaemonState {
                 tracing::warn!(source = %self.paths.config_source.display(), "network config removed: not ready");
             }
             *self.active.write().await = None;
+            self.metrics.ready.set(0);
             return;
         };
         let network = match Network::from_config(&loaded.config) {
@@ -138,6 +142,7 @@ impl DaemonState {
             self.applied().dataplane_error = None;
         }
         *active = Some(Active { loaded, service });
+        self.metrics.ready.set(1);
     }
 
     /// Readiness with every reason, what is loaded, and the last load attempt.

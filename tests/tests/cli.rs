@@ -1,0 +1,221 @@
+//! The CLI as an operator uses it: in-process add/check/del, render-config, the metrics endpoint.
+
+use std::io::{Read, Write};
+use std::process::Command;
+
+use anyhow::{Result, ensure};
+use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
+use provisioner_tests::{Netns, provisioner_bin};
+use serde_json::Value;
+
+/// Runs the binary inside `node` (as an operator on the node would), returning stdout.
+fn in_node(node: &Netns, args: &[&str]) -> Result<std::process::Output> {
+    let bin = provisioner_bin();
+    let mut full = vec![
+        "netns",
+        "exec",
+        node.name(),
+        bin.to_str().unwrap_or_default(),
+    ];
+    full.extend_from_slice(args);
+    Ok(Command::new("ip").args(&full).output()?)
+}
+
+#[test]
+fn in_process_add_check_del() -> Result<()> {
+    let node = Netns::new("node")?;
+    let pod = Netns::new("pod")?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("net.conflist");
+    let data = dir.path().join("data");
+    std::fs::write(
+        &config,
+        serde_json::to_vec(&conflist(
+            "clinet",
+            "1.0.0",
+            &dir.path().join("s"),
+            "10.253.1.0/24",
+            Some("fd00:253:1::/64"),
+        ))?,
+    )?;
+    let (config, data, netns) = (
+        config.to_str().unwrap_or_default(),
+        data.to_str().unwrap_or_default(),
+        pod.path().to_str().unwrap_or_default(),
+    );
+    let common = [
+        "--config",
+        config,
+        "--data-dir",
+        data,
+        "--container-id",
+        "c1",
+        "--netns",
+        netns,
+    ];
+
+    let add = in_node(&node, &[&["add", "--json"][..], &common[..]].concat())?;
+    ensure!(
+        add.status.success(),
+        "add: {}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let result: Value = serde_json::from_slice(&add.stdout)?;
+    let ips = result["ips"].as_array().cloned().unwrap_or_default();
+    assert_eq!(ips.len(), 2, "dual-stack: {result}");
+    let v4 = ips[0]["address"].as_str().unwrap_or_default().to_owned();
+    assert!(v4.starts_with("10.253.1."), "{v4}");
+    assert!(pod.ip(&["addr", "show", "eth0"])?.contains(&v4));
+
+    let check = in_node(&node, &[&["check"][..], &common[..]].concat())?;
+    ensure!(
+        check.status.success(),
+        "check: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(String::from_utf8_lossy(&check.stdout).contains(&v4));
+
+    let del = in_node(&node, &[&["del"][..], &common[..]].concat())?;
+    ensure!(
+        del.status.success(),
+        "del: {}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    assert!(String::from_utf8_lossy(&del.stdout).contains("released"));
+    // The address is free again: the next sandbox gets an allocation that works; CHECK of the
+    // deleted one fails naming it.
+    let check = in_node(&node, &[&["check"][..], &common[..]].concat())?;
+    assert!(!check.status.success());
+    assert!(
+        String::from_utf8_lossy(&check.stderr).contains("c1"),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    Ok(())
+}
+
+/// containerd's GCE-style template (the JSON-valid form).
+const TEMPLATE: &str = r#"{
+  "name": "k8s-pod-network",
+  "cniVersion": "1.0.0",
+  "plugins": [
+    {
+      "type": "provisioner",
+      "mtu": 1460,
+      "ipam": {
+        "ranges": [{{range $i, $range := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$range}}"}]{{end}}],
+        "routes": [{{range $i, $route := .Routes}}{{if $i}}, {{end}}{"dst": "{{$route}}"}{{end}}]
+      }
+    }
+  ]
+}"#;
+
+#[test]
+fn render_config_for_v4_v6_and_dual_stack() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let template = dir.path().join("cni.template");
+    std::fs::write(&template, TEMPLATE)?;
+    for (cidrs, subnets, routes) in [
+        ("10.244.1.0/24", vec!["10.244.1.0/24"], vec!["0.0.0.0/0"]),
+        ("fd00:1::/64", vec!["fd00:1::/64"], vec!["::/0"]),
+        (
+            "10.244.1.0/24,fd00:1::/64",
+            vec!["10.244.1.0/24", "fd00:1::/64"],
+            vec!["0.0.0.0/0", "::/0"],
+        ),
+    ] {
+        let output = dir.path().join("out.conflist");
+        let out = Command::new(provisioner_bin())
+            .args(["render-config", "--template"])
+            .arg(&template)
+            .args(["--pod-cidr", cidrs, "--output"])
+            .arg(&output)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "render {cidrs}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rendered: Value = serde_json::from_slice(&std::fs::read(&output)?)?;
+        let ipam = &rendered["plugins"][0]["ipam"];
+        let got: Vec<&str> = ipam["ranges"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|set| set[0]["subnet"].as_str())
+            .collect();
+        assert_eq!(got, subnets, "{rendered}");
+        let got: Vec<&str> = ipam["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["dst"].as_str())
+            .collect();
+        assert_eq!(got, routes, "{rendered}");
+    }
+    // A bad CIDR is refused naming it, and the previous output stays.
+    let output = dir.path().join("out.conflist");
+    let before = std::fs::read(&output)?;
+    let out = Command::new(provisioner_bin())
+        .args(["render-config", "--template"])
+        .arg(&template)
+        .args(["--pod-cidr", "10.244.1.0/33", "--output"])
+        .arg(&output)
+        .output()?;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("10.244.1.0/33"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&output)?, before);
+    Ok(())
+}
+
+fn scrape(port: u16) -> Result<String> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+#[test]
+fn metrics_count_operations_by_result() -> Result<()> {
+    let node = Netns::new("node")?;
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+        probe.local_addr()?.port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let mut daemon = Daemon::start_with(&node, None, &["--metrics-addr", &addr])?;
+    let mut config = conflist("metnet", "1.0.0", &daemon.socket, "10.253.2.0/24", None);
+    config["plugins"][0]["socket"] = Value::from(daemon.socket.display().to_string());
+    std::fs::write(
+        daemon.conf_dir.join("10-provisioner.conflist"),
+        serde_json::to_vec(&config)?,
+    )?;
+    let pod = Netns::new("pod")?;
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    let started = std::time::Instant::now();
+    while run_plugin("ADD", "m1", Some(pod.path()), "eth0", &stdin)?.code != 0 {
+        ensure!(
+            started.elapsed().as_secs() < 5,
+            "daemon never became ready: {}",
+            daemon.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let text = scrape(port)?;
+    assert!(
+        text.contains(r#"provisioner_operations_total{op="Add",result="ok"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("provisioner_ready 1"), "{text}");
+    assert_eq!(
+        run_plugin("DEL", "m1", Some(pod.path()), "eth0", &stdin)?.code,
+        0
+    );
+    assert!(daemon.stop()?.success());
+    Ok(())
+}
