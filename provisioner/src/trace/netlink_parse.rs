@@ -573,7 +573,7 @@ mod tests {
             let parsed = parse_requests(&full[..cut]).expect("header is complete");
             assert!(parsed[0].truncated, "cut at {cut}");
         }
-        let parsed = parse_requests(&full[..44]).expect("parses");
+        let parsed = parse_requests(&full[..48]).expect("parses");
         let RtRequest::NewLink(link) = &parsed[0].body else {
             panic!("not newlink");
         };
