@@ -184,12 +184,14 @@ pub struct Correlator {
     /// Latest netns created with a given owner pid (clone) or by a pid (unshare).
     by_pid: HashMap<u32, u64>,
     expected_inodes: HashSet<u32>,
-    /// (pid, fd, seq) of requests in flight -> (cookie, entry index).
-    pending: HashMap<(u32, u32, u32), (u64, usize)>,
+    /// (pid, fd, seq) of requests in flight -> (cookie, entry index); `None` for requests
+    /// that do not matter to verdicts (their answers are dropped too).
+    pending: HashMap<(u32, u32, u32), Option<(u64, usize)>>,
     /// Last request per thread, for extack messages.
     last_by_tid: HashMap<u32, (u64, usize)>,
     recent_execs: VecDeque<RecentExec>,
-    skips: HashMap<(String, u32), SkipSummary>,
+    /// Skips by creator comm (a runtime forks a new helper per sandbox: the pid varies).
+    skips: HashMap<String, SkipSummary>,
     intents: Vec<IntentState>,
     next_intent: IntentId,
     metrics: CorrelatorMetrics,
@@ -431,8 +433,9 @@ impl Correlator {
                 }));
             }
         }
-        self.pending
-            .retain(|_, (cookie, _)| self.namespaces.contains_key(cookie));
+        self.pending.retain(|_, target| {
+            target.is_none_or(|(cookie, _)| self.namespaces.contains_key(&cookie))
+        });
         reports
     }
 
@@ -481,8 +484,13 @@ impl Correlator {
         }
         self.attribute_execs(cookie, event.task.pid);
         let ns = self.namespaces.get_mut(&cookie)?;
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.clear();
+        }
         for message in &request.messages {
+            let key = (event.task.pid, request.io.fd, message.header.seq);
             let Some((detail, effect)) = describe(message, &ns.ifnames) else {
+                self.pending.insert(key, None);
                 continue;
             };
             let idx = ns.push(
@@ -494,13 +502,7 @@ impl Correlator {
                 },
                 effect,
             );
-            if self.pending.len() >= MAX_PENDING {
-                self.pending.clear();
-            }
-            self.pending.insert(
-                (event.task.pid, request.io.fd, message.header.seq),
-                (cookie, idx),
-            );
+            self.pending.insert(key, Some((cookie, idx)));
             self.last_by_tid.insert(event.task.tid, (cookie, idx));
         }
         Some(cookie)
@@ -513,7 +515,11 @@ impl Correlator {
                 continue;
             };
             let key = (event.task.pid, reply.io.fd, request.seq);
-            if let Some((cookie, idx)) = self.pending.remove(&key)
+            let pending = self.pending.remove(&key);
+            if matches!(pending, Some(None)) {
+                continue;
+            }
+            if let Some(Some((cookie, idx))) = pending
                 && let Some(entry) = self
                     .namespaces
                     .get_mut(&cookie)
@@ -714,7 +720,7 @@ impl Correlator {
             .entry(verdict.verdict.as_str())
             .or_default() += 1;
         if verdict.verdict == Verdict::Skipped {
-            let key = (verdict.creator.comm.clone(), verdict.creator.pid);
+            let key = verdict.creator.comm.clone();
             let summary = self.skips.entry(key).or_insert_with(|| SkipSummary {
                 creator_comm: verdict.creator.comm.clone(),
                 creator_pid: verdict.creator.pid,
@@ -723,6 +729,7 @@ impl Correlator {
                 last: verdict.created_at,
             });
             summary.count += 1;
+            summary.creator_pid = verdict.creator.pid;
             summary.first = summary.first.min(verdict.created_at);
             summary.last = summary.last.max(verdict.created_at);
             verdict.repeat = Some(summary.clone());

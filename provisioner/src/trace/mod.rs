@@ -6,8 +6,12 @@ mod error;
 mod events;
 mod kernel_fs;
 mod loader;
+pub mod metrics;
 pub mod netlink_parse;
+pub mod netns_id;
+pub mod render;
 pub mod sandbox_rules;
+pub mod session;
 pub mod verdict;
 
 pub use btf_offsets::KernelOffsets;
@@ -18,7 +22,10 @@ pub use events::{
     NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
 };
 pub use loader::{KernelTracer, LossCounters};
+pub use metrics::TraceMetrics;
+pub use netns_id::netns_of_path;
 pub use sandbox_rules::{SandboxReason, SandboxRules};
+pub use session::{SessionOptions, SessionSummary};
 pub use verdict::{
     Creator, Drift, Intent, IntentId, IntentStatus, IntentVerdict, NetnsVerdict, Report,
     RouteIntent, SkipSummary, Step, TimelineEntry, Verdict,

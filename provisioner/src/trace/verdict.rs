@@ -181,10 +181,11 @@ impl std::fmt::Display for TimelineEntry {
     }
 }
 
-/// Repeated skips from one creator.
+/// Repeated skips from one creator (by comm).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct SkipSummary {
     pub creator_comm: String,
+    /// Pid of the latest creating process.
     pub creator_pid: u32,
     pub count: u64,
     #[serde(serialize_with = "serialize_time")]
