@@ -5,18 +5,26 @@
 #![no_std]
 #![no_main]
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     Global,
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        generated,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use provisioner_common::{CLONE_NEWNET, COMM_LEN, EventHeader, NetnsCreated, kind, origin};
+use provisioner_common::{
+    AF_NETLINK, BindMount, CLONE_NEWNET, COMM_LEN, DevEvent, EventHeader, Exec, Extack, MS_BIND,
+    MSG_PEEK, NETLINK_COPY, NETLINK_ROUTE, NLMSG_ERROR, NetlinkMsg, NetnsCreated, NetnsId,
+    TC_H_ROOT, kind, origin, syscall,
+};
 
 // Offsets (bytes) of kernel struct members, resolved from BTF by userspace.
 #[unsafe(no_mangle)]
@@ -33,6 +41,48 @@ static OFF_NSPROXY_NET_NS: Global<u32> = Global::new(0);
 static OFF_NET_COOKIE: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_NET_NS_INUM: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_NET_NS_REF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_TASK_FILES: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_FILES_FDT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_FDT_FD: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_FDT_MAX_FDS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_FILE_PRIVATE_DATA: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SOCKET_FILE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SOCKET_SK: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SK_FAMILY: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SK_PROTOCOL: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SK_NET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_DEV_NAME: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_DEV_IFINDEX: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_DEV_FLAGS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_DEV_NET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_QDISC_OPS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_QDISC_PARENT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_QDISC_DEV_QUEUE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_QDISC_OPS_ID: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_NETDEV_QUEUE_DEV: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_BINPRM_FILENAME: Global<u32> = Global::new(0);
 
 /// Offset of the first syscall argument (and of the return value) in a syscall tracepoint record.
 const SYSCALL_ARG0: usize = 16;
@@ -68,10 +118,34 @@ unsafe fn task_netns(task: *const u8) -> Option<(u64, u32)> {
     unsafe {
         let nsproxy: *const u8 = read_field(task, OFF_TASK_NSPROXY.load())?;
         let net: *const u8 = read_field(nsproxy, OFF_NSPROXY_NET_NS.load())?;
+        net_id(net)
+    }
+}
+
+#[inline(always)]
+unsafe fn net_id(net: *const u8) -> Option<(u64, u32)> {
+    unsafe {
         let cookie: u64 = read_field(net, OFF_NET_COOKIE.load())?;
         let inum: u32 = read_field(net, OFF_NET_NS_INUM.load())?;
         Some((cookie, inum))
     }
+}
+
+#[inline(always)]
+fn to_id(id: Option<(u64, u32)>) -> NetnsId {
+    let (cookie, inum) = id.unwrap_or((0, 0));
+    NetnsId {
+        cookie,
+        inum,
+        _pad: 0,
+    }
+}
+
+#[inline(always)]
+fn current_netns() -> NetnsId {
+    // SAFETY: the current task pointer is only dereferenced through probe reads.
+    let current = unsafe { bpf_get_current_task() } as *const u8;
+    to_id(unsafe { task_netns(current) })
 }
 
 #[inline(always)]
@@ -152,6 +226,376 @@ pub fn task_newtask(ctx: BtfTracePointContext) -> i32 {
     if flags & CLONE_NEWNET != 0 {
         emit_netns_created(task, origin::CLONE, flags);
     }
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// rtnetlink requests and replies
+// ---------------------------------------------------------------------------------------------
+
+/// A recv on a NETLINK_ROUTE socket in flight: where the reply will land.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct PendingRecv {
+    buf: u64,
+    sk: u64,
+    fd: u32,
+    syscall: u32,
+}
+
+/// recvmsg/recvfrom calls on NETLINK_ROUTE sockets in flight, by pid_tgid.
+#[map]
+static PENDING_RECV: LruHashMap<u64, PendingRecv> = LruHashMap::with_max_entries(4096, 0);
+
+/// The `struct sock` behind `fd` of the current task when it is a NETLINK_ROUTE socket.
+///
+/// Cheapest checks first: every sendmsg/recvmsg on the node pays for this walk, and all but
+/// netlink sockets leave at the family check.
+#[inline(always)]
+unsafe fn route_sock(fd: u64) -> Option<*const u8> {
+    if fd >= 1 << 20 {
+        return None;
+    }
+    unsafe {
+        let task = bpf_get_current_task() as *const u8;
+        let files: *const u8 = read_field(task, OFF_TASK_FILES.load())?;
+        let fdt: *const u8 = read_field(files, OFF_FILES_FDT.load())?;
+        let max_fds: u32 = read_field(fdt, OFF_FDT_MAX_FDS.load())?;
+        if fd >= u64::from(max_fds) {
+            return None;
+        }
+        let fds: *const u8 = read_field(fdt, OFF_FDT_FD.load())?;
+        let file: *const u8 = bpf_probe_read_kernel(fds.add(fd as usize * 8).cast()).ok()?;
+        let socket: *const u8 = read_field(file, OFF_FILE_PRIVATE_DATA.load())?;
+        let sk: *const u8 = read_field(socket, OFF_SOCKET_SK.load())?;
+        let family: u16 = read_field(sk, OFF_SK_FAMILY.load())?;
+        if family != AF_NETLINK {
+            return None;
+        }
+        let protocol: u16 = read_field(sk, OFF_SK_PROTOCOL.load())?;
+        if protocol != NETLINK_ROUTE {
+            return None;
+        }
+        // `private_data` of a socket's file is its `struct socket`, whose `file` points back.
+        let back: *const u8 = read_field(socket, OFF_SOCKET_FILE.load())?;
+        if back != file {
+            return None;
+        }
+        Some(sk)
+    }
+}
+
+#[inline(always)]
+fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8, len: u64) {
+    let Some(mut entry) = EVENTS.reserve::<NetlinkMsg>(0) else {
+        count_lost(kind);
+        return;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: `record` points at a reserved, exclusively owned NetlinkMsg slot; kernel and user
+    // memory is only read through probe helpers.
+    unsafe {
+        fill_header(&mut (*record).header, kind);
+        (*record).task_netns = current_netns();
+        let net: *const u8 = read_field(sk, OFF_SK_NET.load()).unwrap_or(core::ptr::null());
+        (*record).sock_netns = to_id(net_id(net));
+        (*record).syscall = syscall;
+        (*record).fd = fd as u32;
+        (*record).total_len = len as u32;
+        let n: u32 = if len > NETLINK_COPY as u64 {
+            NETLINK_COPY as u32
+        } else {
+            len as u32
+        };
+        let rc = generated::bpf_probe_read_user(
+            (*record).data.as_mut_ptr().cast::<c_void>(),
+            n,
+            buf.cast::<c_void>(),
+        );
+        (*record).copied = if rc == 0 { n } else { 0 };
+    }
+    entry.submit(0);
+}
+
+/// The first iovec of a `struct user_msghdr` (userspace ABI: msg_iov at 16): (base, len).
+#[inline(always)]
+unsafe fn first_iov(msg: *const u8) -> Option<(*const u8, u64)> {
+    unsafe {
+        let iov: *const u8 = bpf_probe_read_user(msg.add(16).cast()).ok()?;
+        let base: *const u8 = bpf_probe_read_user(iov.cast()).ok()?;
+        let len: u64 = bpf_probe_read_user(iov.add(8).cast()).ok()?;
+        Some((base, len))
+    }
+}
+
+#[inline(always)]
+fn arg<T>(ctx: &TracePointContext, n: usize) -> Option<T> {
+    // SAFETY: syscall tracepoint records hold 8-byte arguments after a 16-byte preamble.
+    unsafe { ctx.read_at::<T>(SYSCALL_ARG0 + 8 * n) }.ok()
+}
+
+/// `sendmsg(fd, msg, flags)`
+#[tracepoint(category = "syscalls", name = "sys_enter_sendmsg")]
+pub fn sys_enter_sendmsg(ctx: TracePointContext) -> u32 {
+    let Some(fd) = arg::<u64>(&ctx, 0) else {
+        return 0;
+    };
+    // SAFETY: pointers from the kernel and the caller are only read through probe helpers.
+    let Some(sk) = (unsafe { route_sock(fd) }) else {
+        return 0;
+    };
+    let msg: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
+    // SAFETY: as above.
+    if let Some((base, len)) = unsafe { first_iov(msg) } {
+        emit_netlink(kind::NETLINK_REQUEST, syscall::SENDMSG, fd, sk, base, len);
+    }
+    0
+}
+
+/// `sendto(fd, buf, len, flags, addr, addrlen)`
+#[tracepoint(category = "syscalls", name = "sys_enter_sendto")]
+pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
+    let Some(fd) = arg::<u64>(&ctx, 0) else {
+        return 0;
+    };
+    // SAFETY: pointers from the kernel are only read through probe helpers.
+    let Some(sk) = (unsafe { route_sock(fd) }) else {
+        return 0;
+    };
+    let buf: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
+    let len: u64 = arg(&ctx, 2).unwrap_or(0);
+    emit_netlink(kind::NETLINK_REQUEST, syscall::SENDTO, fd, sk, buf, len);
+    0
+}
+
+#[inline(always)]
+fn stash_recv(fd: u64, buf: *const u8, flags: u64, sk: *const u8, syscall: u32) {
+    if flags & MSG_PEEK != 0 {
+        return;
+    }
+    let pending = PendingRecv {
+        buf: buf as u64,
+        sk: sk as u64,
+        fd: fd as u32,
+        syscall,
+    };
+    let _ = PENDING_RECV.insert(&bpf_get_current_pid_tgid(), &pending, 0);
+}
+
+/// `recvmsg(fd, msg, flags)`
+#[tracepoint(category = "syscalls", name = "sys_enter_recvmsg")]
+pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
+    let Some(fd) = arg::<u64>(&ctx, 0) else {
+        return 0;
+    };
+    // SAFETY: pointers from the kernel and the caller are only read through probe helpers.
+    let Some(sk) = (unsafe { route_sock(fd) }) else {
+        return 0;
+    };
+    let msg: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
+    let flags: u64 = arg(&ctx, 2).unwrap_or(0);
+    // SAFETY: as above.
+    if let Some((base, _)) = unsafe { first_iov(msg) } {
+        stash_recv(fd, base, flags, sk, syscall::RECVMSG);
+    }
+    0
+}
+
+/// `recvfrom(fd, buf, size, flags, addr, addrlen)`
+#[tracepoint(category = "syscalls", name = "sys_enter_recvfrom")]
+pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
+    let Some(fd) = arg::<u64>(&ctx, 0) else {
+        return 0;
+    };
+    // SAFETY: pointers from the kernel are only read through probe helpers.
+    let Some(sk) = (unsafe { route_sock(fd) }) else {
+        return 0;
+    };
+    let buf: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
+    let flags: u64 = arg(&ctx, 3).unwrap_or(0);
+    stash_recv(fd, buf, flags, sk, syscall::RECVFROM);
+    0
+}
+
+/// Emits the reply read by a stashed recv when it starts with `NLMSG_ERROR` (ACK or errno).
+#[inline(always)]
+fn finish_recv(ctx: &TracePointContext) -> u32 {
+    let key = bpf_get_current_pid_tgid();
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(pending) = (unsafe { PENDING_RECV.get(&key) }).copied() else {
+        return 0;
+    };
+    let _ = PENDING_RECV.remove(&key);
+    let ret: i64 = arg(ctx, 0).unwrap_or(-1);
+    if ret < 16 {
+        return 0;
+    }
+    let buf = pending.buf as *const u8;
+    // SAFETY: user memory read through a probe helper; nlmsg_type is at offset 4.
+    let Ok(msg_type) = (unsafe { bpf_probe_read_user::<u16>(buf.add(4).cast()) }) else {
+        return 0;
+    };
+    if msg_type == NLMSG_ERROR {
+        emit_netlink(
+            kind::NETLINK_REPLY,
+            pending.syscall,
+            u64::from(pending.fd),
+            pending.sk as *const u8,
+            buf,
+            ret as u64,
+        );
+    }
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_recvmsg")]
+pub fn sys_exit_recvmsg(ctx: TracePointContext) -> u32 {
+    finish_recv(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_recvfrom")]
+pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
+    finish_recv(&ctx)
+}
+
+/// `netlink_extack(const char *msg)`: fires in the requester's context while the kernel
+/// processes its request.
+#[btf_tracepoint(function = "netlink_extack")]
+pub fn netlink_extack(ctx: BtfTracePointContext) -> i32 {
+    let msg: *const u8 = ctx.arg(0);
+    let Some(mut entry) = EVENTS.reserve::<Extack>(0) else {
+        count_lost(kind::EXTACK);
+        return 0;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: reserved slot; the kernel string is read through a probe helper.
+    unsafe {
+        fill_header(&mut (*record).header, kind::EXTACK);
+        (*record).task_netns = current_netns();
+        (*record).msg[0] = 0;
+        let _ = bpf_probe_read_kernel_str_bytes(msg, &mut (*record).msg);
+    }
+    entry.submit(0);
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// devices (root qdisc created on first up, destroyed when the device or its netns goes)
+// ---------------------------------------------------------------------------------------------
+
+#[inline(always)]
+fn emit_dev(kind: u32, dev: *const u8, ops: *const u8) {
+    let Some(mut entry) = EVENTS.reserve::<DevEvent>(0) else {
+        count_lost(kind);
+        return;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: reserved slot; kernel memory is read through probe helpers.
+    unsafe {
+        fill_header(&mut (*record).header, kind);
+        let net: *const u8 = read_field(dev, OFF_DEV_NET.load()).unwrap_or(core::ptr::null());
+        (*record).netns = to_id(net_id(net));
+        let refs: u32 = read_field(net, OFF_NET_NS_REF.load()).unwrap_or(1);
+        (*record).netns_dying = u32::from(refs == 0);
+        (*record).ifindex = read_field(dev, OFF_DEV_IFINDEX.load()).unwrap_or(0);
+        (*record).dev_flags = read_field(dev, OFF_DEV_FLAGS.load()).unwrap_or(0);
+        (*record)._pad = 0;
+        (*record).ifname = read_field(dev, OFF_DEV_NAME.load()).unwrap_or([0; 16]);
+        (*record).qdisc = read_field(ops, OFF_QDISC_OPS_ID.load()).unwrap_or([0; 16]);
+    }
+    entry.submit(0);
+}
+
+/// `qdisc_create(const struct Qdisc_ops *ops, struct net_device *dev, u32 parent)`
+#[btf_tracepoint(function = "qdisc_create")]
+pub fn qdisc_create(ctx: BtfTracePointContext) -> i32 {
+    let parent: u32 = ctx.arg(2);
+    if parent == TC_H_ROOT {
+        emit_dev(kind::DEV_UP, ctx.arg(1), ctx.arg(0));
+    }
+    0
+}
+
+/// `qdisc_destroy(struct Qdisc *q)`
+#[btf_tracepoint(function = "qdisc_destroy")]
+pub fn qdisc_destroy(ctx: BtfTracePointContext) -> i32 {
+    let q: *const u8 = ctx.arg(0);
+    // SAFETY: kernel memory read through probe helpers.
+    unsafe {
+        let Some(parent) = read_field::<u32>(q, OFF_QDISC_PARENT.load()) else {
+            return 0;
+        };
+        if parent != TC_H_ROOT {
+            return 0;
+        }
+        let queue: *const u8 =
+            read_field(q, OFF_QDISC_DEV_QUEUE.load()).unwrap_or(core::ptr::null());
+        let Some(dev) = read_field::<*const u8>(queue, OFF_NETDEV_QUEUE_DEV.load()) else {
+            return 0;
+        };
+        let ops: *const u8 = read_field(q, OFF_QDISC_OPS.load()).unwrap_or(core::ptr::null());
+        emit_dev(kind::DEV_GONE, dev, ops);
+    }
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// exec and bind mounts
+// ---------------------------------------------------------------------------------------------
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    let bprm: *const u8 = ctx.arg(2);
+    let Some(mut entry) = EVENTS.reserve::<Exec>(0) else {
+        count_lost(kind::EXEC);
+        return 0;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: reserved slot; kernel memory is read through probe helpers.
+    unsafe {
+        fill_header(&mut (*record).header, kind::EXEC);
+        (*record).task_netns = to_id(task_netns(task));
+        let parent: *const u8 =
+            read_field(task, OFF_TASK_REAL_PARENT.load()).unwrap_or(core::ptr::null());
+        (*record).parent_pid = read_field(parent, OFF_TASK_TGID.load()).unwrap_or(0);
+        (*record)._pad = 0;
+        (*record).parent_comm = read_field(parent, OFF_TASK_COMM.load()).unwrap_or([0; COMM_LEN]);
+        (*record).filename[0] = 0;
+        let filename: *const u8 =
+            read_field(bprm, OFF_BINPRM_FILENAME.load()).unwrap_or(core::ptr::null());
+        let _ = bpf_probe_read_kernel_str_bytes(filename, &mut (*record).filename);
+    }
+    entry.submit(0);
+    0
+}
+
+/// `mount(dev_name, dir_name, type, flags, data)`: only bind mounts (namespace pinning).
+#[tracepoint(category = "syscalls", name = "sys_enter_mount")]
+pub fn sys_enter_mount(ctx: TracePointContext) -> u32 {
+    let flags: u64 = arg(&ctx, 3).unwrap_or(0);
+    if flags & MS_BIND == 0 {
+        return 0;
+    }
+    let source: *const u8 = arg(&ctx, 0).unwrap_or(core::ptr::null());
+    let target: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
+    let Some(mut entry) = EVENTS.reserve::<BindMount>(0) else {
+        count_lost(kind::BIND_MOUNT);
+        return 0;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: reserved slot; user strings are read through probe helpers.
+    unsafe {
+        fill_header(&mut (*record).header, kind::BIND_MOUNT);
+        (*record).task_netns = current_netns();
+        (*record).flags = flags;
+        (*record).source[0] = 0;
+        (*record).target[0] = 0;
+        let _ = bpf_probe_read_user_str_bytes(source, &mut (*record).source);
+        let _ = bpf_probe_read_user_str_bytes(target, &mut (*record).target);
+    }
+    entry.submit(0);
     0
 }
 

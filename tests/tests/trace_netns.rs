@@ -14,7 +14,9 @@ async fn events_for(rx: &mut Receiver<TraceEvent>, cookie: u64, wait: Duration) 
     let mut found = Vec::new();
     let mut deadline = tokio::time::Instant::now() + wait;
     while let Ok(Some(event)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-        let EventKind::NetnsCreated(created) = &event.kind;
+        let EventKind::NetnsCreated(created) = &event.kind else {
+            continue;
+        };
         if created.netns_cookie == cookie {
             if found.is_empty() {
                 deadline = tokio::time::Instant::now() + Duration::from_millis(300);
@@ -39,7 +41,9 @@ async fn unshare_reports_one_event_with_the_right_cookie() -> anyhow::Result<()>
     let events = events_for(&mut rx, cookie, Duration::from_secs(2)).await;
     assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
     let event = &events[0];
-    let EventKind::NetnsCreated(created) = &event.kind;
+    let EventKind::NetnsCreated(created) = &event.kind else {
+        panic!("not NetnsCreated: {event:?}");
+    };
     assert_eq!(created.origin, NetnsOrigin::Unshare);
     assert_eq!(event.task.pid, std::process::id());
     assert_eq!(event.task.tid, u32::try_from(tid)?);
@@ -79,7 +83,9 @@ async fn clone_with_newnet_reports_the_child_namespace() -> anyhow::Result<()> {
 
     let events = events_for(&mut rx, cookie, Duration::from_secs(2)).await;
     assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
-    let EventKind::NetnsCreated(created) = &events[0].kind;
+    let EventKind::NetnsCreated(created) = &events[0].kind else {
+        panic!("not NetnsCreated: {:?}", events[0]);
+    };
     assert_eq!(created.origin, NetnsOrigin::Clone);
     assert_eq!(created.owner_pid, u32::try_from(pid.as_raw())?);
     assert_eq!(events[0].task.pid, std::process::id());

@@ -17,7 +17,8 @@ pub struct KernelOffsets {
     pub values: Vec<(&'static str, u32)>,
 }
 
-/// Global name, struct, member path (anonymous members are searched through).
+/// Global name, struct, member path (anonymous members are searched through; `a|b` tries `a`
+/// then `b`, for members renamed between kernel versions).
 const WANTED: &[(&str, &str, &str)] = &[
     ("OFF_TASK_NSPROXY", "task_struct", "nsproxy"),
     ("OFF_TASK_TGID", "task_struct", "tgid"),
@@ -26,6 +27,27 @@ const WANTED: &[(&str, &str, &str)] = &[
     ("OFF_NSPROXY_NET_NS", "nsproxy", "net_ns"),
     ("OFF_NET_COOKIE", "net", "net_cookie"),
     ("OFF_NET_NS_INUM", "net", "ns.inum"),
+    ("OFF_NET_NS_REF", "net", "ns.__ns_ref|ns.count"),
+    ("OFF_TASK_FILES", "task_struct", "files"),
+    ("OFF_FILES_FDT", "files_struct", "fdt"),
+    ("OFF_FDT_FD", "fdtable", "fd"),
+    ("OFF_FDT_MAX_FDS", "fdtable", "max_fds"),
+    ("OFF_FILE_PRIVATE_DATA", "file", "private_data"),
+    ("OFF_SOCKET_FILE", "socket", "file"),
+    ("OFF_SOCKET_SK", "socket", "sk"),
+    ("OFF_SK_FAMILY", "sock", "__sk_common.skc_family"),
+    ("OFF_SK_PROTOCOL", "sock", "sk_protocol"),
+    ("OFF_SK_NET", "sock", "__sk_common.skc_net.net"),
+    ("OFF_DEV_NAME", "net_device", "name"),
+    ("OFF_DEV_IFINDEX", "net_device", "ifindex"),
+    ("OFF_DEV_FLAGS", "net_device", "flags"),
+    ("OFF_DEV_NET", "net_device", "nd_net.net"),
+    ("OFF_QDISC_OPS", "Qdisc", "ops"),
+    ("OFF_QDISC_PARENT", "Qdisc", "parent"),
+    ("OFF_QDISC_DEV_QUEUE", "Qdisc", "dev_queue"),
+    ("OFF_QDISC_OPS_ID", "Qdisc_ops", "id"),
+    ("OFF_NETDEV_QUEUE_DEV", "netdev_queue", "dev"),
+    ("OFF_BINPRM_FILENAME", "linux_binprm", "filename"),
 ];
 
 impl KernelOffsets {
@@ -36,8 +58,28 @@ impl KernelOffsets {
             source,
         })?;
         let mut values = Vec::with_capacity(WANTED.len());
-        for (global, structure, path) in WANTED {
-            values.push((*global, member_offset(&btf, structure, path)?));
+        for (global, structure, paths) in WANTED {
+            let mut result = None;
+            for path in paths.split('|') {
+                match member_offset(&btf, structure, path) {
+                    Ok(offset) => {
+                        result = Some(Ok(offset));
+                        break;
+                    }
+                    Err(err) => {
+                        if result.is_none() {
+                            result = Some(Err(err));
+                        }
+                    }
+                }
+            }
+            let offset = result.unwrap_or_else(|| {
+                Err(TraceError::MissingMember {
+                    path: format!("{structure}.{paths}"),
+                    reason: "no candidate".into(),
+                })
+            })?;
+            values.push((*global, offset));
         }
         Ok(Self { values })
     }
@@ -122,12 +164,11 @@ mod tests {
         let offsets = KernelOffsets::from_running_kernel()?;
         assert_eq!(offsets.values.len(), WANTED.len());
         // `comm` and `nsproxy` are far into task_struct; 0 would mean a wrong lookup.
-        assert!(
-            offsets
-                .values
-                .iter()
-                .all(|(name, off)| *off > 0 || *name == "OFF_NSPROXY_NET_NS")
-        );
+        assert!(offsets.values.iter().all(|(name, off)| *off > 0
+            || matches!(
+                *name,
+                "OFF_NSPROXY_NET_NS" | "OFF_FDT_MAX_FDS" | "OFF_NETDEV_QUEUE_DEV"
+            )));
         Ok(())
     }
 

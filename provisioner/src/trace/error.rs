@@ -30,4 +30,11 @@ pub enum TraceError {
     AttachBtf(#[from] aya::BtfError),
     #[error("register ring buffer with the runtime: {0}")]
     Poll(std::io::Error),
+    #[error("network namespace {path}: {source}")]
+    Netns {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("write trace output: {0}")]
+    Output(std::io::Error),
 }

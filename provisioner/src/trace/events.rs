@@ -4,6 +4,8 @@ use std::time::{Duration, SystemTime};
 
 use provisioner_common as common;
 
+use super::netlink_parse::{NlReply, NlRequest, parse_replies, parse_requests};
+
 /// The task that caused an event.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TaskInfo {
@@ -33,6 +35,91 @@ pub struct NetnsCreated {
     pub parent_comm: String,
 }
 
+/// A network namespace as the kernel names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct NetnsRef {
+    pub cookie: u64,
+    pub inode: u32,
+}
+
+impl From<common::NetnsId> for NetnsRef {
+    fn from(id: common::NetnsId) -> Self {
+        Self {
+            cookie: id.cookie,
+            inode: id.inum,
+        }
+    }
+}
+
+/// Bytes written to (request) or read from (reply) a NETLINK_ROUTE socket.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NetlinkIo {
+    /// The calling task's namespace.
+    pub task_netns: NetnsRef,
+    /// The socket's namespace: the one a request changes.
+    pub sock_netns: NetnsRef,
+    pub syscall: &'static str,
+    pub fd: u32,
+    pub total_len: u32,
+    pub copied: u32,
+    /// Why the copied bytes could not be parsed, if they could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parse_error: Option<String>,
+}
+
+/// An rtnetlink request.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NetlinkRequest {
+    #[serde(flatten)]
+    pub io: NetlinkIo,
+    pub messages: Vec<NlRequest>,
+}
+
+/// The kernel's answers (ACK or errno) to rtnetlink requests.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NetlinkReply {
+    #[serde(flatten)]
+    pub io: NetlinkIo,
+    pub replies: Vec<NlReply>,
+}
+
+/// The kernel's own rejection (or warning) message.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Extack {
+    pub task_netns: NetnsRef,
+    pub message: String,
+}
+
+/// A device came up (root qdisc attached) or went away (root qdisc destroyed).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DevChange {
+    pub netns: NetnsRef,
+    pub ifindex: u32,
+    pub ifname: String,
+    pub dev_flags: u32,
+    /// The device's namespace is being destroyed.
+    pub netns_dying: bool,
+    pub qdisc: String,
+}
+
+/// A binary was executed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Exec {
+    pub task_netns: NetnsRef,
+    pub filename: String,
+    pub parent_pid: u32,
+    pub parent_comm: String,
+}
+
+/// A bind mount was requested (namespace pinning).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BindMount {
+    pub task_netns: NetnsRef,
+    pub source: String,
+    pub target: String,
+    pub flags: u64,
+}
+
 /// One kernel event with its time and task.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TraceEvent {
@@ -46,6 +133,45 @@ pub struct TraceEvent {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum EventKind {
     NetnsCreated(NetnsCreated),
+    NetlinkRequest(NetlinkRequest),
+    NetlinkReply(NetlinkReply),
+    Extack(Extack),
+    DevUp(DevChange),
+    DevGone(DevChange),
+    Exec(Exec),
+    BindMount(BindMount),
+}
+
+impl EventKind {
+    /// The record kind (`provisioner_common::kind`).
+    pub fn kind(&self) -> u32 {
+        use common::kind;
+        match self {
+            Self::NetnsCreated(_) => kind::NETNS_CREATED,
+            Self::NetlinkRequest(_) => kind::NETLINK_REQUEST,
+            Self::NetlinkReply(_) => kind::NETLINK_REPLY,
+            Self::Extack(_) => kind::EXTACK,
+            Self::DevUp(_) => kind::DEV_UP,
+            Self::DevGone(_) => kind::DEV_GONE,
+            Self::Exec(_) => kind::EXEC,
+            Self::BindMount(_) => kind::BIND_MOUNT,
+        }
+    }
+
+    /// Every namespace this event names (for filtering).
+    pub fn netns_cookies(&self) -> Vec<u64> {
+        match self {
+            Self::NetnsCreated(c) => vec![c.netns_cookie],
+            Self::NetlinkRequest(NetlinkRequest { io, .. })
+            | Self::NetlinkReply(NetlinkReply { io, .. }) => {
+                vec![io.task_netns.cookie, io.sock_netns.cookie]
+            }
+            Self::Extack(e) => vec![e.task_netns.cookie],
+            Self::DevUp(d) | Self::DevGone(d) => vec![d.netns.cookie],
+            Self::Exec(e) => vec![e.task_netns.cookie],
+            Self::BindMount(b) => vec![b.task_netns.cookie],
+        }
+    }
 }
 
 /// Why a record could not be decoded.
@@ -136,6 +262,71 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
                 parent_comm: comm_string(&r.parent_comm),
             })
         }
+        common::kind::NETLINK_REQUEST => {
+            let r: common::NetlinkMsg = read_record(bytes, header.kind)?;
+            let (io, data) = netlink_io(&r);
+            let (messages, parse_error) = match parse_requests(data) {
+                Ok(m) => (m, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            EventKind::NetlinkRequest(NetlinkRequest {
+                io: NetlinkIo { parse_error, ..io },
+                messages,
+            })
+        }
+        common::kind::NETLINK_REPLY => {
+            let r: common::NetlinkMsg = read_record(bytes, header.kind)?;
+            let (io, data) = netlink_io(&r);
+            let (replies, parse_error) = match parse_replies(data) {
+                Ok(m) => (m, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            EventKind::NetlinkReply(NetlinkReply {
+                io: NetlinkIo { parse_error, ..io },
+                replies,
+            })
+        }
+        common::kind::EXTACK => {
+            let r: common::Extack = read_record(bytes, header.kind)?;
+            EventKind::Extack(Extack {
+                task_netns: r.task_netns.into(),
+                message: comm_string(&r.msg),
+            })
+        }
+        common::kind::DEV_UP | common::kind::DEV_GONE => {
+            let r: common::DevEvent = read_record(bytes, header.kind)?;
+            let change = DevChange {
+                netns: r.netns.into(),
+                ifindex: r.ifindex,
+                ifname: comm_string(&r.ifname),
+                dev_flags: r.dev_flags,
+                netns_dying: r.netns_dying != 0,
+                qdisc: comm_string(&r.qdisc),
+            };
+            if header.kind == common::kind::DEV_UP {
+                EventKind::DevUp(change)
+            } else {
+                EventKind::DevGone(change)
+            }
+        }
+        common::kind::EXEC => {
+            let r: common::Exec = read_record(bytes, header.kind)?;
+            EventKind::Exec(Exec {
+                task_netns: r.task_netns.into(),
+                filename: comm_string(&r.filename),
+                parent_pid: r.parent_pid,
+                parent_comm: comm_string(&r.parent_comm),
+            })
+        }
+        common::kind::BIND_MOUNT => {
+            let r: common::BindMount = read_record(bytes, header.kind)?;
+            EventKind::BindMount(BindMount {
+                task_netns: r.task_netns.into(),
+                source: comm_string(&r.source),
+                target: comm_string(&r.target),
+                flags: r.flags,
+            })
+        }
         other => return Err(DecodeError::UnknownKind(other)),
     };
     Ok(TraceEvent {
@@ -143,6 +334,29 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
         task,
         kind,
     })
+}
+
+fn netlink_io(r: &common::NetlinkMsg) -> (NetlinkIo, &[u8]) {
+    let copied = (r.copied as usize).min(r.data.len());
+    let syscall = match r.syscall {
+        common::syscall::SENDMSG => "sendmsg",
+        common::syscall::SENDTO => "sendto",
+        common::syscall::RECVMSG => "recvmsg",
+        common::syscall::RECVFROM => "recvfrom",
+        _ => "unknown",
+    };
+    (
+        NetlinkIo {
+            task_netns: r.task_netns.into(),
+            sock_netns: r.sock_netns.into(),
+            syscall,
+            fd: r.fd,
+            total_len: r.total_len,
+            copied: r.copied,
+            parse_error: None,
+        },
+        &r.data[..copied],
+    )
 }
 
 mod wall_time {
@@ -194,7 +408,9 @@ mod tests {
         let event = decode(&raw_netns_created(), &Clock::new()).expect("decodes");
         assert_eq!(event.task.comm, "runc");
         assert_eq!(event.task.pid, 10);
-        let EventKind::NetnsCreated(created) = event.kind;
+        let EventKind::NetnsCreated(created) = event.kind else {
+            panic!("not NetnsCreated");
+        };
         assert_eq!(created.netns_cookie, 4242);
         assert_eq!(created.origin, NetnsOrigin::Unshare);
     }

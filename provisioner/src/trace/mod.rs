@@ -1,12 +1,32 @@
 //! eBPF loading (aya), event decoding, correlation, verdicts, the `trace` session.
 
 mod btf_offsets;
+pub mod correlator;
 mod error;
 mod events;
 mod kernel_fs;
 mod loader;
+pub mod metrics;
+pub mod netlink_parse;
+pub mod netns_id;
+pub mod render;
+pub mod sandbox_rules;
+pub mod session;
+pub mod verdict;
 
 pub use btf_offsets::KernelOffsets;
+pub use correlator::{Correlator, CorrelatorConfig, CorrelatorMetrics, NetnsKey};
 pub use error::TraceError;
-pub use events::{EventKind, NetnsCreated, NetnsOrigin, TaskInfo, TraceEvent};
+pub use events::{
+    BindMount, DevChange, EventKind, Exec, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
+    NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
+};
 pub use loader::{KernelTracer, LossCounters};
+pub use metrics::TraceMetrics;
+pub use netns_id::netns_of_path;
+pub use sandbox_rules::{SandboxReason, SandboxRules};
+pub use session::{SessionOptions, SessionSummary};
+pub use verdict::{
+    Creator, Drift, Intent, IntentId, IntentStatus, IntentVerdict, NetnsVerdict, Report,
+    RouteIntent, SkipSummary, Step, TimelineEntry, Verdict,
+};

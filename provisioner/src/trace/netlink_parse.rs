@@ -1,0 +1,668 @@
+//! A small, bounded parser for the first bytes of rtnetlink messages copied by the kernel side.
+//!
+//! The eBPF programs copy at most 256 bytes of a request or reply, so messages are often cut
+//! short. netlink-packet-route's parsers reject a buffer shorter than `nlmsg_len`; this parser
+//! reads whatever is complete and marks the rest as truncated instead of failing.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub const NLMSG_ERROR: u16 = 2;
+pub const RTM_NEWLINK: u16 = 16;
+pub const RTM_DELLINK: u16 = 17;
+pub const RTM_SETLINK: u16 = 19;
+pub const RTM_NEWADDR: u16 = 20;
+pub const RTM_DELADDR: u16 = 21;
+pub const RTM_NEWROUTE: u16 = 24;
+pub const RTM_DELROUTE: u16 = 25;
+
+pub const IFF_UP: u32 = 1;
+pub const NLM_F_ACK_TLVS: u16 = 0x200;
+pub const NLM_F_CAPPED: u16 = 0x100;
+
+const NLMSG_HDRLEN: usize = 16;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MTU: u16 = 4;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_NET_NS_PID: u16 = 19;
+const IFLA_NET_NS_FD: u16 = 28;
+const IFLA_TARGET_NETNSID: u16 = 46;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const VETH_INFO_PEER: u16 = 1;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const RTA_DST: u16 = 1;
+const RTA_OIF: u16 = 4;
+const RTA_GATEWAY: u16 = 5;
+const RTA_PREFSRC: u16 = 7;
+const RTA_TABLE: u16 = 15;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// `struct nlmsghdr`
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NlHeader {
+    pub len: u32,
+    pub msg_type: u16,
+    pub flags: u16,
+    pub seq: u32,
+    pub port: u32,
+}
+
+/// Where a link is sent (`IFLA_NET_NS_FD`, `IFLA_NET_NS_PID`, `IFLA_TARGET_NETNSID`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetnsTarget {
+    Fd(u32),
+    Pid(u32),
+    Id(i32),
+}
+
+/// The peer of a veth being created (`IFLA_INFO_DATA` / `VETH_INFO_PEER`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkPeer {
+    pub ifname: Option<String>,
+    pub netns: Option<NetnsTarget>,
+}
+
+/// RTM_NEWLINK / RTM_DELLINK / RTM_SETLINK
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkMsg {
+    pub ifindex: i32,
+    pub flags: u32,
+    pub change: u32,
+    pub ifname: Option<String>,
+    pub kind: Option<String>,
+    pub mtu: Option<u32>,
+    pub netns: Option<NetnsTarget>,
+    pub peer: Option<LinkPeer>,
+}
+
+impl LinkMsg {
+    /// The request brings the link up (`ifi_change == 0` counts as "all flags", as in the kernel).
+    pub fn sets_up(&self) -> bool {
+        self.flags & IFF_UP != 0 && (self.change == 0 || self.change & IFF_UP != 0)
+    }
+
+    /// The request takes the link down.
+    pub fn sets_down(&self) -> bool {
+        self.flags & IFF_UP == 0 && self.change & IFF_UP != 0
+    }
+}
+
+/// RTM_NEWADDR / RTM_DELADDR
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AddrMsg {
+    pub family: u8,
+    pub prefix_len: u8,
+    pub ifindex: u32,
+    pub address: Option<IpAddr>,
+    pub local: Option<IpAddr>,
+}
+
+impl AddrMsg {
+    /// The interface address (`IFA_LOCAL` when present, as the kernel uses it for IPv4).
+    pub fn addr(&self) -> Option<IpAddr> {
+        self.local.or(self.address)
+    }
+}
+
+/// RTM_NEWROUTE / RTM_DELROUTE
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RouteMsg {
+    pub family: u8,
+    pub dst_len: u8,
+    pub table: u32,
+    pub protocol: u8,
+    pub scope: u8,
+    pub route_type: u8,
+    pub dst: Option<IpAddr>,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+    pub prefsrc: Option<IpAddr>,
+}
+
+impl RouteMsg {
+    /// A default route (`0.0.0.0/0` or `::/0`) in the main table.
+    pub fn is_default(&self) -> bool {
+        self.dst_len == 0 && matches!(self.table, 0 | 254)
+    }
+}
+
+/// The body of one rtnetlink request.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum RtRequest {
+    NewLink(LinkMsg),
+    DelLink(LinkMsg),
+    SetLink(LinkMsg),
+    NewAddr(AddrMsg),
+    DelAddr(AddrMsg),
+    NewRoute(RouteMsg),
+    DelRoute(RouteMsg),
+    /// Any other message type (dumps, neighbours, rules...).
+    Other {
+        msg_type: u16,
+    },
+}
+
+impl RtRequest {
+    /// Short operation name.
+    pub fn op(&self) -> &'static str {
+        op_name(match self {
+            Self::NewLink(_) => RTM_NEWLINK,
+            Self::DelLink(_) => RTM_DELLINK,
+            Self::SetLink(_) => RTM_SETLINK,
+            Self::NewAddr(_) => RTM_NEWADDR,
+            Self::DelAddr(_) => RTM_DELADDR,
+            Self::NewRoute(_) => RTM_NEWROUTE,
+            Self::DelRoute(_) => RTM_DELROUTE,
+            Self::Other { msg_type } => *msg_type,
+        })
+    }
+
+    /// True for requests that change configuration (not dumps or gets).
+    pub fn is_change(&self) -> bool {
+        !matches!(self, Self::Other { .. })
+    }
+}
+
+/// Name of an rtnetlink message type.
+pub fn op_name(msg_type: u16) -> &'static str {
+    match msg_type {
+        RTM_NEWLINK => "newlink",
+        RTM_DELLINK => "dellink",
+        18 => "getlink",
+        RTM_SETLINK => "setlink",
+        RTM_NEWADDR => "newaddr",
+        RTM_DELADDR => "deladdr",
+        22 => "getaddr",
+        RTM_NEWROUTE => "newroute",
+        RTM_DELROUTE => "delroute",
+        26 => "getroute",
+        28 => "newneigh",
+        29 => "delneigh",
+        30 => "getneigh",
+        32 => "newrule",
+        33 => "delrule",
+        34 => "getrule",
+        88 => "newnsid",
+        90 => "getnsid",
+        _ => "other",
+    }
+}
+
+/// One request message as far as it was copied.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NlRequest {
+    pub header: NlHeader,
+    pub body: RtRequest,
+    /// Attributes past the copied bytes were not seen.
+    pub truncated: bool,
+}
+
+/// One `NLMSG_ERROR` reply: `error == 0` is an ACK.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NlReply {
+    pub header: NlHeader,
+    pub error: i32,
+    /// The header of the request this answers (echoed by the kernel).
+    pub request: Option<NlHeader>,
+    /// `NLMSGERR_ATTR_MSG`, when the copied bytes hold it.
+    pub extack: Option<String>,
+}
+
+/// Why copied bytes could not be parsed at all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("{0} bytes is shorter than a netlink header")]
+    TooShort(usize),
+    #[error("netlink header length {0} is invalid")]
+    BadLength(u32),
+}
+
+fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(off..off + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+
+fn header_at(b: &[u8], off: usize) -> Option<NlHeader> {
+    Some(NlHeader {
+        len: u32_at(b, off)?,
+        msg_type: u16_at(b, off + 4)?,
+        flags: u16_at(b, off + 6)?,
+        seq: u32_at(b, off + 8)?,
+        port: u32_at(b, off + 12)?,
+    })
+}
+
+const fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// Iterates the attributes in `b`; the flag says whether a cut-off attribute was found.
+fn attributes(b: &[u8]) -> (Vec<(u16, &[u8])>, bool) {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + 4 <= b.len() {
+        let (Some(len), Some(kind)) = (u16_at(b, off), u16_at(b, off + 2)) else {
+            break;
+        };
+        let len = usize::from(len);
+        if len < 4 {
+            return (out, false);
+        }
+        let Some(payload) = b.get(off + 4..off + len) else {
+            return (out, true);
+        };
+        out.push((kind & NLA_TYPE_MASK, payload));
+        off += align4(len);
+    }
+    (out, off < b.len())
+}
+
+fn string(payload: &[u8]) -> String {
+    let end = payload
+        .iter()
+        .position(|c| *c == 0)
+        .unwrap_or(payload.len());
+    String::from_utf8_lossy(&payload[..end]).into_owned()
+}
+
+fn ip(family: u8, payload: &[u8]) -> Option<IpAddr> {
+    match (family, payload.len()) {
+        (AF_INET, 4) => {
+            let o: [u8; 4] = payload.try_into().ok()?;
+            Some(IpAddr::V4(Ipv4Addr::from(o)))
+        }
+        (AF_INET6, 16) => {
+            let o: [u8; 16] = payload.try_into().ok()?;
+            Some(IpAddr::V6(Ipv6Addr::from(o)))
+        }
+        _ => None,
+    }
+}
+
+fn netns_target(kind: u16, payload: &[u8]) -> Option<NetnsTarget> {
+    let value = u32_at(payload, 0)?;
+    match kind {
+        IFLA_NET_NS_FD => Some(NetnsTarget::Fd(value)),
+        IFLA_NET_NS_PID => Some(NetnsTarget::Pid(value)),
+        IFLA_TARGET_NETNSID => Some(NetnsTarget::Id(i32::from_ne_bytes(value.to_ne_bytes()))),
+        _ => None,
+    }
+}
+
+/// `ifinfomsg` (16 bytes) followed by attributes.
+fn parse_link(b: &[u8]) -> (LinkMsg, bool) {
+    let mut link = LinkMsg {
+        ifindex: u32_at(b, 4).map_or(0, |v| i32::from_ne_bytes(v.to_ne_bytes())),
+        flags: u32_at(b, 8).unwrap_or(0),
+        change: u32_at(b, 12).unwrap_or(0),
+        ..LinkMsg::default()
+    };
+    if b.len() < 16 {
+        return (link, true);
+    }
+    let (attrs, mut truncated) = attributes(&b[16..]);
+    for (kind, payload) in attrs {
+        match kind {
+            IFLA_IFNAME => link.ifname = Some(string(payload)),
+            IFLA_MTU => link.mtu = u32_at(payload, 0),
+            IFLA_NET_NS_FD | IFLA_NET_NS_PID | IFLA_TARGET_NETNSID => {
+                link.netns = netns_target(kind, payload);
+            }
+            IFLA_LINKINFO => {
+                let (info, cut) = attributes(payload);
+                truncated |= cut;
+                for (info_kind, info_payload) in info {
+                    match info_kind {
+                        IFLA_INFO_KIND => link.kind = Some(string(info_payload)),
+                        IFLA_INFO_DATA => {
+                            let (data, cut) = attributes(info_payload);
+                            truncated |= cut;
+                            if let Some((_, peer)) = data.iter().find(|(k, _)| *k == VETH_INFO_PEER)
+                            {
+                                let (peer_link, cut) = parse_link(peer);
+                                truncated |= cut;
+                                link.peer = Some(LinkPeer {
+                                    ifname: peer_link.ifname,
+                                    netns: peer_link.netns,
+                                });
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (link, truncated)
+}
+
+/// `ifaddrmsg` (8 bytes) followed by attributes.
+fn parse_addr(b: &[u8]) -> (AddrMsg, bool) {
+    let mut addr = AddrMsg {
+        family: b.first().copied().unwrap_or(0),
+        prefix_len: b.get(1).copied().unwrap_or(0),
+        ifindex: u32_at(b, 4).unwrap_or(0),
+        ..AddrMsg::default()
+    };
+    if b.len() < 8 {
+        return (addr, true);
+    }
+    let (attrs, truncated) = attributes(&b[8..]);
+    for (kind, payload) in attrs {
+        match kind {
+            IFA_ADDRESS => addr.address = ip(addr.family, payload),
+            IFA_LOCAL => addr.local = ip(addr.family, payload),
+            _ => {}
+        }
+    }
+    (addr, truncated)
+}
+
+/// `rtmsg` (12 bytes) followed by attributes.
+fn parse_route(b: &[u8]) -> (RouteMsg, bool) {
+    let byte = |i: usize| b.get(i).copied().unwrap_or(0);
+    let mut route = RouteMsg {
+        family: byte(0),
+        dst_len: byte(1),
+        table: u32::from(byte(4)),
+        protocol: byte(5),
+        scope: byte(6),
+        route_type: byte(7),
+        ..RouteMsg::default()
+    };
+    if b.len() < 12 {
+        return (route, true);
+    }
+    let (attrs, truncated) = attributes(&b[12..]);
+    for (kind, payload) in attrs {
+        match kind {
+            RTA_DST => route.dst = ip(route.family, payload),
+            RTA_GATEWAY => route.gateway = ip(route.family, payload),
+            RTA_PREFSRC => route.prefsrc = ip(route.family, payload),
+            RTA_OIF => route.oif = u32_at(payload, 0),
+            RTA_TABLE => route.table = u32_at(payload, 0).unwrap_or(route.table),
+            _ => {}
+        }
+    }
+    (route, truncated)
+}
+
+/// One message: header, the copied part of its body, whether the body was cut.
+type RawMessage<'a> = (NlHeader, &'a [u8], bool);
+
+/// Splits copied bytes into messages.
+fn messages(bytes: &[u8]) -> Result<Vec<RawMessage<'_>>, ParseError> {
+    let first = header_at(bytes, 0).ok_or(ParseError::TooShort(bytes.len()))?;
+    if (first.len as usize) < NLMSG_HDRLEN {
+        return Err(ParseError::BadLength(first.len));
+    }
+    let mut out = Vec::new();
+    let mut off = 0;
+    while let Some(header) = header_at(bytes, off) {
+        let len = header.len as usize;
+        if len < NLMSG_HDRLEN {
+            break;
+        }
+        let end = off + len;
+        let cut = end > bytes.len();
+        let body = &bytes[off + NLMSG_HDRLEN..end.min(bytes.len())];
+        out.push((header, body, cut));
+        if cut {
+            break;
+        }
+        off += align4(len);
+    }
+    Ok(out)
+}
+
+/// Parses the requests in a copied send buffer (usually one; batches show as several).
+pub fn parse_requests(bytes: &[u8]) -> Result<Vec<NlRequest>, ParseError> {
+    Ok(messages(bytes)?
+        .into_iter()
+        .map(|(header, body, cut)| {
+            let (body, truncated) = match header.msg_type {
+                RTM_NEWLINK | RTM_DELLINK | RTM_SETLINK => {
+                    let (link, t) = parse_link(body);
+                    let body = match header.msg_type {
+                        RTM_NEWLINK => RtRequest::NewLink(link),
+                        RTM_DELLINK => RtRequest::DelLink(link),
+                        _ => RtRequest::SetLink(link),
+                    };
+                    (body, t)
+                }
+                RTM_NEWADDR | RTM_DELADDR => {
+                    let (addr, t) = parse_addr(body);
+                    let body = if header.msg_type == RTM_NEWADDR {
+                        RtRequest::NewAddr(addr)
+                    } else {
+                        RtRequest::DelAddr(addr)
+                    };
+                    (body, t)
+                }
+                RTM_NEWROUTE | RTM_DELROUTE => {
+                    let (route, t) = parse_route(body);
+                    let body = if header.msg_type == RTM_NEWROUTE {
+                        RtRequest::NewRoute(route)
+                    } else {
+                        RtRequest::DelRoute(route)
+                    };
+                    (body, t)
+                }
+                other => (RtRequest::Other { msg_type: other }, false),
+            };
+            NlRequest {
+                header,
+                body,
+                truncated: truncated || cut,
+            }
+        })
+        .collect())
+}
+
+/// Parses the `NLMSG_ERROR` messages (ACKs and errors) in a copied receive buffer.
+pub fn parse_replies(bytes: &[u8]) -> Result<Vec<NlReply>, ParseError> {
+    Ok(messages(bytes)?
+        .into_iter()
+        .filter(|(header, _, _)| header.msg_type == NLMSG_ERROR)
+        .filter_map(|(header, body, _)| {
+            let error = i32::from_ne_bytes(u32_at(body, 0)?.to_ne_bytes());
+            let request = header_at(body, 4);
+            let mut extack = None;
+            if header.flags & NLM_F_ACK_TLVS != 0 {
+                // The echoed request is the bare header when capped or on success.
+                let echoed = if header.flags & NLM_F_CAPPED != 0 || error == 0 {
+                    NLMSG_HDRLEN
+                } else {
+                    request.map_or(NLMSG_HDRLEN, |r| align4(r.len as usize))
+                };
+                if let Some(tlvs) = body.get(4 + echoed..) {
+                    extack = attributes(tlvs)
+                        .0
+                        .into_iter()
+                        .find(|(k, _)| *k == NLMSGERR_ATTR_MSG)
+                        .map(|(_, p)| string(p));
+                }
+            }
+            Some(NlReply {
+                header,
+                error,
+                request,
+                extack,
+            })
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
+        let len = u16::try_from(4 + payload.len()).expect("small");
+        let mut v = len.to_ne_bytes().to_vec();
+        v.extend_from_slice(&kind.to_ne_bytes());
+        v.extend_from_slice(payload);
+        v.resize(align4(v.len()), 0);
+        v
+    }
+
+    fn msg(msg_type: u16, flags: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(16 + body.len()).expect("small");
+        let mut v = len.to_ne_bytes().to_vec();
+        v.extend_from_slice(&msg_type.to_ne_bytes());
+        v.extend_from_slice(&flags.to_ne_bytes());
+        v.extend_from_slice(&seq.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn ifinfo(index: i32, flags: u32, change: u32) -> Vec<u8> {
+        let mut v = vec![0u8; 4];
+        v.extend_from_slice(&index.to_ne_bytes());
+        v.extend_from_slice(&flags.to_ne_bytes());
+        v.extend_from_slice(&change.to_ne_bytes());
+        v
+    }
+
+    fn veth_request() -> Vec<u8> {
+        let mut peer = ifinfo(0, 0, 0);
+        peer.extend(attr(IFLA_IFNAME, b"eth0\0"));
+        peer.extend(attr(IFLA_NET_NS_FD, &7u32.to_ne_bytes()));
+        let data = attr(VETH_INFO_PEER, &peer);
+        let mut info = attr(IFLA_INFO_KIND, b"veth\0");
+        info.extend(attr(IFLA_INFO_DATA, &data));
+        let mut body = ifinfo(0, 0, 0);
+        body.extend(attr(IFLA_IFNAME, b"veth1234\0"));
+        body.extend(attr(IFLA_MTU, &1460u32.to_ne_bytes()));
+        body.extend(attr(IFLA_LINKINFO, &info));
+        msg(RTM_NEWLINK, 0x605, 9, &body)
+    }
+
+    #[test]
+    fn veth_with_peer_and_target_netns() {
+        let parsed = parse_requests(&veth_request()).expect("parses");
+        assert_eq!(parsed.len(), 1);
+        assert!(!parsed[0].truncated);
+        assert_eq!(parsed[0].header.seq, 9);
+        let RtRequest::NewLink(link) = &parsed[0].body else {
+            panic!("not newlink: {parsed:?}");
+        };
+        assert_eq!(link.ifname.as_deref(), Some("veth1234"));
+        assert_eq!(link.kind.as_deref(), Some("veth"));
+        assert_eq!(link.mtu, Some(1460));
+        let peer = link.peer.as_ref().expect("peer");
+        assert_eq!(peer.ifname.as_deref(), Some("eth0"));
+        assert_eq!(peer.netns, Some(NetnsTarget::Fd(7)));
+    }
+
+    #[test]
+    fn truncated_request_keeps_what_was_complete() {
+        let full = veth_request();
+        for cut in 16..full.len() {
+            let parsed = parse_requests(&full[..cut]).expect("header is complete");
+            assert!(parsed[0].truncated, "cut at {cut}");
+        }
+        let parsed = parse_requests(&full[..48]).expect("parses");
+        let RtRequest::NewLink(link) = &parsed[0].body else {
+            panic!("not newlink");
+        };
+        assert_eq!(link.ifname.as_deref(), Some("veth1234"));
+        assert!(link.peer.is_none());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut state = 0x1234_5678u32;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (state >> 24) as u8
+                })
+                .collect();
+            let _ = parse_requests(&bytes);
+            let _ = parse_replies(&bytes);
+        }
+        assert_eq!(parse_requests(&[1, 2, 3]), Err(ParseError::TooShort(3)));
+    }
+
+    #[test]
+    fn link_up_flags() {
+        let body = ifinfo(5, IFF_UP, IFF_UP);
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        let RtRequest::NewLink(link) = &parsed[0].body else {
+            panic!("not newlink");
+        };
+        assert!(link.sets_up());
+        assert!(!link.sets_down());
+        assert_eq!(link.ifindex, 5);
+        let down = LinkMsg {
+            flags: 0,
+            change: IFF_UP,
+            ..LinkMsg::default()
+        };
+        assert!(down.sets_down());
+    }
+
+    #[test]
+    fn address_and_default_route() {
+        let mut addr = vec![AF_INET, 24, 0, 0];
+        addr.extend_from_slice(&3u32.to_ne_bytes());
+        addr.extend(attr(IFA_LOCAL, &[10, 244, 1, 2]));
+        addr.extend(attr(IFA_ADDRESS, &[10, 244, 1, 2]));
+        let parsed = parse_requests(&msg(RTM_NEWADDR, 5, 2, &addr)).expect("parses");
+        let RtRequest::NewAddr(a) = &parsed[0].body else {
+            panic!("not newaddr");
+        };
+        assert_eq!(a.addr(), Some("10.244.1.2".parse().expect("ip")));
+        assert_eq!((a.prefix_len, a.ifindex), (24, 3));
+
+        let mut route = vec![AF_INET, 0, 0, 0, 254, 3, 0, 1, 0, 0, 0, 0];
+        route.extend(attr(RTA_GATEWAY, &[10, 244, 1, 1]));
+        route.extend(attr(RTA_OIF, &3u32.to_ne_bytes()));
+        let parsed = parse_requests(&msg(RTM_NEWROUTE, 5, 3, &route)).expect("parses");
+        let RtRequest::NewRoute(r) = &parsed[0].body else {
+            panic!("not newroute");
+        };
+        assert!(r.is_default());
+        assert_eq!(r.gateway, Some("10.244.1.1".parse().expect("ip")));
+        assert_eq!(r.oif, Some(3));
+    }
+
+    #[test]
+    fn ack_and_error_with_extack() {
+        let request = msg(RTM_NEWROUTE, 5, 77, &[0u8; 12]);
+        let mut body = 0i32.to_ne_bytes().to_vec();
+        body.extend_from_slice(&request[..16]);
+        let ack = msg(NLMSG_ERROR, NLM_F_CAPPED, 77, &body);
+        let replies = parse_replies(&ack).expect("parses");
+        assert_eq!(replies[0].error, 0);
+        assert_eq!(replies[0].request.map(|r| r.seq), Some(77));
+
+        let mut body = (-101i32).to_ne_bytes().to_vec();
+        body.extend_from_slice(&request[..16]);
+        body.extend(attr(NLMSGERR_ATTR_MSG, b"Nexthop has invalid gateway\0"));
+        let err = msg(NLMSG_ERROR, NLM_F_CAPPED | NLM_F_ACK_TLVS, 77, &body);
+        let mut both = ack.clone();
+        both.extend(err);
+        let replies = parse_replies(&both).expect("parses");
+        assert_eq!(replies.len(), 2);
+        assert_eq!(replies[1].error, -101);
+        assert_eq!(
+            replies[1].extack.as_deref(),
+            Some("Nexthop has invalid gateway")
+        );
+        assert_eq!(replies[1].request.map(|r| r.msg_type), Some(RTM_NEWROUTE));
+    }
+}

@@ -1,0 +1,53 @@
+//! Naming a network namespace from a path (`/run/netns/x`, `/proc/<pid>/ns/net`).
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use super::events::NetnsRef;
+
+/// Inode and cookie of the namespace at `path`. The cookie is read with `SO_NETNS_COOKIE` on
+/// a socket created by a short-lived thread that entered the namespace.
+pub fn netns_of_path(path: &Path) -> std::io::Result<NetnsRef> {
+    let file = File::open(path)?;
+    let inode = u32::try_from(file.metadata()?.ino()).map_err(std::io::Error::other)?;
+    let cookie = std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> std::io::Result<u64> {
+                nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)?;
+                current_netns_cookie()
+            })
+            .join()
+            .map_err(|_| std::io::Error::other("netns cookie thread panicked"))?
+    })?;
+    Ok(NetnsRef { cookie, inode })
+}
+
+/// The cookie of the calling thread's network namespace.
+pub fn current_netns_cookie() -> std::io::Result<u64> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a valid u64.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
