@@ -17,7 +17,7 @@ use aya_ebpf::{
         generated,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use provisioner_common::{
@@ -44,20 +44,6 @@ static OFF_NET_NS_INUM: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_NET_NS_REF: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static OFF_TASK_FILES: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static OFF_FILES_FDT: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static OFF_FDT_FD: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static OFF_FDT_MAX_FDS: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static OFF_FILE_PRIVATE_DATA: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static OFF_SOCKET_FILE: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static OFF_SOCKET_SK: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
 static OFF_SK_FAMILY: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_SK_PROTOCOL: Global<u32> = Global::new(0);
@@ -83,6 +69,14 @@ static OFF_QDISC_OPS_ID: Global<u32> = Global::new(0);
 static OFF_NETDEV_QUEUE_DEV: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_BINPRM_FILENAME: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_REGS_ORIG_AX: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_REGS_DI: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_REGS_SI: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_REGS_DX: Global<u32> = Global::new(0);
 
 /// Offset of the first syscall argument (and of the return value) in a syscall tracepoint record.
 const SYSCALL_ARG0: usize = 16;
@@ -233,55 +227,37 @@ pub fn task_newtask(ctx: BtfTracePointContext) -> i32 {
 // rtnetlink requests and replies
 // ---------------------------------------------------------------------------------------------
 
-/// A recv on a NETLINK_ROUTE socket in flight: where the reply will land.
-#[derive(Clone, Copy)]
-#[repr(C)]
-pub struct PendingRecv {
-    buf: u64,
-    sk: u64,
-    fd: u32,
-    syscall: u32,
+/// x86_64 syscall numbers of the calls whose buffers are read (from the caller's saved
+/// registers: the socket tracepoints do not carry the user buffer).
+const NR_SENDTO: u64 = 44;
+const NR_RECVFROM: u64 = 45;
+const NR_SENDMSG: u64 = 46;
+const NR_RECVMSG: u64 = 47;
+
+/// Whether `sk` is a NETLINK_ROUTE socket: the only work every send/recv on the node pays.
+#[inline(always)]
+unsafe fn is_route_sock(sk: *const u8) -> bool {
+    unsafe {
+        read_field::<u16>(sk, OFF_SK_FAMILY.load()) == Some(AF_NETLINK)
+            && read_field::<u16>(sk, OFF_SK_PROTOCOL.load()) == Some(NETLINK_ROUTE)
+    }
 }
 
-/// recvmsg/recvfrom calls on NETLINK_ROUTE sockets in flight, by pid_tgid.
-#[map]
-static PENDING_RECV: LruHashMap<u64, PendingRecv> = LruHashMap::with_max_entries(4096, 0);
-
-/// The `struct sock` behind `fd` of the current task when it is a NETLINK_ROUTE socket.
-///
-/// Cheapest checks first: every sendmsg/recvmsg on the node pays for this walk, and all but
-/// netlink sockets leave at the family check.
+/// The current task's syscall number and first three arguments, from its saved user registers.
 #[inline(always)]
-unsafe fn route_sock(fd: u64) -> Option<*const u8> {
-    if fd >= 1 << 20 {
-        return None;
-    }
+unsafe fn syscall_args() -> Option<(u64, u64, u64, u64)> {
     unsafe {
-        let task = bpf_get_current_task() as *const u8;
-        let files: *const u8 = read_field(task, OFF_TASK_FILES.load())?;
-        let fdt: *const u8 = read_field(files, OFF_FILES_FDT.load())?;
-        let max_fds: u32 = read_field(fdt, OFF_FDT_MAX_FDS.load())?;
-        if fd >= u64::from(max_fds) {
+        let task = generated::bpf_get_current_task_btf();
+        let regs = generated::bpf_task_pt_regs(task) as *const u8;
+        if regs.is_null() {
             return None;
         }
-        let fds: *const u8 = read_field(fdt, OFF_FDT_FD.load())?;
-        let file: *const u8 = bpf_probe_read_kernel(fds.add(fd as usize * 8).cast()).ok()?;
-        let socket: *const u8 = read_field(file, OFF_FILE_PRIVATE_DATA.load())?;
-        let sk: *const u8 = read_field(socket, OFF_SOCKET_SK.load())?;
-        let family: u16 = read_field(sk, OFF_SK_FAMILY.load())?;
-        if family != AF_NETLINK {
-            return None;
-        }
-        let protocol: u16 = read_field(sk, OFF_SK_PROTOCOL.load())?;
-        if protocol != NETLINK_ROUTE {
-            return None;
-        }
-        // `private_data` of a socket's file is its `struct socket`, whose `file` points back.
-        let back: *const u8 = read_field(socket, OFF_SOCKET_FILE.load())?;
-        if back != file {
-            return None;
-        }
-        Some(sk)
+        Some((
+            read_field(regs, OFF_REGS_ORIG_AX.load())?,
+            read_field(regs, OFF_REGS_DI.load())?,
+            read_field(regs, OFF_REGS_SI.load())?,
+            read_field(regs, OFF_REGS_DX.load())?,
+        ))
     }
 }
 
@@ -334,128 +310,76 @@ fn arg<T>(ctx: &TracePointContext, n: usize) -> Option<T> {
     unsafe { ctx.read_at::<T>(SYSCALL_ARG0 + 8 * n) }.ok()
 }
 
-/// `sendmsg(fd, msg, flags)`
-#[tracepoint(category = "syscalls", name = "sys_enter_sendmsg")]
-pub fn sys_enter_sendmsg(ctx: TracePointContext) -> u32 {
-    let Some(fd) = arg::<u64>(&ctx, 0) else {
-        return 0;
-    };
-    // SAFETY: pointers from the kernel and the caller are only read through probe helpers.
-    let Some(sk) = (unsafe { route_sock(fd) }) else {
-        return 0;
-    };
-    let msg: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
-    // SAFETY: as above.
-    if let Some((base, len)) = unsafe { first_iov(msg) } {
-        emit_netlink(kind::NETLINK_REQUEST, syscall::SENDMSG, fd, sk, base, len);
+/// `sock_send_length(struct sock *sk, int ret, int flags)`: after a send returned. For
+/// NETLINK_ROUTE the kernel has processed the request by then (synchronously, in this task).
+#[btf_tracepoint(function = "sock_send_length")]
+pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const u8 = ctx.arg(0);
+    let ret: i32 = ctx.arg(1);
+    // SAFETY: kernel and user memory is only read through probe helpers.
+    unsafe {
+        if ret < 0 || !is_route_sock(sk) {
+            return 0;
+        }
+        let Some((nr, fd, arg1, arg2)) = syscall_args() else {
+            return 0;
+        };
+        match nr {
+            NR_SENDTO => emit_netlink(
+                kind::NETLINK_REQUEST,
+                syscall::SENDTO,
+                fd,
+                sk,
+                arg1 as *const u8,
+                arg2,
+            ),
+            NR_SENDMSG => {
+                if let Some((base, len)) = first_iov(arg1 as *const u8) {
+                    emit_netlink(kind::NETLINK_REQUEST, syscall::SENDMSG, fd, sk, base, len);
+                }
+            }
+            _ => {}
+        }
     }
     0
 }
 
-/// `sendto(fd, buf, len, flags, addr, addrlen)`
-#[tracepoint(category = "syscalls", name = "sys_enter_sendto")]
-pub fn sys_enter_sendto(ctx: TracePointContext) -> u32 {
-    let Some(fd) = arg::<u64>(&ctx, 0) else {
-        return 0;
-    };
-    // SAFETY: pointers from the kernel are only read through probe helpers.
-    let Some(sk) = (unsafe { route_sock(fd) }) else {
-        return 0;
-    };
-    let buf: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
-    let len: u64 = arg(&ctx, 2).unwrap_or(0);
-    emit_netlink(kind::NETLINK_REQUEST, syscall::SENDTO, fd, sk, buf, len);
-    0
-}
-
-#[inline(always)]
-fn stash_recv(fd: u64, buf: *const u8, flags: u64, sk: *const u8, syscall: u32) {
-    if flags & MSG_PEEK != 0 {
-        return;
-    }
-    let pending = PendingRecv {
-        buf: buf as u64,
-        sk: sk as u64,
-        fd: fd as u32,
-        syscall,
-    };
-    let _ = PENDING_RECV.insert(&bpf_get_current_pid_tgid(), &pending, 0);
-}
-
-/// `recvmsg(fd, msg, flags)`
-#[tracepoint(category = "syscalls", name = "sys_enter_recvmsg")]
-pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
-    let Some(fd) = arg::<u64>(&ctx, 0) else {
-        return 0;
-    };
-    // SAFETY: pointers from the kernel and the caller are only read through probe helpers.
-    let Some(sk) = (unsafe { route_sock(fd) }) else {
-        return 0;
-    };
-    let msg: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
-    let flags: u64 = arg(&ctx, 2).unwrap_or(0);
-    // SAFETY: as above.
-    if let Some((base, _)) = unsafe { first_iov(msg) } {
-        stash_recv(fd, base, flags, sk, syscall::RECVMSG);
+/// `sock_recv_length(struct sock *sk, int ret, int flags)`: after a recv returned; emits the
+/// reply when it starts with `NLMSG_ERROR` (ACK or errno).
+#[btf_tracepoint(function = "sock_recv_length")]
+pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const u8 = ctx.arg(0);
+    let ret: i32 = ctx.arg(1);
+    let flags: i32 = ctx.arg(2);
+    // SAFETY: kernel and user memory is only read through probe helpers.
+    unsafe {
+        if ret < 16 || flags as u64 & MSG_PEEK != 0 || !is_route_sock(sk) {
+            return 0;
+        }
+        let Some((nr, fd, arg1, arg2)) = syscall_args() else {
+            return 0;
+        };
+        let (buf, size, call) = match nr {
+            NR_RECVFROM => (arg1 as *const u8, arg2, syscall::RECVFROM),
+            NR_RECVMSG => match first_iov(arg1 as *const u8) {
+                Some((base, len)) => (base, len, syscall::RECVMSG),
+                None => return 0,
+            },
+            _ => return 0,
+        };
+        let Ok(msg_type) = bpf_probe_read_user::<u16>(buf.add(4).cast()) else {
+            return 0;
+        };
+        if msg_type == NLMSG_ERROR {
+            let len = if (ret as u64) < size {
+                ret as u64
+            } else {
+                size
+            };
+            emit_netlink(kind::NETLINK_REPLY, call, fd, sk, buf, len);
+        }
     }
     0
-}
-
-/// `recvfrom(fd, buf, size, flags, addr, addrlen)`
-#[tracepoint(category = "syscalls", name = "sys_enter_recvfrom")]
-pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
-    let Some(fd) = arg::<u64>(&ctx, 0) else {
-        return 0;
-    };
-    // SAFETY: pointers from the kernel are only read through probe helpers.
-    let Some(sk) = (unsafe { route_sock(fd) }) else {
-        return 0;
-    };
-    let buf: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
-    let flags: u64 = arg(&ctx, 3).unwrap_or(0);
-    stash_recv(fd, buf, flags, sk, syscall::RECVFROM);
-    0
-}
-
-/// Emits the reply read by a stashed recv when it starts with `NLMSG_ERROR` (ACK or errno).
-#[inline(always)]
-fn finish_recv(ctx: &TracePointContext) -> u32 {
-    let key = bpf_get_current_pid_tgid();
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(pending) = (unsafe { PENDING_RECV.get(&key) }).copied() else {
-        return 0;
-    };
-    let _ = PENDING_RECV.remove(&key);
-    let ret: i64 = arg(ctx, 0).unwrap_or(-1);
-    if ret < 16 {
-        return 0;
-    }
-    let buf = pending.buf as *const u8;
-    // SAFETY: user memory read through a probe helper; nlmsg_type is at offset 4.
-    let Ok(msg_type) = (unsafe { bpf_probe_read_user::<u16>(buf.add(4).cast()) }) else {
-        return 0;
-    };
-    if msg_type == NLMSG_ERROR {
-        emit_netlink(
-            kind::NETLINK_REPLY,
-            pending.syscall,
-            u64::from(pending.fd),
-            pending.sk as *const u8,
-            buf,
-            ret as u64,
-        );
-    }
-    0
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_recvmsg")]
-pub fn sys_exit_recvmsg(ctx: TracePointContext) -> u32 {
-    finish_recv(&ctx)
-}
-
-#[tracepoint(category = "syscalls", name = "sys_exit_recvfrom")]
-pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
-    finish_recv(&ctx)
 }
 
 /// `netlink_extack(const char *msg)`: fires in the requester's context while the kernel

@@ -28,13 +28,6 @@ const WANTED: &[(&str, &str, &str)] = &[
     ("OFF_NET_COOKIE", "net", "net_cookie"),
     ("OFF_NET_NS_INUM", "net", "ns.inum"),
     ("OFF_NET_NS_REF", "net", "ns.__ns_ref|ns.count"),
-    ("OFF_TASK_FILES", "task_struct", "files"),
-    ("OFF_FILES_FDT", "files_struct", "fdt"),
-    ("OFF_FDT_FD", "fdtable", "fd"),
-    ("OFF_FDT_MAX_FDS", "fdtable", "max_fds"),
-    ("OFF_FILE_PRIVATE_DATA", "file", "private_data"),
-    ("OFF_SOCKET_FILE", "socket", "file"),
-    ("OFF_SOCKET_SK", "socket", "sk"),
     ("OFF_SK_FAMILY", "sock", "__sk_common.skc_family"),
     ("OFF_SK_PROTOCOL", "sock", "sk_protocol"),
     ("OFF_SK_NET", "sock", "__sk_common.skc_net.net"),
@@ -48,6 +41,11 @@ const WANTED: &[(&str, &str, &str)] = &[
     ("OFF_QDISC_OPS_ID", "Qdisc_ops", "id"),
     ("OFF_NETDEV_QUEUE_DEV", "netdev_queue", "dev"),
     ("OFF_BINPRM_FILENAME", "linux_binprm", "filename"),
+    // x86_64 saved user registers: syscall number and arguments.
+    ("OFF_REGS_ORIG_AX", "pt_regs", "orig_ax"),
+    ("OFF_REGS_DI", "pt_regs", "di"),
+    ("OFF_REGS_SI", "pt_regs", "si"),
+    ("OFF_REGS_DX", "pt_regs", "dx"),
 ];
 
 impl KernelOffsets {

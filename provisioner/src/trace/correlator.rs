@@ -187,8 +187,9 @@ pub struct Correlator {
     /// (pid, fd, seq) of requests in flight -> (cookie, entry index); `None` for requests
     /// that do not matter to verdicts (their answers are dropped too).
     pending: HashMap<(u32, u32, u32), Option<(u64, usize)>>,
-    /// Last request per thread, for extack messages.
-    last_by_tid: HashMap<u32, (u64, usize)>,
+    /// Extack messages per thread, waiting for the request they belong to: the kernel
+    /// reports a request once it has processed it, so its extack comes first.
+    pending_extack: HashMap<u32, String>,
     recent_execs: VecDeque<RecentExec>,
     /// Skips by creator comm (a runtime forks a new helper per sandbox: the pid varies).
     skips: HashMap<String, SkipSummary>,
@@ -205,7 +206,7 @@ impl Correlator {
             by_pid: HashMap::new(),
             expected_inodes: HashSet::new(),
             pending: HashMap::new(),
-            last_by_tid: HashMap::new(),
+            pending_extack: HashMap::new(),
             recent_execs: VecDeque::new(),
             skips: HashMap::new(),
             intents: Vec::new(),
@@ -342,14 +343,11 @@ impl Correlator {
             EventKind::NetlinkRequest(request) => self.on_request(event, request),
             EventKind::NetlinkReply(reply) => self.on_reply(event, reply),
             EventKind::Extack(extack) => {
-                if let Some((cookie, idx)) = self.last_by_tid.get(&event.task.tid).copied()
-                    && let Some(entry) = self
-                        .namespaces
-                        .get_mut(&cookie)
-                        .and_then(|ns| ns.entries.get_mut(idx))
-                {
-                    entry.extack = Some(extack.message.clone());
+                if self.pending_extack.len() >= MAX_PENDING {
+                    self.pending_extack.clear();
                 }
+                self.pending_extack
+                    .insert(event.task.tid, extack.message.clone());
                 None
             }
             EventKind::DevUp(dev) => self.on_dev(event, dev, true),
@@ -478,6 +476,7 @@ impl Correlator {
     }
 
     fn on_request(&mut self, event: &TraceEvent, request: &NetlinkRequest) -> Option<u64> {
+        let mut extack = self.pending_extack.remove(&event.task.tid);
         let cookie = request.io.sock_netns.cookie;
         if !self.namespaces.contains_key(&cookie) {
             return None;
@@ -503,7 +502,9 @@ impl Correlator {
                 effect,
             );
             self.pending.insert(key, Some((cookie, idx)));
-            self.last_by_tid.insert(event.task.tid, (cookie, idx));
+            if let Some(entry) = ns.entries.get_mut(idx) {
+                entry.extack = extack.take();
+            }
         }
         Some(cookie)
     }

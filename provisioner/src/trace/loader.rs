@@ -22,12 +22,6 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PROVISIONER_EBPF_O
 const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sys_enter_unshare", "syscalls", "sys_enter_unshare"),
     ("sys_exit_unshare", "syscalls", "sys_exit_unshare"),
-    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
-    ("sys_enter_sendto", "syscalls", "sys_enter_sendto"),
-    ("sys_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
-    ("sys_enter_recvfrom", "syscalls", "sys_enter_recvfrom"),
-    ("sys_exit_recvmsg", "syscalls", "sys_exit_recvmsg"),
-    ("sys_exit_recvfrom", "syscalls", "sys_exit_recvfrom"),
     ("sys_enter_mount", "syscalls", "sys_enter_mount"),
 ];
 
@@ -38,6 +32,8 @@ const BTF_TRACEPOINTS: &[(&str, &str)] = &[
     ("qdisc_create", "qdisc_create"),
     ("qdisc_destroy", "qdisc_destroy"),
     ("sched_process_exec", "sched_process_exec"),
+    ("sock_send_length", "sock_send_length"),
+    ("sock_recv_length", "sock_recv_length"),
 ];
 
 /// Events that did not reach userspace or could not be decoded, per record kind.

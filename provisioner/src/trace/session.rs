@@ -111,6 +111,13 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
         comm: opts.comm.clone(),
     };
     let mut summary = SessionSummary::default();
+    if opts.json {
+        writeln!(out, "{}", serde_json::json!({ "report": "started" }))
+    } else {
+        writeln!(out, "tracing started (deadline {:?})", opts.deadline)
+    }
+    .and_then(|()| out.flush())
+    .map_err(TraceError::Output)?;
     let end = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticker = tokio::time::interval(Duration::from_millis(50));
     let ctrl_c = tokio::signal::ctrl_c();

@@ -304,13 +304,7 @@ fn rejected_route_is_failed_with_errno_and_extack() {
         3,
         RtRequest::NewAddr(new_addr(3, "10.9.0.2", 24)),
     ));
-    c.feed(&request(
-        40,
-        500,
-        SANDBOX,
-        4,
-        RtRequest::NewRoute(default_via("10.10.0.1")),
-    ));
+    // The kernel reports a request after processing it: its extack comes first.
     c.feed(&ev(
         40,
         500,
@@ -319,6 +313,13 @@ fn rejected_route_is_failed_with_errno_and_extack() {
             task_netns: ns(1),
             message: "Nexthop has invalid gateway".into(),
         }),
+    ));
+    c.feed(&request(
+        40,
+        500,
+        SANDBOX,
+        4,
+        RtRequest::NewRoute(default_via("10.10.0.1")),
     ));
     c.feed(&reply(41, 500, SANDBOX, 4, RTM_NEWROUTE, -101));
     let v = verdicts(c.tick(t(1_000)));

@@ -1,0 +1,105 @@
+//! `trace::session::run`: JSON lines for events and a verdict line for a skipped sandbox.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use provisioner::trace::SandboxRules;
+use provisioner::trace::session::{SessionOptions, run};
+use provisioner_tests::{require_root, unique_name};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::Result<()> {
+    require_root();
+    let dir = tempfile::tempdir()?;
+    let runtime = dir.path().join("containerd");
+    std::fs::copy("/usr/sbin/ip", &runtime)?;
+    let name = unique_name("trses");
+    let path = PathBuf::from(format!("/run/netns/{name}"));
+    let (rt, n) = (runtime.clone(), name.clone());
+    let started = Arc::new(AtomicBool::new(false));
+    let go = Arc::clone(&started);
+    let actor = std::thread::spawn(move || {
+        while !go.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Command::new(&rt).args(["netns", "add", &n]).status()
+    });
+    let opts = SessionOptions {
+        json: true,
+        duration: Some(Duration::from_millis(2_500)),
+        deadline: Duration::from_secs(1),
+        rules: SandboxRules {
+            pin_prefixes: vec!["trses".into()],
+            ..SandboxRules::default()
+        },
+        comm: Some("containerd".into()),
+        ..SessionOptions::default()
+    };
+    let mut out = Signalling {
+        bytes: Vec::new(),
+        started,
+    };
+    let summary = run(opts, &mut out).await;
+    out.started.store(true, Ordering::Release);
+    let out = out.bytes;
+    let status = actor
+        .join()
+        .map_err(|_| anyhow::anyhow!("actor panicked"))??;
+    let _ = Command::new("ip").args(["netns", "del", &name]).status();
+    let summary = summary?;
+    assert!(status.success());
+    let text = String::from_utf8(out)?;
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let verdict = lines
+        .iter()
+        .find(|l| {
+            l["report"] == "verdict"
+                && l["timeline"].as_array().is_some_and(|t| {
+                    t.iter()
+                        .any(|e| e["path"] == path.to_string_lossy().as_ref())
+                })
+        })
+        .ok_or_else(|| anyhow::anyhow!("no verdict for {}:\n{text}", path.display()))?;
+    assert_eq!(verdict["verdict"], "skipped", "{verdict}");
+    assert_eq!(verdict["creator"]["comm"], "containerd");
+    assert!(
+        lines.iter().any(|l| l["kind"]["event"] == "netns_created"),
+        "events are printed:\n{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["task"]["comm"].is_null() || l["task"]["comm"] == "containerd"),
+        "the comm filter applies"
+    );
+    assert_eq!(lines[0]["report"], "started");
+    assert!(lines.last().is_some_and(|l| l["report"] == "summary"));
+    assert_eq!(summary.verdicts.get("skipped"), Some(&1));
+    assert_eq!(summary.loss.total(), 0);
+    Ok(())
+}
+
+/// Collects output and raises a flag at the first line (the session's "started" line).
+struct Signalling {
+    bytes: Vec<u8>,
+    started: Arc<AtomicBool>,
+}
+
+impl Write for Signalling {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.started.store(true, Ordering::Release);
+        Ok(())
+    }
+}
