@@ -384,3 +384,196 @@ fn crash_after_commit_keeps_allocations() {
     let new = a.allocate(&key(100)).unwrap();
     assert!(!held.contains(&new.ips[0].address.ip()));
 }
+
+/// Child half of `crash_during_concurrent_allocations_keeps_every_answer`: 16 threads allocate
+/// (and release every fifth key), print each answer as soon as it returns, and one of them aborts
+/// the process while the others are mid-call.
+#[test]
+fn crash_child_concurrent() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(dir) = std::env::var_os("IPAM_CRASH_CONCURRENT_DIR") else {
+        return;
+    };
+    let a = Arc::new(open(
+        std::path::Path::new(&dir),
+        r#"{"subnet":"10.244.0.0/22"}"#,
+    ));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let (a, answered) = (Arc::clone(&a), Arc::clone(&answered));
+            std::thread::spawn(move || {
+                for k in 0..50 {
+                    let key = AllocationKey::new(format!("t{t}-k{k}"), "eth0");
+                    let al = a.allocate(&key).unwrap();
+                    let mut line = format!("ALLOC {} {}\n", key.container_id, al.ips[0].address);
+                    if k % 5 == 0 {
+                        a.release(&key).unwrap().unwrap();
+                        line.push_str(&format!("RELEASE {}\n", key.container_id));
+                    }
+                    {
+                        let mut out = std::io::stdout().lock();
+                        out.write_all(line.as_bytes()).unwrap();
+                        out.flush().unwrap();
+                    }
+                    if answered.fetch_add(1, Ordering::SeqCst) + 1 == 300 {
+                        std::process::abort();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    std::process::abort();
+}
+
+#[test]
+fn crash_during_concurrent_allocations_keeps_every_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child_concurrent", "--test-threads=1"])
+        .env("IPAM_CRASH_CONCURRENT_DIR", dir.path())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "child must die by abort");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let mut answered = std::collections::HashMap::new();
+    let mut released = HashSet::new();
+    for line in stdout.lines() {
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["ALLOC", cid, ip] => {
+                assert!(answered.insert(cid.to_string(), ip.to_string()).is_none());
+            }
+            ["RELEASE", cid] => {
+                assert!(released.insert(cid.to_string()));
+            }
+            _ => {}
+        }
+    }
+    assert!(answered.len() >= 300, "{} answers", answered.len());
+    let (a, report) = Allocator::open(
+        dir.path(),
+        "pod-network",
+        &ranges(r#"{"subnet":"10.244.0.0/22"}"#),
+    )
+    .unwrap();
+    assert!(report.unreadable.is_empty());
+    for (cid, ip) in &answered {
+        let got = a.get(&AllocationKey::new(cid.clone(), "eth0")).unwrap();
+        if released.contains(cid) {
+            assert!(got.is_none(), "{cid} was released before the crash");
+        } else {
+            let got = got.unwrap_or_else(|| panic!("{cid} answered {ip} but lost"));
+            assert_eq!(got.ips[0].address.to_string(), *ip, "{cid}");
+        }
+    }
+    // Unanswered calls may or may not have committed; either way no address is held twice.
+    let list = a.list().unwrap();
+    let distinct: HashSet<_> = list.iter().map(|al| al.ips[0].address.ip()).collect();
+    assert_eq!(distinct.len(), list.len());
+    assert!(list.len() >= answered.len() - released.len());
+    let new = a.allocate(&key(9999)).unwrap();
+    assert!(!distinct.contains(&new.ips[0].address.ip()));
+}
+
+#[test]
+fn concurrent_exhaustion_fails_only_the_callers_left_without_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(open(dir.path(), V4_28)); // 13 addresses
+    let barrier = Arc::new(std::sync::Barrier::new(16));
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let (a, barrier) = (Arc::clone(&a), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                a.allocate(&key(i))
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let exhausted = results
+        .iter()
+        .filter(|r| matches!(r, Err(IpamError::Exhausted { .. })))
+        .count();
+    assert_eq!((ok.len(), exhausted), (13, 3));
+    let distinct: HashSet<_> = ok.iter().map(|al| al.ips[0].address.ip()).collect();
+    assert_eq!(distinct.len(), 13);
+    assert_eq!(a.count().unwrap(), 13);
+    for al in ok {
+        assert_eq!(a.get(&al.key).unwrap().as_ref(), Some(al));
+    }
+}
+
+#[test]
+fn concurrent_allocates_of_one_key_get_one_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(open(dir.path(), V4_28));
+    let barrier = Arc::new(std::sync::Barrier::new(16));
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let (a, barrier) = (Arc::clone(&a), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                a.allocate(&key(1)).unwrap()
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
+    assert_eq!(a.count().unwrap(), 1);
+}
+
+fn percentiles(mut lat: Vec<Duration>) -> (Duration, Duration) {
+    lat.sort();
+    (lat[lat.len() / 2], lat[(lat.len() * 99).div_ceil(100) - 1])
+}
+
+/// `cargo test --release -p provisioner-tests --test ipam -- --ignored --nocapture bench_`
+#[test]
+#[ignore = "benchmark: prints latencies, asserts none"]
+fn bench_allocate_sequential_and_16_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(open(dir.path(), r#"{"subnet":"10.244.0.0/16"}"#));
+    let seq: Vec<_> = (0..400)
+        .map(|i| {
+            let t0 = Instant::now();
+            a.allocate(&AllocationKey::new(format!("seq{i}"), "eth0"))
+                .unwrap();
+            t0.elapsed()
+        })
+        .collect();
+    let (p50, p99) = percentiles(seq);
+    eprintln!("bench: sequential allocate x400: p50 {p50:?} p99 {p99:?}");
+    for round in 0..3 {
+        let start = Instant::now();
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let a = Arc::clone(&a);
+                std::thread::spawn(move || {
+                    (0..50)
+                        .map(|k| {
+                            let key = AllocationKey::new(format!("r{round}-t{t}-k{k}"), "eth0");
+                            let t0 = Instant::now();
+                            a.allocate(&key).unwrap();
+                            t0.elapsed()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let lat: Vec<_> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let total = start.elapsed();
+        let (p50, p99) = percentiles(lat);
+        eprintln!(
+            "bench: 16 threads x 50 allocate, round {round}: total {total:?} p50 {p50:?} p99 {p99:?}"
+        );
+    }
+}
