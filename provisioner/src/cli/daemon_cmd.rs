@@ -1,13 +1,15 @@
 //! `provisioner daemon`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
 use provisioner::config::parse_pod_cidrs;
 use provisioner::daemon::api::DEFAULT_SOCKET;
-use provisioner::daemon::{DaemonOptions, RenderAtStart};
+use provisioner::daemon::{DaemonOptions, RenderAtStart, TraceOptions};
+use provisioner::trace::SandboxRules;
 
 #[derive(Args, Debug)]
 pub struct DaemonArgs {
@@ -38,6 +40,12 @@ pub struct DaemonArgs {
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9640.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Do not trace sandbox network setup in the kernel.
+    #[arg(long)]
+    no_trace: bool,
+    /// Seconds a sandbox namespace has to get its network before its verdict.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    trace_deadline: f64,
 }
 
 pub fn run(args: DaemonArgs) -> Result<()> {
@@ -61,6 +69,15 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         _ => None,
     };
+    let trace = if args.no_trace {
+        None
+    } else {
+        Some(TraceOptions {
+            deadline: Duration::try_from_secs_f64(args.trace_deadline)
+                .context("--trace-deadline")?,
+            rules: SandboxRules::default(),
+        })
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -72,5 +89,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         render,
         host_netns: args.host_netns,
         metrics_addr: args.metrics_addr,
+        trace,
     }))
 }

@@ -6,6 +6,7 @@ mod output;
 mod plugin;
 mod remote_ops;
 mod render;
+mod trace_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +41,10 @@ enum Command {
     Status(DaemonClientArgs),
     /// List allocations.
     List(DaemonClientArgs),
+    /// Every sandbox namespace the daemon's kernel watch saw: verdict, creator, timeline.
+    Sandboxes(DaemonClientArgs),
+    /// Trace sandbox network setup in the kernel, live, without the daemon.
+    Trace(trace_cmd::TraceArgs),
     /// Render a containerd-style CNI conf template from the node's pod CIDRs.
     RenderConfig(render::RenderArgs),
 }
@@ -96,6 +101,8 @@ pub fn main() -> ExitCode {
             Err(err) => Err(err),
         },
         Command::List(args) => remote_ops::list(&args.socket, args.json),
+        Command::Sandboxes(args) => remote_ops::sandboxes(&args.socket, args.json),
+        Command::Trace(args) => trace_cmd::run(args),
         Command::RenderConfig(args) => render::run(&args),
     };
     match result {

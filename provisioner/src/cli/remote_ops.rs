@@ -120,3 +120,26 @@ pub fn list(socket: &Path, json: bool) -> Result<()> {
     eprintln!("{} allocation(s)", allocations.len());
     Ok(())
 }
+
+pub fn sandboxes(socket: &Path, json: bool) -> Result<()> {
+    let result = call(socket, &Request::Sandboxes)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(());
+    }
+    if let Some(reason) = result["tracing_unavailable"].as_str() {
+        println!("kernel tracing unavailable: {reason}");
+    }
+    let sandboxes = result["sandboxes"].as_array().cloned().unwrap_or_default();
+    for view in &sandboxes {
+        let container = view["container_id"]
+            .as_str()
+            .map(|c| format!("container {c}: "))
+            .unwrap_or_default();
+        for line in view["text"].as_array().into_iter().flatten() {
+            println!("{container}{}", line.as_str().unwrap_or_default());
+        }
+    }
+    eprintln!("{} sandbox namespace(s)", sandboxes.len());
+    Ok(())
+}

@@ -21,6 +21,8 @@ pub enum Request {
     },
     Status,
     List,
+    /// Every sandbox namespace the kernel watch saw, with verdicts and timelines.
+    Sandboxes,
 }
 
 /// One sandbox interface, as CNI names it.

@@ -7,10 +7,11 @@
 pub mod api;
 pub mod client;
 mod errors;
+pub mod kernel_watch;
 mod key_locks;
 mod reconcile;
 pub mod result;
 mod server;
 mod state;
 
-pub use server::{DaemonOptions, RenderAtStart, run};
+pub use server::{DaemonOptions, RenderAtStart, TraceOptions, run};

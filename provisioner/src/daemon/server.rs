@@ -18,6 +18,7 @@ use crate::sandbox::{Network, SandboxRef};
 
 use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
 use super::errors::cni_error;
+use super::kernel_watch::KernelWatch;
 use super::result::cni_result;
 use super::state::{ActiveGuard, DaemonState, Paths};
 
@@ -35,6 +36,14 @@ pub struct DaemonOptions {
     pub host_netns: Option<PathBuf>,
     /// Serve Prometheus metrics here (loopback recommended).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Kernel tracing of sandbox setups; `None` turns it off.
+    pub trace: Option<TraceOptions>,
+}
+
+pub struct TraceOptions {
+    /// Time a sandbox namespace has to get its network.
+    pub deadline: std::time::Duration,
+    pub rules: crate::trace::SandboxRules,
 }
 
 pub struct RenderAtStart {
@@ -59,6 +68,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         None => Dataplane::new(),
     }
     .context("open netlink in the host network namespace")?;
+    let kernel = opts
+        .trace
+        .as_ref()
+        .map(|t| KernelWatch::start(t.deadline, t.rules.clone()));
     let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
         .with_context(|| format!("watch {}", opts.config_source.display()))?;
     let state = Arc::new(DaemonState::new(
@@ -68,6 +81,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             config_source: opts.config_source.clone(),
         },
         dataplane,
+        kernel,
     ));
     let initial = config_rx.borrow_and_update().clone();
     state.apply_config(initial).await;
@@ -84,11 +98,14 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
 
     let metrics_server = opts.metrics_addr.map(|addr| {
         let metrics = Arc::clone(&state.metrics);
+        let kernel = state.kernel.clone();
+        let refresh = Arc::new(move |m: &crate::metrics::Metrics| {
+            if let Some(kernel) = &kernel {
+                refresh_trace_metrics(m, kernel);
+            }
+        });
         tokio::spawn(async move {
-            if let Err(err) =
-                crate::metrics::serve(addr, metrics, Arc::new(|_: &crate::metrics::Metrics| {}))
-                    .await
-            {
+            if let Err(err) = crate::metrics::serve(addr, metrics, refresh).await {
                 tracing::error!(%addr, error = %err, "metrics endpoint failed");
             }
         })
@@ -196,6 +213,43 @@ async fn handle(state: &DaemonState, request: Request) -> Response {
         Request::Gc { network, valid } => gc(state, network.as_ref(), &valid).await,
         Request::Status => ok(&state.status().await),
         Request::List => list(state).await,
+        Request::Sandboxes => match &state.kernel {
+            Some(kernel) => ok(&kernel.sandboxes()),
+            None => CniError::new(
+                CniError::INTERNAL,
+                "kernel tracing is off in this daemon (--no-trace)",
+            )
+            .into(),
+        },
+    }
+}
+
+fn refresh_trace_metrics(metrics: &crate::metrics::Metrics, kernel: &KernelWatch) {
+    use crate::metrics::NameLabels;
+    let (_, trace) = kernel.metrics();
+    let set = |family: &prometheus_client::metrics::family::Family<
+        NameLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+               name: &str,
+               value: u64| {
+        family
+            .get_or_create(&NameLabels {
+                name: name.to_owned(),
+            })
+            .set(i64::try_from(value).unwrap_or(i64::MAX));
+    };
+    for (name, n) in &trace.setups_by_verdict {
+        set(&metrics.verdicts, name, *n);
+    }
+    set(&metrics.verdicts, "confirmed", trace.intents_confirmed);
+    set(&metrics.verdicts, "unconfirmed", trace.intents_unconfirmed);
+    set(&metrics.verdicts, "drift", trace.drifts);
+    for (name, n) in &trace.events_by_kind {
+        set(&metrics.trace_events, name, *n);
+    }
+    for (name, n) in trace.lost_by_kind.iter().chain(&trace.undecodable_by_kind) {
+        set(&metrics.trace_lost, name, *n);
     }
 }
 
@@ -275,7 +329,14 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
     };
     let _serialised = state.locks.lock(&req.container_id, &req.ifname).await;
     match op {
-        Op::Add => match service.add(&sandbox).await {
+        Op::Add => match service
+            .add_observed(&sandbox, |spec| {
+                if let Some(kernel) = &state.kernel {
+                    register_intent(kernel, spec);
+                }
+            })
+            .await
+        {
             Ok(outcome) => {
                 tracing::info!(container = %req.container_id, ifname = %req.ifname, addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "added");
                 Response::Ok {
@@ -284,12 +345,18 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
             }
             Err(err) => {
                 tracing::warn!(error = %err, "ADD failed");
+                if let Some(kernel) = &state.kernel {
+                    kernel.deleted(&req.container_id, &req.ifname);
+                }
                 cni_error(&err).into()
             }
         },
         Op::Del => match service.del(&sandbox).await {
             Ok(outcome) => {
                 tracing::info!(container = %req.container_id, ifname = %req.ifname, released = outcome.released.is_some(), "deleted");
+                if let Some(kernel) = &state.kernel {
+                    kernel.deleted(&req.container_id, &req.ifname);
+                }
                 Response::Ok {
                     result: serde_json::Value::Null,
                 }
@@ -301,6 +368,46 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
         },
         Op::Check => check(service, &sandbox, req.prev_result.as_ref()).await,
     }
+}
+
+/// What the kernel must show for this ADD: the interface with its addresses, a default route
+/// per family via its gateway, and every configured route.
+fn register_intent(kernel: &KernelWatch, spec: &crate::dataplane::SandboxSpec) {
+    let gateway_for = |v4: bool| {
+        spec.addresses
+            .iter()
+            .find(|a| a.address.is_ipv4() == v4)
+            .map(|a| a.gateway)
+    };
+    let mut routes = Vec::new();
+    for address in &spec.addresses {
+        let default = if address.address.is_ipv4() {
+            "0.0.0.0/0"
+        } else {
+            "::/0"
+        };
+        if let Ok(dst) = default.parse() {
+            routes.push(crate::trace::RouteIntent {
+                dst,
+                gateway: Some(address.gateway),
+            });
+        }
+    }
+    for route in &spec.routes {
+        if !routes.iter().any(|r| r.dst == route.dst) {
+            routes.push(crate::trace::RouteIntent {
+                dst: route.dst,
+                gateway: route.gw.or_else(|| gateway_for(route.dst.is_ipv4())),
+            });
+        }
+    }
+    kernel.added(
+        &spec.container_id,
+        &spec.ifname,
+        spec.netns.clone(),
+        spec.addresses.iter().map(|a| a.address).collect(),
+        routes,
+    );
 }
 
 async fn check(

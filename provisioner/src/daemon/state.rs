@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::sandbox::{Network, SandboxService};
 
 use super::api::{LoadInfo, NetworkInfo, Status};
+use super::kernel_watch::KernelWatch;
 use super::key_locks::KeyLocks;
 use super::reconcile;
 
@@ -33,6 +34,8 @@ pub struct DaemonState {
     pub dataplane: Dataplane,
     pub locks: KeyLocks,
     pub metrics: Arc<Metrics>,
+    /// The kernel watch, unless tracing was turned off.
+    pub kernel: Option<KernelWatch>,
     /// Requests hold a read guard for their whole duration; a config change takes the write
     /// guard, so it waits for operations in flight and none ever sees a half-applied config.
     active: Arc<RwLock<Option<Active>>>,
@@ -50,8 +53,9 @@ struct Applied {
 pub type ActiveGuard = OwnedRwLockReadGuard<Option<Active>>;
 
 impl DaemonState {
-    pub fn new(paths: Paths, dataplane: Dataplane) -> Self {
+    pub fn new(paths: Paths, dataplane: Dataplane, kernel: Option<KernelWatch>) -> Self {
         Self {
+            kernel,
             paths,
             dataplane,
             locks: KeyLocks::default(),

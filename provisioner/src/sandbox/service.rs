@@ -84,6 +84,16 @@ impl SandboxService {
 
     /// Reserves addresses, wires the sandbox and verifies it.
     pub async fn add(&self, sandbox: &SandboxRef) -> Result<AddOutcome, SandboxError> {
+        self.add_observed(sandbox, |_| {}).await
+    }
+
+    /// Like [`Self::add`]; `before_setup` learns the planned wiring once the addresses are
+    /// reserved and before the kernel is touched (the kernel watch registers its intent there).
+    pub async fn add_observed(
+        &self,
+        sandbox: &SandboxRef,
+        before_setup: impl FnOnce(&SandboxSpec),
+    ) -> Result<AddOutcome, SandboxError> {
         let label = sandbox.label();
         let netns = sandbox.netns.clone().ok_or_else(|| {
             SandboxError::Config(format!("{label}: ADD needs a network namespace path"))
@@ -99,6 +109,7 @@ impl SandboxService {
             })
             .await?;
         let spec = self.spec_for(&allocation, &netns);
+        before_setup(&spec);
         let setup = match self.dataplane.setup(&spec).await {
             Ok(setup) => setup,
             Err(source) => {

@@ -1,0 +1,76 @@
+//! `provisioner trace`: a live kernel-level tracing session, without the daemon.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use provisioner::trace::SandboxRules;
+use provisioner::trace::session::{self, SessionOptions};
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    /// JSON lines instead of human-readable lines.
+    #[arg(long)]
+    json: bool,
+    /// Stop after this many seconds (default: until Ctrl-C).
+    #[arg(long, value_name = "S")]
+    duration: Option<f64>,
+    /// Only this network namespace (path); it is treated as a sandbox.
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// Only events of tasks (or namespaces created by tasks) with this comm.
+    #[arg(long)]
+    comm: Option<String>,
+    /// Seconds a sandbox namespace has to get its network before its verdict.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    deadline: f64,
+    /// Print verdicts only, not every event.
+    #[arg(long)]
+    verdicts_only: bool,
+    /// comm of a runtime process whose namespaces are sandboxes (repeatable; replaces the
+    /// default list: containerd, containerd-shim*, runc*, crun, crio, conmon, pinns, podman, pause).
+    #[arg(long = "runtime-comm", value_name = "COMM")]
+    runtime_comms: Vec<String>,
+    /// Name prefix of pinned sandbox namespaces under /run/netns (repeatable; default cni-, netns-).
+    #[arg(long = "pin-prefix", value_name = "PREFIX")]
+    pin_prefixes: Vec<String>,
+}
+
+fn seconds(s: f64, what: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .with_context(|| format!("{what}: {s} is not a duration in seconds"))
+}
+
+pub fn run(args: TraceArgs) -> Result<()> {
+    let mut rules = SandboxRules::default();
+    if !args.runtime_comms.is_empty() {
+        rules.runtime_comms = args.runtime_comms;
+    }
+    if !args.pin_prefixes.is_empty() {
+        rules.pin_prefixes = args.pin_prefixes;
+    }
+    let opts = SessionOptions {
+        json: args.json,
+        duration: args
+            .duration
+            .map(|d| seconds(d, "--duration"))
+            .transpose()?,
+        netns: args.netns,
+        comm: args.comm,
+        deadline: seconds(args.deadline, "--deadline")?,
+        rules,
+        verdicts_only: args.verdicts_only,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let mut stdout = std::io::stdout();
+    runtime
+        .block_on(session::run(opts, &mut stdout))
+        .context("kernel tracing session (needs root: eBPF, tracefs)")?;
+    Ok(())
+}
