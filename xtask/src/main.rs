@@ -1,6 +1,8 @@
 //! `cargo xtask`: the one place that knows how to build, test, demo and benchmark provisioner.
 
+mod bench;
 mod bootstrap;
+mod demo;
 mod ebpf;
 mod step;
 mod test;
@@ -28,6 +30,20 @@ enum Command {
         #[arg(long)]
         no_lint: bool,
     },
+    /// Measure provisioner side by side with the reference ptp + host-local plugins (needs root).
+    Bench {
+        /// Sandboxes per sequential and per concurrent phase.
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Sandboxes provisioned when measuring the daemon's RSS (the target is for 1000).
+        #[arg(long, default_value_t = 100)]
+        sandboxes: usize,
+    },
+    /// Build, then wire sandboxes in private namespaces and show them (needs root).
+    Demo,
 }
 
 fn main() -> Result<()> {
@@ -37,5 +53,15 @@ fn main() -> Result<()> {
             cargo_test_args,
             no_lint,
         } => test::run(&cargo_test_args, !no_lint),
+        Command::Bench {
+            count,
+            concurrency,
+            sandboxes,
+        } => bench::run(&bench::Options {
+            count,
+            concurrency,
+            sandboxes,
+        }),
+        Command::Demo => demo::run(),
     }
 }

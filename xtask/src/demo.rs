@@ -1,0 +1,434 @@
+//! `cargo xtask demo`: the main job, told on the terminal for a newcomer.
+//!
+//! In private namespaces (a "node" netns for the host side, one per sandbox, all removed at the
+//! end, also on failure): start the daemon on an empty conf dir (not ready, and why), render a
+//! containerd-style template into it (ready), wire three sandboxes through the CNI plugin mode
+//! exactly as a runtime does, look at one of them and ping across, list, delete, and show that
+//! nothing is left.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::bench::{self, Daemon, Netns, Plugin};
+use crate::step::{announce, detail};
+
+/// The node's pod CIDRs, dual-stack.
+const POD_CIDRS: &str = "10.244.1.0/24,fd00:10:244:1::/64";
+const SANDBOXES: usize = 3;
+
+/// A conf template in containerd's `conf_template` syntax (Go text/template over .PodCIDRRanges
+/// and .Routes); `@SOCKET@` is replaced by the demo daemon's socket.
+const TEMPLATE: &str = r#"{
+  "cniVersion": "1.0.0",
+  "name": "demo-pod-network",
+  "plugins": [
+    {
+      "type": "provisioner",
+      "mtu": 1460,
+      "socket": "@SOCKET@",
+      "ipam": {
+        "ranges": [{{range $i, $range := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$range}}"}]{{end}}],
+        "routes": [{{range $i, $route := .Routes}}{{if $i}}, {{end}}{"dst": "{{$route}}"}{{end}}]
+      }
+    }
+  ]
+}
+"#;
+
+/// Everything the demo has set up, for each part of the story.
+pub struct DemoEnv<'a> {
+    pub bin: PathBuf,
+    pub node: &'a Netns,
+    pub pods: &'a [Netns],
+    pub daemon: &'a Daemon,
+    /// The rendered conflist in the daemon's conf dir.
+    pub conflist: Value,
+}
+
+pub fn run() -> Result<()> {
+    bench::require_root("demo")?;
+    let bin = bench::build_release()?;
+    bench::catch_interrupt();
+    let started = Instant::now();
+
+    announce(
+        "demo",
+        "private namespaces: one \"node\" for the host side, one per sandbox",
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("provisioner-demo")
+        .tempdir()?;
+    let node = Netns::new("node")?;
+    let pods = bench::sandbox_namespaces("pod", SANDBOXES)?;
+    detail(&format!(
+        "node: {}; sandboxes: {}",
+        node.name(),
+        pods.iter().map(Netns::name).collect::<Vec<_>>().join(", ")
+    ));
+
+    announce("demo", "start the daemon on an empty conf dir");
+    let mut daemon = Daemon::spawn(&bin, &node, tmp.path())?;
+    daemon.wait_listening(Duration::from_secs(10))?;
+    detail(&format!(
+        "pid {}, socket {}, conf dir {}, store {}, host side in netns {}",
+        daemon.pid().unwrap_or_default(),
+        daemon.socket.display(),
+        daemon.conf_dir.display(),
+        daemon.data_dir.display(),
+        node.name()
+    ));
+    announce(
+        "demo",
+        "status while the conf dir is empty: not ready, and why",
+    );
+    cli(&bin, &["status", "--socket"], &daemon.socket)?;
+
+    let conflist = render(&bin, &mut daemon, tmp.path())?;
+
+    let env = DemoEnv {
+        bin,
+        node: &node,
+        pods: &pods,
+        daemon: &daemon,
+        conflist,
+    };
+    let plugin = Plugin {
+        bin: env.bin.clone(),
+        cni_path: env
+            .bin
+            .parent()
+            .map_or_else(String::new, |p| p.display().to_string()),
+        stdin: bench::plugin_stdin(&env.conflist)?,
+        node: &node,
+    };
+    let results = add_sandboxes(&env, &plugin)?;
+    look_at_one(&env, &results[0])?;
+    announce("demo", "provisioner list");
+    cli(&env.bin, &["list", "--socket"], &env.daemon.socket)?;
+
+    tracing_part(&env)?;
+
+    delete_sandboxes(&env, &plugin)?;
+    announce("demo", "stop the daemon (SIGTERM)");
+    drop(env);
+    daemon.stop()?;
+    detail("stopped");
+    drop(pods);
+    drop(node);
+    announce(
+        "demo",
+        &format!(
+            "done in {:.1} s; namespaces and temp dir removed",
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    Ok(())
+}
+
+/// The eBPF tracing part of the story (added later): the daemon is ready, the sandboxes are
+/// wired and still present, the node and sandbox namespaces are in `env`. It may create and
+/// delete its own sandboxes in further namespaces; everything it starts must stop before it
+/// returns.
+fn tracing_part(env: &DemoEnv) -> Result<()> {
+    let _ = env;
+    Ok(())
+}
+
+/// Writes the template, renders it into the conf dir, waits for ready; the rendered conflist.
+fn render(bin: &Path, daemon: &mut Daemon, dir: &Path) -> Result<Value> {
+    announce(
+        "demo",
+        "render a containerd-style conf template from the node's pod CIDRs",
+    );
+    let template = dir.join("cni.template");
+    std::fs::write(
+        &template,
+        TEMPLATE.replace("@SOCKET@", &daemon.socket.display().to_string()),
+    )?;
+    let output = daemon.conf_dir.join("10-provisioner.conflist");
+    detail(&format!(
+        "template {} (ranges from .PodCIDRRanges, routes from .Routes)",
+        template.display()
+    ));
+    let template_arg = template.display().to_string();
+    let output_arg = output.display().to_string();
+    show_command(
+        bin,
+        &[
+            "render-config",
+            "--template",
+            &template_arg,
+            "--pod-cidr",
+            POD_CIDRS,
+            "--output",
+            &output_arg,
+        ],
+    )?;
+    let rendered: Value = serde_json::from_slice(&std::fs::read(&output)?)
+        .with_context(|| format!("rendered {}", output.display()))?;
+    let ipam = &rendered["plugins"][0]["ipam"];
+    detail(&format!(
+        "rendered ipam: ranges {} routes {}",
+        ipam["ranges"], ipam["routes"]
+    ));
+    let waited = Instant::now();
+    wait_ready(daemon)?;
+    announce(
+        "demo",
+        &format!(
+            "status after the render (ready {:.0} ms after the file appeared)",
+            waited.elapsed().as_secs_f64() * 1e3
+        ),
+    );
+    cli(bin, &["status", "--socket"], &daemon.socket)?;
+    Ok(rendered)
+}
+
+fn wait_ready(daemon: &Daemon) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = daemon.request(&serde_json::json!({"op": "status"}))?;
+        if status["ready"] == true {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "daemon not ready 10 s after the render: {status}\n{}",
+                daemon.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What one ADD gave a sandbox.
+struct Wired {
+    pod: usize,
+    container_id: String,
+    v4: Option<String>,
+    gateway_v4: Option<String>,
+    v6: Option<String>,
+}
+
+fn add_sandboxes(env: &DemoEnv, plugin: &Plugin) -> Result<Vec<Wired>> {
+    announce(
+        "demo",
+        &format!(
+            "{SANDBOXES} sandboxes through the CNI plugin mode, as a runtime calls it \
+             (CNI_COMMAND=ADD, config on stdin)"
+        ),
+    );
+    let mut wired = Vec::new();
+    for (i, pod) in env.pods.iter().enumerate() {
+        bench::check_interrupted()?;
+        let container_id = format!("demo-sandbox-{}", i + 1);
+        let run = plugin.exec_ok("ADD", &container_id, pod.path())?;
+        let result = run.json();
+        let ips = result["ips"].as_array().cloned().unwrap_or_default();
+        let find = |v6: bool| {
+            ips.iter()
+                .find(|ip| {
+                    ip["address"]
+                        .as_str()
+                        .is_some_and(|a| a.contains(':') == v6)
+                })
+                .cloned()
+        };
+        let v4 = find(false);
+        let v6 = find(true);
+        let host_if = result["interfaces"]
+            .as_array()
+            .and_then(|ifs| ifs.iter().find(|i| i.get("sandbox").is_none()))
+            .and_then(|i| i["name"].as_str())
+            .unwrap_or("?")
+            .to_owned();
+        let addresses: Vec<String> = ips
+            .iter()
+            .map(|ip| {
+                format!(
+                    "{} gw {}",
+                    ip["address"].as_str().unwrap_or("?"),
+                    ip["gateway"].as_str().unwrap_or("-")
+                )
+            })
+            .collect();
+        println!(
+            "      {container_id} in {}: eth0 {}; host veth {host_if}; {:.1} ms",
+            pod.path().display(),
+            addresses.join(", "),
+            run.elapsed.as_secs_f64() * 1e3
+        );
+        if i == 0 {
+            println!(
+                "      CNI result ({}): {}",
+                result["cniVersion"].as_str().unwrap_or("?"),
+                serde_json::to_string(&result)?
+            );
+        }
+        let addr = |ip: &Option<Value>| {
+            ip.as_ref().and_then(|ip| {
+                ip["address"]
+                    .as_str()
+                    .and_then(|a| a.split('/').next())
+                    .map(str::to_owned)
+            })
+        };
+        wired.push(Wired {
+            pod: i,
+            container_id,
+            v4: addr(&v4),
+            gateway_v4: v4
+                .as_ref()
+                .and_then(|ip| ip["gateway"].as_str().map(str::to_owned)),
+            v6: addr(&v6),
+        });
+    }
+    Ok(wired)
+}
+
+fn look_at_one(env: &DemoEnv, one: &Wired) -> Result<()> {
+    let pod = &env.pods[one.pod];
+    announce(
+        "demo",
+        &format!("inside {} ({})", one.container_id, pod.name()),
+    );
+    show_ip(pod, &["addr", "show", "dev", "eth0"])?;
+    show_ip(pod, &["route"])?;
+    show_ip(pod, &["-6", "route"])?;
+    announce("demo", "the node side (host veths and a route per sandbox)");
+    show_ip(env.node, &["-br", "addr"])?;
+    show_ip(env.node, &["route"])?;
+
+    let gateway = one
+        .gateway_v4
+        .as_deref()
+        .context("no IPv4 gateway in the ADD result")?;
+    let pod_v4 = one
+        .v4
+        .as_deref()
+        .context("no IPv4 address in the ADD result")?;
+    announce("demo", &format!("ping sandbox -> gateway {gateway}"));
+    ping(pod, &[gateway])?;
+    announce("demo", &format!("ping node -> sandbox {pod_v4}"));
+    ping(env.node, &[pod_v4])?;
+    if let Some(v6) = &one.v6 {
+        announce("demo", &format!("ping node -> sandbox {v6} (IPv6)"));
+        if let Err(err) = ping(env.node, &["-6", "-w", "4", v6]) {
+            detail(&format!(
+                "IPv6 ping failed (not fatal for the demo): {err:#}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn delete_sandboxes(env: &DemoEnv, plugin: &Plugin) -> Result<()> {
+    announce(
+        "demo",
+        &format!("DEL the {SANDBOXES} sandboxes through the plugin mode"),
+    );
+    for (i, pod) in env.pods.iter().enumerate() {
+        let container_id = format!("demo-sandbox-{}", i + 1);
+        let run = plugin.exec_ok("DEL", &container_id, pod.path())?;
+        println!(
+            "      {container_id}: deleted in {:.1} ms",
+            run.elapsed.as_secs_f64() * 1e3
+        );
+    }
+    announce(
+        "demo",
+        "nothing left: allocations, node links, sandbox links",
+    );
+    cli(&env.bin, &["list", "--socket"], &env.daemon.socket)?;
+    let node_links = env.node.links()?;
+    println!(
+        "      node {}: {}",
+        env.node.name(),
+        if node_links.is_empty() {
+            "only lo".to_owned()
+        } else {
+            node_links.join(" ")
+        }
+    );
+    let mut left = node_links.len();
+    for pod in env.pods {
+        let links = pod.links()?;
+        left += links.len();
+        println!(
+            "      {}: {}",
+            pod.name(),
+            if links.is_empty() {
+                "only lo".to_owned()
+            } else {
+                links.join(" ")
+            }
+        );
+    }
+    if left > 0 {
+        bail!("{left} link(s) left after DEL");
+    }
+    Ok(())
+}
+
+/// Runs `bin <args> <socket>` and prints what it says (exit status other than 0 is shown, not
+/// fatal: `status` exits 3 when not ready).
+fn cli(bin: &Path, args: &[&str], socket: &Path) -> Result<()> {
+    let socket = socket.display().to_string();
+    let mut full = args.to_vec();
+    full.push(&socket);
+    show_command(bin, &full)
+}
+
+fn show_command(bin: &Path, args: &[&str]) -> Result<()> {
+    println!("    $ provisioner {}", args.join(" "));
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .with_context(|| format!("run {}", bin.display()))?;
+    print_indented(&String::from_utf8_lossy(&out.stdout));
+    print_indented(&String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        println!("      (exit status {})", out.status.code().unwrap_or(-1));
+    }
+    Ok(())
+}
+
+fn show_ip(netns: &Netns, args: &[&str]) -> Result<()> {
+    println!("    $ ip -n {} {}", netns.name(), args.join(" "));
+    print_indented(&netns.ip(args)?);
+    Ok(())
+}
+
+/// Pings from inside `netns` (the child enters it with setns before exec).
+fn ping(netns: &Netns, args: &[&str]) -> Result<()> {
+    let mut cmd = Command::new("ping");
+    cmd.args(["-c", "1", "-W", "2"]).args(args);
+    netns.enter(&mut cmd);
+    let out = cmd.output().context("run ping")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text
+        .lines()
+        .filter(|l| l.contains("bytes from") || l.contains("packet loss"))
+    {
+        println!("      {line}");
+    }
+    if !out.status.success() {
+        bail!(
+            "ping {} from {} failed: {}",
+            args.join(" "),
+            netns.name(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn print_indented(text: &str) {
+    for line in text.lines() {
+        println!("      {line}");
+    }
+}
