@@ -12,7 +12,7 @@
 
 mod cni;
 mod daemon;
-mod netns;
+pub mod netns;
 mod report;
 mod stats;
 
@@ -372,7 +372,7 @@ fn write_conf(dir: &Path, conflist: &Value) -> Result<()> {
 
 /// Starts a daemon in `dir` (conf already there) and waits for ready; start-to-ready time.
 fn start_daemon(bin: &Path, node: &Netns, dir: &Path) -> Result<(Daemon, Duration)> {
-    let mut daemon = Daemon::spawn(bin, node, dir)?;
+    let mut daemon = Daemon::spawn(bin, node, dir, &[])?;
     let ready = daemon.wait_ready(Duration::from_secs(10))?;
     Ok((daemon, ready))
 }

@@ -28,7 +28,7 @@ pub struct Daemon {
 impl Daemon {
     /// Spawns `bin daemon` with its socket, conf dir (`net.d`), data dir (`data`) and log under
     /// `dir`, running inside `node` and with `--host-netns` pointing at it. Does not wait.
-    pub fn spawn(bin: &Path, node: &Netns, dir: &Path) -> Result<Self> {
+    pub fn spawn(bin: &Path, node: &Netns, dir: &Path, extra: &[&str]) -> Result<Self> {
         let socket = dir.join("provisioner.sock");
         let conf_dir = dir.join("net.d");
         let data_dir = dir.join("data");
@@ -50,6 +50,7 @@ impl Daemon {
             .arg(&data_dir)
             .arg("--host-netns")
             .arg(node.path())
+            .args(extra)
             .env("PROVISIONER_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
