@@ -1,4 +1,4 @@
-//! What the tracer adds to unrelated sendmsg-heavy work: UDP datagrams on `lo` inside a test
+//! Measures what the tracer adds to unrelated sendmsg-heavy work: UDP datagrams on `lo` inside a test
 //! namespace, with and without the programs attached (alternating rounds, best of each).
 //! Time is the sending thread's CPU time (user + kernel, BPF included), so other load on the
 //! machine does not count.
@@ -32,6 +32,9 @@ fn blast(ns: &Netns) -> anyhow::Result<Duration> {
     })?
 }
 
+/// A measurement, not a check (tests do not assert timings): run it on a quiet machine with
+/// `cargo test --release -p provisioner-tests --test trace_overhead -- --ignored --nocapture`.
+#[ignore = "measurement: run explicitly on a quiet machine"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tracer_adds_little_to_unrelated_sendmsg_work() -> anyhow::Result<()> {
     require_root();
@@ -59,12 +62,6 @@ async fn tracer_adds_little_to_unrelated_sendmsg_work() -> anyhow::Result<()> {
         median(&mut off.clone()),
         median(&mut on.clone()),
         (best(&on).as_secs_f64() - best(&off).as_secs_f64()) / SENDS as f64 * 1e9
-    );
-    // The target is 5%; the bound here leaves room for a noisy 2-vCPU machine.
-    assert!(
-        ratio < 1.15,
-        "tracer overhead {:.1}%",
-        (ratio - 1.0) * 100.0
     );
     Ok(())
 }
