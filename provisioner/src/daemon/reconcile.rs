@@ -28,11 +28,7 @@ pub async fn with_kernel(service: &SandboxService) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .into_iter()
         .collect();
-    let allocator = std::sync::Arc::clone(service.allocator());
-    let allocations = tokio::task::spawn_blocking(move || allocator.list())
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let allocations = service.list().await.map_err(|e| e.to_string())?;
     let mut expected = HashSet::new();
     for allocation in &allocations {
         let name = host_ifname(&allocation.key.container_id, &allocation.key.ifname);

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use ipnetwork::IpNetwork;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::OwnedRwLockReadGuard;
 use tokio::task::JoinSet;
 
 use crate::cni::{CniError, CniResult, CniVersion};
@@ -20,7 +21,9 @@ use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response,
 use super::errors::cni_error;
 use super::kernel_watch::KernelWatch;
 use super::result::cni_result;
-use super::state::{ActiveGuard, DaemonState, Paths};
+use super::state::{Active, DaemonState, Paths};
+
+type ActiveGuard = OwnedRwLockReadGuard<Option<Active>, Active>;
 
 /// Largest request line accepted.
 const MAX_REQUEST: usize = 1 << 20;
@@ -270,10 +273,9 @@ fn ok<T: serde::Serialize>(value: &T) -> Response {
 /// The network in force, or code 11 (try again later) with the reasons it is not ready.
 async fn require_active(state: &DaemonState) -> Result<ActiveGuard, Response> {
     let active = state.active().await;
-    if active.is_some() {
+    if let Ok(active) = OwnedRwLockReadGuard::try_map(active, Option::as_ref) {
         return Ok(active);
     }
-    drop(active);
     let status = state.status().await;
     Err(CniError::try_again_later(format!(
         "provisioner daemon not ready: {}",
@@ -314,9 +316,6 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
     let active = match require_active(state).await {
         Ok(active) => active,
         Err(response) => return response,
-    };
-    let Some(active) = active.as_ref() else {
-        return CniError::try_again_later("provisioner daemon not ready").into();
     };
     let service = &active.service;
     if let Some(mismatch) = claim_mismatch(service.network(), req.network.as_ref()) {
@@ -460,18 +459,13 @@ async fn gc(
         Ok(active) => active,
         Err(response) => return response,
     };
-    let Some(active) = active.as_ref() else {
-        return CniError::try_again_later("provisioner daemon not ready").into();
-    };
     let service = &active.service;
     if let Some(mismatch) = claim_mismatch(service.network(), network) {
         return mismatch;
     }
-    let allocator = Arc::clone(service.allocator());
-    let allocations = match tokio::task::spawn_blocking(move || allocator.list()).await {
-        Ok(Ok(list)) => list,
-        Ok(Err(err)) => return CniError::internal(format!("list allocations: {err}")).into(),
-        Err(err) => return CniError::internal(format!("list allocations: {err}")).into(),
+    let allocations = match service.list().await {
+        Ok(list) => list,
+        Err(err) => return cni_error(&err).into(),
     };
     let mut released = Vec::new();
     let mut errors = Vec::new();
@@ -507,12 +501,8 @@ async fn list(state: &DaemonState) -> Response {
         Ok(active) => active,
         Err(response) => return response,
     };
-    let Some(active) = active.as_ref() else {
-        return CniError::try_again_later("provisioner daemon not ready").into();
-    };
-    let allocator = Arc::clone(active.service.allocator());
-    match tokio::task::spawn_blocking(move || allocator.list()).await {
-        Ok(Ok(allocations)) => ok(&allocations
+    match active.service.list().await {
+        Ok(allocations) => ok(&allocations
             .iter()
             .map(|a| AllocationInfo {
                 container_id: a.key.container_id.clone(),
@@ -520,7 +510,6 @@ async fn list(state: &DaemonState) -> Response {
                 addresses: a.ips.iter().map(|ip| ip.address.to_string()).collect(),
             })
             .collect::<Vec<_>>()),
-        Ok(Err(err)) => CniError::internal(format!("list allocations: {err}")).into(),
-        Err(err) => CniError::internal(format!("list allocations: {err}")).into(),
+        Err(err) => cni_error(&err).into(),
     }
 }

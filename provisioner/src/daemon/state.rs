@@ -198,11 +198,7 @@ impl DaemonState {
         let (network, allocations) = match active.as_ref() {
             Some(active) => {
                 let network = active.service.network();
-                let allocator = Arc::clone(active.service.allocator());
-                let count = tokio::task::spawn_blocking(move || allocator.count())
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
+                let count = active.service.count().await.ok();
                 (
                     Some(NetworkInfo {
                         name: network.name.clone(),

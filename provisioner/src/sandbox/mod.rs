@@ -7,6 +7,7 @@
 
 mod error;
 mod network;
+mod queries;
 mod service;
 
 pub use error::SandboxError;

@@ -230,7 +230,7 @@ impl SandboxService {
     }
 
     /// Runs a store operation (it may fsync) off the async workers.
-    async fn blocking<T: Send + 'static>(
+    pub(super) async fn blocking<T: Send + 'static>(
         &self,
         label: &str,
         op: impl FnOnce(&Allocator) -> Result<T, crate::ipam::IpamError> + Send + 'static,

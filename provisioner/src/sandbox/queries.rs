@@ -1,0 +1,19 @@
+//! Read-only questions about the sandboxes of a service.
+
+use crate::ipam::Allocation;
+
+use super::{SandboxError, SandboxService};
+
+impl SandboxService {
+    /// Every allocation of this network.
+    pub async fn list(&self) -> Result<Vec<Allocation>, SandboxError> {
+        self.blocking("allocation store", |allocator| allocator.list())
+            .await
+    }
+
+    /// How many allocations this network holds.
+    pub async fn count(&self) -> Result<u64, SandboxError> {
+        self.blocking("allocation store", |allocator| allocator.count())
+            .await
+    }
+}
