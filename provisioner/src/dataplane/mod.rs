@@ -1,9 +1,12 @@
 //! Netlink operations (veth, address, route, link, sysctl) and netns handles; setup, teardown
 //! and check of one sandbox, wired like the reference CNI `ptp` plugin.
 //!
-//! One netlink socket per namespace: the socket of a namespace is created by a short-lived
-//! thread that entered it (`setns(CLONE_NEWNET)`), then driven from tokio; the calling thread
-//! never changes namespace. The host socket is created once and reused for every call.
+//! One netlink socket per namespace: the socket of a namespace is created by a pooled worker
+//! thread that entered it (`setns(CLONE_NEWNET)`) and went back home, then driven from tokio;
+//! the calling thread never changes namespace. The host socket is created once and reused for
+//! every call. Requests to one socket are pipelined where order suffices (`Conn::batch`).
+//! Teardown retires the host veth (withdrawn, down, renamed `pvx<index>`) and a reaper thread
+//! deletes retired links in batches, off the DEL path (see `reaper`).
 
 mod address;
 mod check;
