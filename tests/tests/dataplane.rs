@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use provisioner::dataplane::{
-    Dataplane, DataplaneError, HOST_IFNAME_PREFIX, PodAddress, RouteSpec, SandboxSpec, SetupStep,
-    host_ifname,
+    Dataplane, DataplaneError, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, PodAddress, RouteSpec,
+    SandboxSpec, SetupStep, host_ifname, is_graveyard_ifname,
 };
 use provisioner_tests::Netns;
 
@@ -63,7 +63,7 @@ fn links(ns: &Netns) -> Result<Vec<String>> {
 fn veths(ns: &Netns) -> Result<Vec<String>> {
     Ok(links(ns)?
         .into_iter()
-        .filter(|n| n.starts_with(HOST_IFNAME_PREFIX))
+        .filter(|n| n.starts_with(HOST_IFNAME_PREFIX) || n.starts_with(GRAVEYARD_IFNAME_PREFIX))
         .collect())
 }
 
@@ -79,6 +79,27 @@ fn assert_node_clean(node: &Netns) -> Result<()> {
     ensure!(
         !r4.contains(HOST_IFNAME_PREFIX) && !r6.contains(HOST_IFNAME_PREFIX),
         "route left in node: {r4}{r6}"
+    );
+    Ok(())
+}
+
+/// Waits for the background reaper (bounded) and checks it deleted everything queued.
+async fn settle(dp: &Dataplane) -> Result<()> {
+    let left = tokio::time::timeout(std::time::Duration::from_secs(10), dp.flush_deletions())
+        .await
+        .context("flush_deletions did not finish within 10 s")?;
+    ensure!(left == 0, "{left} retired link(s) not deleted");
+    Ok(())
+}
+
+/// Nothing routes `pod_ip` through a veth of ours in the node (`ip route get`).
+fn assert_not_routed(node: &Netns, pod_ip: &str) -> Result<()> {
+    let got = node
+        .ip(&["route", "get", pod_ip])
+        .unwrap_or_else(|e| format!("unreachable ({e})"));
+    ensure!(
+        !got.contains(HOST_IFNAME_PREFIX) && !got.contains(GRAVEYARD_IFNAME_PREFIX),
+        "{pod_ip} still routed through our veth: {got}"
     );
     Ok(())
 }
@@ -131,6 +152,8 @@ async fn one_sandbox_setup_check_ping_teardown() -> Result<()> {
 
     let t = dp.teardown("one", "eth0", Some(sandbox.path())).await?;
     ensure!(t.host_link_deleted && t.sandbox_cleaned, "{t:?}");
+    assert_not_routed(&node, "10.244.1.2")?;
+    settle(&dp).await?;
     assert_node_clean(&node)?;
     assert_sandbox_clean(&sandbox)?;
     Ok(())
@@ -180,6 +203,7 @@ async fn hundred_sandboxes() -> Result<()> {
         setup_time / 100,
         teardown_time / 100
     );
+    settle(&dp).await?;
     assert_node_clean(&node)?;
     for sb in &sandboxes {
         assert_sandbox_clean(sb)?;
@@ -215,6 +239,7 @@ async fn concurrent_setups_share_the_host_socket() -> Result<()> {
     for s in &specs {
         dp.teardown(&s.container_id, "eth0", Some(&s.netns)).await?;
     }
+    settle(&dp).await?;
     assert_node_clean(&node)
 }
 
@@ -261,6 +286,9 @@ async fn dual_stack() -> Result<()> {
     node.ping("fd00:3::2")?;
     sandbox.ping("fd00:3::1")?;
     dp.teardown("ds", "eth0", Some(sandbox.path())).await?;
+    assert_not_routed(&node, "10.244.3.2")?;
+    assert_not_routed(&node, "fd00:3::2")?;
+    settle(&dp).await?;
     assert_node_clean(&node)?;
     assert_sandbox_clean(&sandbox)
 }
@@ -281,6 +309,7 @@ async fn teardown_is_idempotent_and_survives_a_deleted_netns() -> Result<()> {
     ensure!(first.host_link_deleted, "{first:?}");
     let second = dp.teardown("twice", "eth0", Some(sb.path())).await?;
     ensure!(!second.host_link_deleted, "{second:?}");
+    settle(&dp).await?;
     assert_node_clean(&node)?;
     assert_sandbox_clean(&sb)?;
 
@@ -293,6 +322,14 @@ async fn teardown_is_idempotent_and_survives_a_deleted_netns() -> Result<()> {
     let t = dp.teardown("gone", "eth0", Some(&path)).await?;
     ensure!(t.sandbox_netns_gone, "{t:?}");
     dp.teardown("gone", "eth0", Some(&path)).await?;
+    settle(&dp).await?;
+    // The kernel deletes the pair with the netns, possibly a little later.
+    for _ in 0..100 {
+        if veths(&node)?.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_node_clean(&node)
 }
 
@@ -406,4 +443,198 @@ async fn errors_name_operation_object_and_netns() -> Result<()> {
         "{err}"
     );
     Ok(())
+}
+
+fn percentiles(mut v: Vec<std::time::Duration>) -> String {
+    v.sort();
+    let at = |q: f64| {
+        let i = ((v.len() as f64 - 1.0) * q).round() as usize;
+        v[i]
+    };
+    format!(
+        "median {:.2?} p90 {:.2?} p99 {:.2?} max {:.2?}",
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        at(1.0)
+    )
+}
+
+/// Timings (run with `--release -- --ignored --nocapture bench_`): N sequential setups, checks and
+/// teardowns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run explicitly"]
+async fn bench_setup_check_teardown() -> Result<()> {
+    const N: usize = 100;
+    let (node, dp) = node()?;
+    let mut sandboxes = Vec::new();
+    for _ in 0..N {
+        sandboxes.push(Netns::new("bn")?);
+    }
+    let specs: Vec<_> = sandboxes
+        .iter()
+        .enumerate()
+        .map(|(i, sb)| {
+            spec(
+                &format!("bn{i}"),
+                sb,
+                &[(
+                    &format!("10.245.{}.{}/16", i / 200, i % 200 + 2),
+                    "10.245.255.1",
+                )],
+            )
+        })
+        .collect();
+    let (mut setups, mut checks, mut teardowns) = (Vec::new(), Vec::new(), Vec::new());
+    for s in &specs {
+        let t = Instant::now();
+        dp.setup(s).await?;
+        setups.push(t.elapsed());
+        let t = Instant::now();
+        dp.check(s).await?;
+        checks.push(t.elapsed());
+    }
+    for s in &specs {
+        let t = Instant::now();
+        dp.teardown(&s.container_id, &s.ifname, Some(&s.netns))
+            .await?;
+        teardowns.push(t.elapsed());
+    }
+    let t = Instant::now();
+    let left = dp.flush_deletions().await;
+    ensure!(left == 0, "{left} left");
+    let flush = t.elapsed();
+    eprintln!("N={N} setup   {}", percentiles(setups));
+    eprintln!("N={N} check   {}", percentiles(checks));
+    eprintln!("N={N} teardown {}", percentiles(teardowns));
+    eprintln!("N={N} flush_deletions after the teardowns: {flush:.2?}");
+    assert_node_clean(&node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_then_immediate_re_add_of_the_same_key() -> Result<()> {
+    let (node, dp) = node()?;
+    let sb = Netns::new("ra")?;
+    let s = spec("readd", &sb, &[("10.244.10.2/24", "10.244.10.1")]);
+    for round in 0..3 {
+        let out = dp
+            .setup(&s)
+            .await
+            .with_context(|| format!("setup {round}"))?;
+        dp.check(&s)
+            .await
+            .with_context(|| format!("check {round}"))?;
+        node.ping("10.244.10.2")
+            .with_context(|| format!("round {round}"))?;
+        let t = dp.teardown("readd", "eth0", Some(sb.path())).await?;
+        ensure!(t.host_link_deleted && t.sandbox_cleaned, "{t:?}");
+        // The names are free at once, though the old pair may still wait for the reaper.
+        ensure!(
+            !links(&node)?.contains(&out.host_ifname),
+            "host name still taken"
+        );
+        ensure!(
+            !links(&sb)?.contains(&"eth0".to_owned()),
+            "eth0 still taken"
+        );
+    }
+    // Same key, same address, while retired links may still exist: routed to the new veth only.
+    let out = dp.setup(&s).await?;
+    let got = node.ip(&["route", "get", "10.244.10.2"])?;
+    ensure!(got.contains(&out.host_ifname), "{got}");
+    node.ping("10.244.10.2")?;
+    dp.teardown("readd", "eth0", Some(sb.path())).await?;
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_withdraws_routing_before_the_link_is_deleted() -> Result<()> {
+    let (node, dp) = node()?;
+    let mut sandboxes = Vec::new();
+    let mut specs = Vec::new();
+    for i in 0..5 {
+        let sb = Netns::new("wd")?;
+        specs.push(spec(
+            &format!("wd{i}"),
+            &sb,
+            &[
+                (&format!("10.244.11.{}/24", i + 2), "10.244.11.1"),
+                (&format!("fd00:11::{}/64", i + 2), "fd00:11::1"),
+            ],
+        ));
+        sandboxes.push(sb);
+    }
+    for s in &specs {
+        dp.setup(s).await?;
+    }
+    // Tear all down back to back: the reaper is busy with the first while the others return.
+    for s in &specs {
+        dp.teardown(&s.container_id, "eth0", Some(&s.netns)).await?;
+    }
+    for i in 0..5 {
+        assert_not_routed(&node, &format!("10.244.11.{}", i + 2))?;
+        assert_not_routed(&node, &format!("fd00:11::{}", i + 2))?;
+    }
+    // Whatever is still there is retired: down, renamed, without address.
+    for name in veths(&node)? {
+        ensure!(is_graveyard_ifname(&name), "{name} not retired");
+        let a = node.ip(&["-o", "addr", "show", "dev", &name])?;
+        ensure!(!a.contains("inet"), "{name} keeps addresses: {a}");
+        let l = node.ip(&["-o", "link", "show", "dev", &name])?;
+        ensure!(!l.contains(",UP"), "{name} is up: {l}");
+    }
+    for sb in &sandboxes {
+        let r = sb.ip(&["route", "show"])?;
+        ensure!(r.trim().is_empty(), "routes left in sandbox: {r}");
+        ensure!(
+            !links(sb)?.contains(&"eth0".to_owned()),
+            "eth0 still in sandbox"
+        );
+    }
+    // The reaper removes every link, in bounded time.
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    for sb in &sandboxes {
+        assert_sandbox_clean(sb)?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_setups_and_teardowns_leave_nothing_after_flush() -> Result<()> {
+    let (node, dp) = node()?;
+    let sb = Netns::new("hf")?;
+    for i in 0..100 {
+        let s = spec(
+            &format!("hf{i}"),
+            &sb,
+            &[(&format!("10.244.12.{}/24", i + 2), "10.244.12.1")],
+        );
+        dp.setup(&s).await.with_context(|| format!("setup {i}"))?;
+        dp.teardown(&s.container_id, "eth0", Some(sb.path()))
+            .await
+            .with_context(|| format!("teardown {i}"))?;
+    }
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_host_link_retires_leftovers_and_graveyard_links() -> Result<()> {
+    let (node, dp) = node()?;
+    let sb = Netns::new("lf")?;
+    let s = spec("leftover", &sb, &[("10.244.13.2/24", "10.244.13.1")]);
+    let out = dp.setup(&s).await?;
+    dp.delete_host_link(&out.host_ifname).await?;
+    assert_not_routed(&node, "10.244.13.2")?;
+    // A graveyard link is accepted too (reconciliation after a crash).
+    for name in veths(&node)? {
+        dp.delete_host_link(&name).await?;
+    }
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sb)
 }

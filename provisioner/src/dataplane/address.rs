@@ -10,7 +10,7 @@ use netlink_packet_route::address::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::error::DataplaneError;
-use super::netlink::Conn;
+use super::netlink::{Conn, Req};
 
 /// An address found on a link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,13 +43,7 @@ fn message(index: u32, net: IpNetwork) -> AddressMessage {
 
 /// Adds `net` to link `index`. IPv6 addresses get `IFA_F_NODAD` (nothing left tentative);
 /// `no_prefix_route` keeps the kernel from adding the connected prefix route.
-pub(crate) async fn add(
-    conn: &Conn,
-    index: u32,
-    ifname: &str,
-    net: IpNetwork,
-    no_prefix_route: bool,
-) -> Result<(), DataplaneError> {
+pub(crate) fn add_req(index: u32, ifname: &str, net: IpNetwork, no_prefix_route: bool) -> Req {
     let mut msg = message(index, net);
     let mut flags = AddressFlags::empty();
     if net.is_ipv6() {
@@ -62,12 +56,28 @@ pub(crate) async fn add(
     if !flags.is_empty() {
         msg.attributes.push(AddressAttribute::Flags(flags));
     }
-    conn.ack(
+    Req::new(
         RouteNetlinkMessage::NewAddress(msg),
         NLM_F_CREATE | NLM_F_EXCL,
-        &format!("add address {net} to {ifname}"),
+        format!("add address {net} to {ifname}"),
     )
-    .await
+}
+
+/// Deletes `net` from link `index`; pass the result through [`del_result`].
+pub(crate) fn del_req(index: u32, ifname: &str, net: IpNetwork) -> Req {
+    Req::new(
+        RouteNetlinkMessage::DelAddress(message(index, net)),
+        0,
+        format!("delete address {net} from {ifname}"),
+    )
+}
+
+/// An address already gone counts as deleted.
+pub(crate) fn del_result(res: Result<(), DataplaneError>) -> Result<(), DataplaneError> {
+    match res {
+        Err(e) if matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => Ok(()),
+        other => other,
+    }
 }
 
 /// Deletes `net` from link `index`; an address already gone counts as success.
@@ -77,20 +87,12 @@ pub(crate) async fn del(
     ifname: &str,
     net: IpNetwork,
 ) -> Result<(), DataplaneError> {
-    match conn
-        .ack(
-            RouteNetlinkMessage::DelAddress(message(index, net)),
-            0,
-            &format!("delete address {net} from {ifname}"),
-        )
-        .await
-    {
-        Err(e) if matches!(e.errno(), Some(libc::EADDRNOTAVAIL | libc::ENODEV)) => Ok(()),
-        other => other,
-    }
+    let req = del_req(index, ifname, net);
+    del_result(conn.ack(req.msg, req.flags, &req.op).await)
 }
 
-/// Lists the addresses of link `index` (both families).
+/// Lists the addresses of link `index` (both families). The socket's strict checking makes the
+/// kernel send only that link's addresses (the cost does not grow with other links).
 pub(crate) async fn list(
     conn: &Conn,
     index: u32,

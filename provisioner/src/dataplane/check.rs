@@ -4,12 +4,20 @@ use super::error::CheckFailure;
 use super::link::{self, Link};
 use super::netlink::Conn;
 use super::netns::NetnsFile;
-use super::plan::plan;
+use super::plan::{Plan, plan};
 use super::spec::SandboxSpec;
 use super::{Dataplane, address, route};
 
 pub(crate) async fn run(dp: &Dataplane, spec: &SandboxSpec) -> Result<(), CheckFailure> {
-    let mut problems = Vec::new();
+    run_with(dp, spec, None).await
+}
+
+/// Like [`run`], reusing `sandbox` (a connection in `spec.netns`) when the caller has one.
+pub(crate) async fn run_with(
+    dp: &Dataplane,
+    spec: &SandboxSpec,
+    sandbox: Option<&Conn>,
+) -> Result<(), CheckFailure> {
     let plan = match plan(spec) {
         Ok(p) => p,
         Err(e) => {
@@ -18,47 +26,91 @@ pub(crate) async fn run(dp: &Dataplane, spec: &SandboxSpec) -> Result<(), CheckF
             });
         }
     };
-
-    // Sandbox side.
-    let sbx_label = spec.netns.display().to_string();
-    let sbx = match NetnsFile::open(&spec.netns) {
-        Ok(ns) => Conn::open(&ns).await,
-        Err(e) => Err(e),
-    };
-    match sbx {
-        Err(e) => problems.push(format!("sandbox netns unusable: {e}")),
-        Ok(conn) => {
-            if let Some(l) = expect_link(&conn, &spec.ifname, spec.mtu, &mut problems).await {
-                let want: Vec<_> = plan.families.iter().map(|f| f.pod).collect();
-                check_addresses(&conn, &l, &want, &mut problems).await;
-                check_routes(&conn, &l, &plan.sandbox_routes, &mut problems).await;
-            }
-            if let Ok(Some(lo)) = link::by_name(&conn, "lo").await
-                && !lo.up
-            {
-                problems.push(format!("link lo is down in netns {sbx_label}"));
-            }
-        }
-    }
-
-    // Host side.
-    match dp.host().await {
-        Err(e) => problems.push(format!("host netns unusable: {e}")),
-        Ok(host) => {
-            if let Some(l) = expect_link(host, &plan.host_ifname, spec.mtu, &mut problems).await {
-                let want: Vec<_> = plan.families.iter().map(|f| f.host_address).collect();
-                check_addresses(host, &l, &want, &mut problems).await;
-                let routes: Vec<_> = plan.families.iter().map(|f| f.host_route.clone()).collect();
-                check_routes(host, &l, &routes, &mut problems).await;
-            }
-        }
-    }
-
+    // Both sides at once, each on its own socket.
+    let (mut problems, host_problems) = futures::join!(
+        check_sandbox(spec, &plan, sandbox),
+        check_host(dp, spec, &plan)
+    );
+    problems.extend(host_problems);
     if problems.is_empty() {
         Ok(())
     } else {
         Err(CheckFailure { problems })
     }
+}
+
+async fn check_sandbox(spec: &SandboxSpec, plan: &Plan, sandbox: Option<&Conn>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let sbx_label = spec.netns.display().to_string();
+    let opened;
+    let conn = match sandbox {
+        Some(c) => c,
+        None => {
+            let sbx = match NetnsFile::open(&spec.netns) {
+                Ok(ns) => Conn::open(&ns).await,
+                Err(e) => Err(e),
+            };
+            match sbx {
+                Err(e) => {
+                    problems.push(format!("sandbox netns unusable: {e}"));
+                    return problems;
+                }
+                Ok(c) => {
+                    opened = c;
+                    &opened
+                }
+            }
+        }
+    };
+    if let Some(l) = expect_link(conn, &spec.ifname, spec.mtu, &mut problems).await {
+        let want: Vec<_> = plan.families.iter().map(|f| f.pod).collect();
+        check_addresses(conn, &l, &want, &mut problems).await;
+        check_routes(conn, &l, &plan.sandbox_routes, &mut problems).await;
+    }
+    if let Ok(Some(lo)) = link::by_name(conn, "lo").await
+        && !lo.up
+    {
+        problems.push(format!("link lo is down in netns {sbx_label}"));
+    }
+    problems
+}
+
+/// The host side: the veth, its gateway address(es) and one FIB lookup per host route; the
+/// cost does not grow with the number of sandboxes on the node.
+async fn check_host(dp: &Dataplane, spec: &SandboxSpec, plan: &Plan) -> Vec<String> {
+    let mut problems = Vec::new();
+    let host = match dp.host().await {
+        Err(e) => {
+            problems.push(format!("host netns unusable: {e}"));
+            return problems;
+        }
+        Ok(h) => h,
+    };
+    let Some(l) = expect_link(host, &plan.host_ifname, spec.mtu, &mut problems).await else {
+        return problems;
+    };
+    let want: Vec<_> = plan.families.iter().map(|f| f.host_address).collect();
+    let lookups = futures::future::join_all(
+        plan.families
+            .iter()
+            .map(|f| route::fib_match(host, f.host_route.dst)),
+    );
+    let (_, found) = futures::join!(check_addresses(host, &l, &want, &mut problems), lookups);
+    for (f, found) in plan.families.iter().zip(found) {
+        match found {
+            Err(e) => problems.push(e.to_string()),
+            Ok(r)
+                if r.as_ref()
+                    .is_some_and(|r| r.matches(&f.host_route, l.index)) => {}
+            Ok(_) => problems.push(format!(
+                "route {} dev {} missing in netns {}",
+                f.host_route.dst,
+                l.name,
+                host.netns()
+            )),
+        }
+    }
+    problems
 }
 
 async fn expect_link(
@@ -117,7 +169,7 @@ async fn check_addresses(
 }
 
 async fn check_routes(conn: &Conn, l: &Link, want: &[route::Route], problems: &mut Vec<String>) {
-    match route::list_main(conn).await {
+    match route::list_main_via(conn, l.index).await {
         Err(e) => problems.push(e.to_string()),
         Ok(have) => {
             for w in want {

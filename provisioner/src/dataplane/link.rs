@@ -9,7 +9,7 @@ use netlink_packet_route::link::{
 };
 
 use super::error::DataplaneError;
-use super::netlink::Conn;
+use super::netlink::{Conn, Req};
 
 pub(crate) const ENODEV: i32 = libc::ENODEV;
 
@@ -110,23 +110,86 @@ pub(crate) async fn create_veth(
 }
 
 /// Sets the link `index` (named `name` in messages) up.
-pub(crate) async fn set_up(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
+pub(crate) fn set_up_req(index: u32, name: &str) -> Req {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
     msg.header.flags = LinkFlags::Up;
     msg.header.change_mask = LinkFlags::Up;
-    conn.ack(
+    Req::new(
         RouteNetlinkMessage::SetLink(msg),
         0,
-        &format!("set link {name} up"),
+        format!("set link {name} up"),
     )
-    .await
+}
+
+/// Sets the link `index` down.
+pub(crate) fn set_down_req(index: u32, name: &str) -> Req {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.header.change_mask = LinkFlags::Up;
+    Req::new(
+        RouteNetlinkMessage::SetLink(msg),
+        0,
+        format!("set link {name} down"),
+    )
+}
+
+/// Renames the (down) link `index` to `new` and, with `group`, moves it to that link group.
+pub(crate) fn rename_req(index: u32, name: &str, new: &str, group: Option<u32>) -> Req {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.attributes.push(LinkAttribute::IfName(new.to_owned()));
+    if let Some(g) = group {
+        msg.attributes.push(LinkAttribute::Group(g));
+    }
+    Req::new(
+        RouteNetlinkMessage::SetLink(msg),
+        0,
+        format!("rename link {name} to {new}"),
+    )
+}
+
+/// Deletes every link of link group `group` at once (`ip link del group N`): the kernel
+/// unregisters them in one batch, paying the RCU grace periods once for all. Returns whether
+/// any link was in the group.
+pub(crate) async fn delete_group(conn: &Conn, group: u32) -> Result<bool, DataplaneError> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::Group(group));
+    match conn
+        .ack(
+            RouteNetlinkMessage::DelLink(msg),
+            0,
+            &format!("delete link group {group}"),
+        )
+        .await
+    {
+        Ok(()) => Ok(true),
+        Err(e) if e.errno() == Some(ENODEV) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Deletes the link `index`; a link already gone counts as success.
 pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
+    match conn
+        .ack(
+            RouteNetlinkMessage::DelLink(msg),
+            0,
+            &format!("delete link {name}"),
+        )
+        .await
+    {
+        Err(e) if e.errno() == Some(ENODEV) => Ok(()),
+        other => other,
+    }
+}
+
+/// Deletes the link named `name`; a link already gone counts as success.
+pub(crate) async fn delete_by_name(conn: &Conn, name: &str) -> Result<(), DataplaneError> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
     match conn
         .ack(
             RouteNetlinkMessage::DelLink(msg),

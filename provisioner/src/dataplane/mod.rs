@@ -1,9 +1,12 @@
 //! Netlink operations (veth, address, route, link, sysctl) and netns handles; setup, teardown
 //! and check of one sandbox, wired like the reference CNI `ptp` plugin.
 //!
-//! One netlink socket per namespace: the socket of a namespace is created by a short-lived
-//! thread that entered it (`setns(CLONE_NEWNET)`), then driven from tokio; the calling thread
-//! never changes namespace. The host socket is created once and reused for every call.
+//! One netlink socket per namespace: the socket of a namespace is created by a pooled worker
+//! thread that entered it (`setns(CLONE_NEWNET)`) and went back home, then driven from tokio;
+//! the calling thread never changes namespace. The host socket is created once and reused for
+//! every call. Requests to one socket are pipelined where order suffices (`Conn::batch`).
+//! Teardown retires the host veth (withdrawn, down, renamed `pvx<index>`) and a reaper thread
+//! deletes retired links in batches, off the DEL path (see `reaper`).
 
 mod address;
 mod check;
@@ -13,6 +16,7 @@ mod naming;
 mod netlink;
 mod netns;
 mod plan;
+mod reaper;
 mod route;
 mod setup;
 mod spec;
@@ -20,15 +24,20 @@ mod sysctl;
 mod teardown;
 
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use error::{CheckFailure, DataplaneError, SetupStep};
-pub use naming::{HOST_IFNAME_PREFIX, IFNAME_MAX, host_ifname, is_host_ifname, valid_ifname};
+pub use naming::{
+    GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, IFNAME_MAX, graveyard_ifname,
+    host_ifname, is_graveyard_ifname, is_host_ifname, valid_ifname,
+};
 pub use route::{Route, Scope};
 pub use spec::{PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
 
 use netlink::Conn;
 use netns::NetnsFile;
+use reaper::Reaper;
 
 /// Sets sandboxes up, tears them down and checks them. Cheap to clone; `Send + Sync`.
 #[derive(Clone, Debug)]
@@ -43,6 +52,12 @@ struct Inner {
     /// on first use (registering with tokio needs a runtime).
     host_socket: Mutex<Option<netlink_sys::Socket>>,
     host_conn: tokio::sync::OnceCell<Conn>,
+    /// Deletes retired host links in the background (see [`Dataplane::flush_deletions`]).
+    reaper: Reaper,
+    /// `net.ipv4.ip_forward` / `net.ipv6.conf.all.forwarding` seen at 1 in the host netns: not
+    /// read nor written again.
+    forwarding_v4: AtomicBool,
+    forwarding_v6: AtomicBool,
 }
 
 impl Dataplane {
@@ -56,23 +71,40 @@ impl Dataplane {
                     source,
                 }
             })?;
-        Ok(Self::from_parts(host_ns, socket))
+        Self::from_parts(host_ns, socket)
     }
 
     /// The host side is the netns at `path` (e.g. a "node" netns in tests).
     pub fn with_host_netns(path: &Path) -> Result<Self, DataplaneError> {
         let host_ns = NetnsFile::open(path)?;
         let socket = netlink::socket_in_blocking(&host_ns)?;
-        Ok(Self::from_parts(host_ns, socket))
+        Self::from_parts(host_ns, socket)
     }
 
-    fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Self {
-        Self {
+    fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Result<Self, DataplaneError> {
+        let reaper = Reaper::start(&host_ns)?;
+        Ok(Self {
             inner: Arc::new(Inner {
                 host_ns,
                 host_socket: Mutex::new(Some(socket)),
                 host_conn: tokio::sync::OnceCell::new(),
+                reaper,
+                forwarding_v4: AtomicBool::new(false),
+                forwarding_v6: AtomicBool::new(false),
             }),
+        })
+    }
+
+    pub(crate) fn reaper(&self) -> &Reaper {
+        &self.inner.reaper
+    }
+
+    /// Whether forwarding of the family is known to be on in the host netns.
+    pub(crate) fn forwarding_flag(&self, v6: bool) -> &AtomicBool {
+        if v6 {
+            &self.inner.forwarding_v6
+        } else {
+            &self.inner.forwarding_v4
         }
     }
 
@@ -124,6 +156,11 @@ impl Dataplane {
 
     /// Removes what setup created. Idempotent: succeeds when nothing is there, when the netns is
     /// gone, on a second call. Goes on after errors and reports them all.
+    ///
+    /// On success nothing routes the sandbox's addresses any more (routes and addresses through
+    /// the host veth are withdrawn, both ends are down and renamed `pvx<index>`), so the caller
+    /// may release them; the names are free for a new setup of the same sandbox at once. The
+    /// veth itself is deleted in the background (see [`Self::flush_deletions`]).
     pub async fn teardown(
         &self,
         container_id: &str,
@@ -133,18 +170,37 @@ impl Dataplane {
         teardown::run(self, container_id, ifname, netns).await
     }
 
+    /// Waits until the background reaper deleted every link retired so far (call it before the
+    /// process exits: the daemon's shutdown). Returns the number of links still waiting, which
+    /// is 0 unless a deletion failed meanwhile (then it returns at once rather than hang; the
+    /// links stay in the graveyard group and the next start-up sweep deletes them).
+    pub async fn flush_deletions(&self) -> usize {
+        self.inner.reaper.flush().await
+    }
+
     /// Names of every link in the host netns.
     pub async fn host_link_names(&self) -> Result<Vec<String>, DataplaneError> {
         let links = link::all(self.host().await?).await?;
         Ok(links.into_iter().map(|l| l.name).collect())
     }
 
-    /// Deletes the host link `name` (and with a veth its peer); absent is fine.
+    /// Deletes the host link `name` (and with a veth its peer); absent is fine. The link is
+    /// retired at once (nothing routes through it when this returns) and deleted by the
+    /// background reaper, like in [`Self::teardown`]. Graveyard links (`pvx*`) are accepted.
     pub async fn delete_host_link(&self, name: &str) -> Result<(), DataplaneError> {
         let conn = self.host().await?;
-        match link::by_name(conn, name).await? {
-            Some(found) => link::delete(conn, found.index, name).await,
-            None => Ok(()),
+        let Some(found) = link::by_name(conn, name).await? else {
+            return Ok(());
+        };
+        let mut errors = Vec::new();
+        teardown::retire(self, conn, &found, &mut errors).await;
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(DataplaneError::Teardown {
+                container_id: format!("host link {name}"),
+                errors,
+            }),
         }
     }
 

@@ -33,6 +33,34 @@ pub fn is_host_ifname(name: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// Prefix of a retired link ("graveyard"): withdrawn (no address, no route, down) and queued
+/// for deletion by the background reaper. Retired host veths are renamed so that the
+/// deterministic [`host_ifname`] is free again at once (a re-ADD of the same sandbox works while
+/// the old link waits for deletion).
+pub const GRAVEYARD_IFNAME_PREFIX: &str = "pvx";
+
+/// Link group (`IFLA_GROUP`) of retired host links: the reaper deletes the whole group with
+/// one request (`ip link del group N`), so the kernel pays its RCU grace periods once per batch.
+/// The value spells "pvx" and is used by nothing else.
+pub const GRAVEYARD_GROUP: u32 = 0x0070_7678;
+
+/// The graveyard name of the link with index `index` (unique in its netns while it lives).
+#[must_use]
+pub fn graveyard_ifname(index: u32) -> String {
+    format!("{GRAVEYARD_IFNAME_PREFIX}{index:012x}")
+}
+
+/// Is `name` shaped like a name [`graveyard_ifname`] produces? Such a link in the host netns
+/// (e.g. left by a crash before the reaper deleted it) is safe to delete: it routes nothing.
+#[must_use]
+pub fn is_graveyard_ifname(name: &str) -> bool {
+    name.len() == IFNAME_MAX
+        && name.starts_with(GRAVEYARD_IFNAME_PREFIX)
+        && name[GRAVEYARD_IFNAME_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Is `name` usable as a Linux interface name?
 #[must_use]
 pub fn valid_ifname(name: &str) -> bool {
@@ -64,6 +92,16 @@ mod tests {
         assert_ne!(host_ifname("abc", "eth0"), host_ifname("abd", "eth0"));
         assert_ne!(host_ifname("abc", "eth0"), host_ifname("abc", "eth1"));
         // "a/b" + "c" vs "a" + "b/c" both hash "a/b/c": documented, ids never contain '/'.
+    }
+
+    #[test]
+    fn graveyard_names() {
+        let g = graveyard_ifname(42);
+        assert_eq!(g, "pvx00000000002a");
+        assert!(is_graveyard_ifname(&g) && valid_ifname(&g));
+        assert!(is_graveyard_ifname(&graveyard_ifname(u32::MAX)));
+        assert!(!is_host_ifname(&g));
+        assert!(!is_graveyard_ifname(&host_ifname("abc", "eth0")));
     }
 
     #[test]

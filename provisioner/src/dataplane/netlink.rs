@@ -38,6 +38,25 @@ pub(crate) fn socket_in_blocking(ns: &NetnsFile) -> Result<Socket, DataplaneErro
         })
 }
 
+/// One request of a [`Conn::batch`]: the message, extra header flags and the operation named in
+/// errors.
+#[derive(Debug)]
+pub(crate) struct Req {
+    pub msg: RouteNetlinkMessage,
+    pub flags: u16,
+    pub op: String,
+}
+
+impl Req {
+    pub(crate) fn new(msg: RouteNetlinkMessage, flags: u16, op: impl Into<String>) -> Self {
+        Self {
+            msg,
+            flags,
+            op: op.into(),
+        }
+    }
+}
+
 /// A typed handle on one rtnetlink connection; every error names the netns.
 #[derive(Clone, Debug)]
 pub(crate) struct Conn {
@@ -59,6 +78,9 @@ impl Conn {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| err(io::Error::other(format!("no tokio runtime: {e}"))))?;
         socket.set_non_blocking(true).map_err(err)?;
+        // Dump requests are then filtered by the kernel (addresses of one ifindex, routes of one
+        // table / output interface) instead of returning every object of the netns.
+        socket.set_netlink_get_strict_chk(true).map_err(err)?;
         // SAFETY: the fd comes from `into_raw_fd` of an open netlink socket we own; ownership
         // moves to the TokioSocket. Its `from_raw_fd` registers with the reactor of the current
         // runtime, which exists (checked above), and sets non-blocking mode (already set).
@@ -106,20 +128,44 @@ impl Conn {
         extra_flags: u16,
         op: &str,
     ) -> Result<(), DataplaneError> {
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | extra_flags;
+        let mut results = self.batch(vec![Req::new(msg, extra_flags, op)]).await;
+        results.pop().unwrap_or(Ok(()))
+    }
+
+    /// Sends every request before awaiting any ack (one round trip for the lot; the kernel
+    /// handles them in order), then returns one result per request, in order. A failed request
+    /// does not stop the ones after it: callers order requests so that a later one failing
+    /// because of an earlier failure is harmless, and undo what succeeded.
+    pub(crate) async fn batch(&self, reqs: Vec<Req>) -> Vec<Result<(), DataplaneError>> {
         let mut handle = self.handle.clone();
-        let mut replies = handle
-            .request(req)
-            .map_err(|e| self.nl_err(op, io::Error::other(e.to_string())))?;
-        while let Some(reply) = replies.next().await {
-            if let NetlinkPayload::Error(e) = reply.payload
-                && let Some(code) = e.code
-            {
-                return Err(self.nl_err(op, io::Error::from_raw_os_error(-code.get())));
-            }
+        let mut pending = Vec::with_capacity(reqs.len());
+        for Req { msg, flags, op } in reqs {
+            let mut req = NetlinkMessage::from(msg);
+            req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+            let sent = handle
+                .request(req)
+                .map_err(|e| self.nl_err(&op, io::Error::other(e.to_string())));
+            pending.push((sent, op));
         }
-        Ok(())
+        let mut out = Vec::with_capacity(pending.len());
+        for (sent, op) in pending {
+            let res = match sent {
+                Err(e) => Err(e),
+                Ok(mut replies) => {
+                    let mut res = Ok(());
+                    while let Some(reply) = replies.next().await {
+                        if let NetlinkPayload::Error(e) = reply.payload
+                            && let Some(code) = e.code
+                        {
+                            res = Err(self.nl_err(&op, io::Error::from_raw_os_error(-code.get())));
+                        }
+                    }
+                    res
+                }
+            };
+            out.push(res);
+        }
+        out
     }
 
     /// Sends a non-dump GET and returns the single answer.

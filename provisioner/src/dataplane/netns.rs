@@ -1,13 +1,18 @@
 //! Network namespace handles and running a closure inside a netns.
 //!
 //! The calling thread never changes its netns: work that must happen "inside" a namespace
-//! (creating a netlink socket, opening a `/proc/sys/net` file) runs on a short-lived thread that
-//! entered the namespace with `setns(CLONE_NEWNET)` and exits afterwards.
+//! (creating a netlink socket, opening a `/proc/sys/net` file) runs on one of a few long-lived
+//! worker threads: it enters the namespace with `setns(CLONE_NEWNET)`, runs the job and goes back
+//! to its home netns (the process's), so no worker pins a sandbox netns after its job. Spawning a
+//! thread per job cost more than the job itself.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use nix::sched::{CloneFlags, setns};
 
@@ -44,6 +49,30 @@ impl NetnsFile {
         })
     }
 
+    /// A second handle on the same netns.
+    pub(crate) fn try_clone(&self) -> Result<Self, DataplaneError> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|source| DataplaneError::OpenNetns {
+                netns: self.label.clone(),
+                source,
+            })?;
+        Ok(Self {
+            file,
+            label: self.label.clone(),
+        })
+    }
+
+    /// Moves the calling thread into this netns for good: only for a dedicated thread that
+    /// provisioner started for work in this netns (e.g. the link reaper).
+    pub(crate) fn enter_current_thread(&self) -> Result<(), DataplaneError> {
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| DataplaneError::EnterNetns {
+            netns: self.label.clone(),
+            source: io::Error::from(e),
+        })
+    }
+
     /// A name for messages: the path it was opened from.
     pub(crate) fn label(&self) -> &str {
         &self.label
@@ -54,7 +83,8 @@ impl NetnsFile {
         self.file.as_raw_fd()
     }
 
-    /// Runs `f` on a fresh thread that entered this netns, without blocking the async caller.
+    /// Runs `f` on a pooled worker thread that entered this netns (and returns to its home netns
+    /// afterwards), without blocking the async caller.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T, DataplaneError>
     where
         T: Send + 'static,
@@ -68,20 +98,14 @@ impl NetnsFile {
                 source,
             })?;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("netns-worker".to_owned())
-            .spawn(move || {
-                let res = setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
-                    .map_err(io::Error::from)
-                    .map(|()| f());
-                drop(file);
-                // The receiver only goes away when the caller was cancelled.
-                let _ = tx.send(res);
-            })
-            .map_err(|source| DataplaneError::EnterNetns {
-                netns: self.label.clone(),
-                source,
-            })?;
+        pool().submit(Box::new(move || {
+            let res = setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
+                .map_err(io::Error::from)
+                .map(|()| f());
+            drop(file);
+            // The receiver only goes away when the caller was cancelled.
+            let _ = tx.send(res);
+        }));
         let res = rx.await.map_err(|_| DataplaneError::EnterNetns {
             netns: self.label.clone(),
             source: io::Error::other("netns worker thread died"),
@@ -110,5 +134,97 @@ impl NetnsFile {
             netns: self.label.clone(),
             source,
         })
+    }
+}
+
+/// Number of netns worker threads: jobs are short (setns, a socket, a few file writes).
+const WORKERS: usize = 2;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The process-wide netns worker pool.
+struct Pool {
+    tx: Mutex<Sender<Job>>,
+    rx: Mutex<Receiver<Job>>,
+    /// The netns workers return to after each job (the process's), opened once; without it a
+    /// worker exits after its job and is replaced.
+    home: Option<File>,
+    alive: AtomicUsize,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let (tx, rx) = channel::<Job>();
+        // The netns of the thread that starts the pool: provisioner never moves the netns of
+        // its own threads (workers go back home), so this is the process's netns.
+        let home = File::open("/proc/thread-self/ns/net").ok();
+        Pool {
+            tx: Mutex::new(tx),
+            rx: Mutex::new(rx),
+            home,
+            alive: AtomicUsize::new(0),
+        }
+    })
+}
+
+impl Pool {
+    fn submit(&'static self, job: Job) {
+        while self.alive.load(Ordering::Acquire) < WORKERS {
+            if !self.spawn_worker() {
+                break;
+            }
+        }
+        if self.alive.load(Ordering::Acquire) == 0 {
+            // No worker could be started: run the job on a thread of its own.
+            std::thread::spawn(job);
+            return;
+        }
+        let sent = self
+            .tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(job);
+        if let Err(std::sync::mpsc::SendError(job)) = sent {
+            // The receiver lives as long as the pool (never dropped); kept for completeness.
+            std::thread::spawn(job);
+        }
+    }
+
+    /// Starts one worker; false when the thread could not be created.
+    fn spawn_worker(&'static self) -> bool {
+        self.alive.fetch_add(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new()
+            .name("netns-worker".to_owned())
+            .spawn(move || {
+                loop {
+                    let job = {
+                        let rx = self.rx.lock().unwrap_or_else(PoisonError::into_inner);
+                        match rx.recv() {
+                            Ok(job) => job,
+                            Err(_) => break,
+                        }
+                    };
+                    // A panicking job drops its answer channel: the caller sees an error.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    let home = match &self.home {
+                        Some(home) => setns(home.as_fd(), CloneFlags::CLONE_NEWNET),
+                        None => Err(nix::errno::Errno::ENOENT),
+                    };
+                    if let Err(e) = home {
+                        // Possibly stuck in a foreign netns: never run another job here (nor
+                        // pin that netns); the next submit starts a replacement.
+                        tracing::warn!(error = %e, "netns worker cannot return home; retiring it");
+                        break;
+                    }
+                }
+                self.alive.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            self.alive.fetch_sub(1, Ordering::AcqRel);
+            tracing::error!(error = %e, "spawn netns worker");
+            return false;
+        }
+        true
     }
 }

@@ -6,12 +6,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnetwork::IpNetwork;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+    RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::error::DataplaneError;
-use super::netlink::Conn;
+use super::netlink::{Conn, Req};
 
 /// Scope of a planned route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,18 +103,39 @@ fn message(oif: u32, route: &Route) -> RouteMessage {
 }
 
 /// Adds `route` through link `oif` (named `ifname` in messages).
-pub(crate) async fn add(
-    conn: &Conn,
-    oif: u32,
-    ifname: &str,
-    route: &Route,
-) -> Result<(), DataplaneError> {
-    conn.ack(
+pub(crate) fn add_req(oif: u32, ifname: &str, route: &Route) -> Req {
+    Req::new(
         RouteNetlinkMessage::NewRoute(message(oif, route)),
         NLM_F_CREATE | NLM_F_EXCL,
-        &format!("add route {route} dev {ifname}"),
+        format!("add route {route} dev {ifname}"),
     )
-    .await
+}
+
+/// Deletes `route` through link `oif`; pass the result through [`del_result`].
+pub(crate) fn del_req(oif: u32, ifname: &str, route: &Route) -> Req {
+    Req::new(
+        RouteNetlinkMessage::DelRoute(message(oif, route)),
+        0,
+        format!("delete route {route} dev {ifname}"),
+    )
+}
+
+/// Deletes a route as the kernel reported it; pass the result through [`del_result`].
+pub(crate) fn del_found_req(found: &FoundRoute, ifname: &str) -> Req {
+    let gw = found.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+    Req::new(
+        RouteNetlinkMessage::DelRoute(found.msg.clone()),
+        0,
+        format!("delete route {}{gw} dev {ifname}", found.dst),
+    )
+}
+
+/// A route already gone counts as deleted.
+pub(crate) fn del_result(res: Result<(), DataplaneError>) -> Result<(), DataplaneError> {
+    match res {
+        Err(e) if matches!(e.errno(), Some(libc::ESRCH | libc::ENODEV)) => Ok(()),
+        other => other,
+    }
 }
 
 /// Deletes `route` through link `oif`; a route already gone counts as success.
@@ -123,34 +145,8 @@ pub(crate) async fn del(
     ifname: &str,
     route: &Route,
 ) -> Result<(), DataplaneError> {
-    del_message(
-        conn,
-        message(oif, route),
-        &format!("delete route {route} dev {ifname}"),
-    )
-    .await
-}
-
-/// Deletes a route as the kernel reported it.
-pub(crate) async fn del_found(
-    conn: &Conn,
-    found: &FoundRoute,
-    ifname: &str,
-) -> Result<(), DataplaneError> {
-    let gw = found.gw.map(|g| format!(" via {g}")).unwrap_or_default();
-    del_message(
-        conn,
-        found.msg.clone(),
-        &format!("delete route {}{gw} dev {ifname}", found.dst),
-    )
-    .await
-}
-
-async fn del_message(conn: &Conn, msg: RouteMessage, op: &str) -> Result<(), DataplaneError> {
-    match conn.ack(RouteNetlinkMessage::DelRoute(msg), 0, op).await {
-        Err(e) if matches!(e.errno(), Some(libc::ESRCH | libc::ENODEV)) => Ok(()),
-        other => other,
-    }
+    let req = del_req(oif, ifname, route);
+    del_result(conn.ack(req.msg, req.flags, &req.op).await)
 }
 
 fn addr(a: &RouteAddress) -> Option<IpAddr> {
@@ -161,54 +157,115 @@ fn addr(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// Lists the unicast routes of the main table, both families.
-pub(crate) async fn list_main(conn: &Conn) -> Result<Vec<FoundRoute>, DataplaneError> {
+/// Lists the unicast routes of the main table through link `oif` (both families). The
+/// kernel filters on table and output interface (strict checking on the socket): only our
+/// routes cross the socket, whatever the size of the table.
+pub(crate) async fn list_main_via(
+    conn: &Conn,
+    oif: u32,
+) -> Result<Vec<FoundRoute>, DataplaneError> {
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
+        req.header.table = RouteHeader::RT_TABLE_MAIN;
+        req.attributes.push(RouteAttribute::Oif(oif));
         let msgs = conn
             .dump(
                 RouteNetlinkMessage::GetRoute(req),
-                &format!("list {family:?} routes"),
+                &format!("list {family:?} routes of link {oif}"),
             )
             .await?;
-        for m in msgs {
-            let RouteNetlinkMessage::NewRoute(m) = m else {
-                continue;
-            };
-            let mut table = u32::from(m.header.table);
-            let mut dst = None;
-            let mut gw = None;
-            let mut oif = None;
-            for a in &m.attributes {
-                match a {
-                    RouteAttribute::Table(t) => table = *t,
-                    RouteAttribute::Destination(d) => dst = addr(d),
-                    RouteAttribute::Gateway(g) => gw = addr(g),
-                    RouteAttribute::Oif(o) => oif = Some(*o),
-                    _ => {}
-                }
-            }
-            if table != u32::from(RouteHeader::RT_TABLE_MAIN) || m.header.kind != RouteType::Unicast
-            {
-                continue;
-            }
-            let base = dst.unwrap_or(if m.header.address_family == AddressFamily::Inet6 {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-            });
-            let Ok(dst) = IpNetwork::new(base, m.header.destination_prefix_length) else {
-                continue;
-            };
-            out.push(FoundRoute {
-                dst,
-                gw,
-                oif,
-                msg: m,
-            });
-        }
+        out.extend(
+            msgs.into_iter()
+                .filter_map(parse_main)
+                .filter(|r| r.oif == Some(oif)),
+        );
     }
     Ok(out)
+}
+
+/// What the kernel's FIB holds for the host route `dst` (`ip route get <dst> fibmatch`):
+/// one lookup, independent of the size of the table; `Ok(None)` when nothing routes it.
+pub(crate) async fn fib_match(
+    conn: &Conn,
+    dst: IpNetwork,
+) -> Result<Option<FoundRoute>, DataplaneError> {
+    let mut req = RouteMessage::default();
+    req.header.address_family = if dst.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    req.header.destination_prefix_length = dst.prefix();
+    req.header.flags = RouteFlags::FibMatch;
+    req.attributes
+        .push(RouteAttribute::Destination(RouteAddress::from(dst.ip())));
+    match conn
+        .get(
+            RouteNetlinkMessage::GetRoute(req),
+            &format!("look up route to {dst}"),
+        )
+        .await
+    {
+        Ok(RouteNetlinkMessage::NewRoute(m)) => Ok(parse_any(m)),
+        Ok(other) => Err(DataplaneError::Protocol {
+            op: format!("look up route to {dst}"),
+            netns: conn.netns().to_owned(),
+            detail: format!("unexpected answer {other:?}"),
+        }),
+        Err(e)
+            if matches!(
+                e.errno(),
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ESRCH)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn parse_main(m: RouteNetlinkMessage) -> Option<FoundRoute> {
+    let RouteNetlinkMessage::NewRoute(m) = m else {
+        return None;
+    };
+    let table = m
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(m.header.table));
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) || m.header.kind != RouteType::Unicast {
+        return None;
+    }
+    parse_any(m)
+}
+
+fn parse_any(m: RouteMessage) -> Option<FoundRoute> {
+    let mut dst = None;
+    let mut gw = None;
+    let mut oif = None;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Destination(d) => dst = addr(d),
+            RouteAttribute::Gateway(g) => gw = addr(g),
+            RouteAttribute::Oif(o) => oif = Some(*o),
+            _ => {}
+        }
+    }
+    let base = dst.unwrap_or(if m.header.address_family == AddressFamily::Inet6 {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    });
+    let dst = IpNetwork::new(base, m.header.destination_prefix_length).ok()?;
+    Some(FoundRoute {
+        dst,
+        gw,
+        oif,
+        msg: m,
+    })
 }

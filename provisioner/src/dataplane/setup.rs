@@ -1,10 +1,12 @@
 //! Setup of one sandbox, with rollback in reverse order on any failure.
 
+use std::sync::atomic::Ordering;
+
 use ipnetwork::IpNetwork;
 
 use super::error::{DataplaneError, SetupStep};
 use super::link::{self, Link};
-use super::netlink::Conn;
+use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
 use super::plan::{Plan, plan};
 use super::route::Route;
@@ -51,6 +53,44 @@ struct Run<'a> {
 }
 
 type StepResult<T> = Result<T, (SetupStep, DataplaneError)>;
+
+/// `LOOPBACK_IFINDEX`: `lo` has index 1 in every netns.
+const LOOPBACK_IFINDEX: u32 = 1;
+
+/// One request of a pipelined batch, with its step and what undoes it.
+struct Op {
+    step: SetupStep,
+    req: Req,
+    undo: Option<Undo>,
+}
+
+fn step_pos(step: SetupStep) -> usize {
+    SetupStep::ALL
+        .iter()
+        .position(|s| *s == step)
+        .unwrap_or(usize::MAX)
+}
+
+/// Sends `ops` as one batch; for each, the undo to record (when it succeeded) or its error.
+async fn run_ops(
+    conn: &Conn,
+    ops: Vec<Op>,
+) -> Vec<(Option<Undo>, Option<(SetupStep, DataplaneError)>)> {
+    let mut meta = Vec::with_capacity(ops.len());
+    let mut reqs = Vec::with_capacity(ops.len());
+    for op in ops {
+        meta.push((op.step, op.undo));
+        reqs.push(op.req);
+    }
+    let results = conn.batch(reqs).await;
+    meta.into_iter()
+        .zip(results)
+        .map(|((step, undo), res)| match res {
+            Ok(()) => (undo, None),
+            Err(e) => (None, Some((step, e))),
+        })
+        .collect()
+}
 
 fn at<T>(step: SetupStep, r: Result<T, DataplaneError>) -> StepResult<T> {
     r.map_err(|e| (step, e))
@@ -106,102 +146,121 @@ impl Run<'_> {
         let ifname = self.spec.ifname.clone();
         let host_ifname = self.plan.host_ifname.clone();
 
-        // Sandbox netns and its socket.
+        // Sandbox netns and its socket (made by a pooled netns worker); the host socket is
+        // shared and made once.
         let ns = at(S::SandboxNetns, NetnsFile::open(&self.spec.netns))?;
-        let conn = at(S::SandboxNetns, Conn::open(&ns).await)?;
+        let (conn, host) = futures::join!(Conn::open(&ns), self.dp.host());
+        let conn = at(S::SandboxNetns, conn)?;
+        let host = at(S::SandboxNetns, host)?.clone();
         self.sandbox = Some((ns, conn.clone()));
-        let host = at(S::SandboxNetns, self.dp.host().await)?.clone();
         self.done(S::SandboxNetns)?;
 
-        // Neither name may exist; nothing is created yet.
-        if at(S::CheckNames, link::by_name(&conn, &ifname).await)?.is_some() {
-            return Err((S::CheckNames, exists(&ifname, conn.netns())));
-        }
-        if at(S::CheckNames, link::by_name(&host, &host_ifname).await)?.is_some() {
-            return Err((S::CheckNames, exists(&host_ifname, host.netns())));
-        }
+        // Neither name may exist: the kernel checks both atomically when it creates the pair
+        // (`NLM_F_EXCL`, EEXIST, nothing created), reported as a check-names failure.
         self.done(S::CheckNames)?;
 
         // The veth pair, sandbox end created in the sandbox netns under its final name.
         let (host_link, sbx_link) = self.create_veth(&host, &conn).await?;
         self.done(S::CreateVeth)?;
 
-        // Sysctls, from threads inside the right netns.
+        // Sysctls, from pooled workers inside the right netns (only what is not known set).
         self.sysctls(&host_ifname).await?;
         self.done(S::Sysctl)?;
 
-        for fam in self.plan.families.clone() {
-            at(
-                S::HostAddress,
-                address::add(
-                    &host,
-                    host_link.index,
-                    &host_ifname,
-                    fam.host_address,
-                    false,
-                )
-                .await,
-            )?;
-            self.undo.push(Undo::HostAddr {
-                index: host_link.index,
-                name: host_ifname.clone(),
-                net: fam.host_address,
+        // Everything else in two pipelined batches, one per socket, run at once: each batch is
+        // sent in one go and the kernel applies it in order (addresses, links up, routes).
+        let mut host_ops: Vec<Op> = Vec::new();
+        let mut sbx_ops: Vec<Op> = Vec::new();
+        for fam in &self.plan.families {
+            host_ops.push(Op {
+                step: S::HostAddress,
+                req: address::add_req(host_link.index, &host_ifname, fam.host_address, false),
+                undo: Some(Undo::HostAddr {
+                    index: host_link.index,
+                    name: host_ifname.clone(),
+                    net: fam.host_address,
+                }),
+            });
+            sbx_ops.push(Op {
+                step: S::SandboxAddress,
+                req: address::add_req(sbx_link.index, &ifname, fam.pod, true),
+                undo: Some(Undo::SandboxAddr {
+                    index: sbx_link.index,
+                    name: ifname.clone(),
+                    net: fam.pod,
+                }),
             });
         }
-        self.done(S::HostAddress)?;
-
-        for fam in self.plan.families.clone() {
-            at(
-                S::SandboxAddress,
-                address::add(&conn, sbx_link.index, &ifname, fam.pod, true).await,
-            )?;
-            self.undo.push(Undo::SandboxAddr {
-                index: sbx_link.index,
-                name: ifname.clone(),
-                net: fam.pod,
+        host_ops.push(Op {
+            step: S::LinkUp,
+            req: link::set_up_req(host_link.index, &host_ifname),
+            undo: None,
+        });
+        sbx_ops.push(Op {
+            step: S::LinkUp,
+            req: link::set_up_req(sbx_link.index, &ifname),
+            undo: None,
+        });
+        // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
+        sbx_ops.push(Op {
+            step: S::LinkUp,
+            req: link::set_up_req(LOOPBACK_IFINDEX, "lo"),
+            undo: None,
+        });
+        for fam in &self.plan.families {
+            host_ops.push(Op {
+                step: S::HostRoute,
+                req: route::add_req(host_link.index, &host_ifname, &fam.host_route),
+                undo: Some(Undo::HostRoute {
+                    index: host_link.index,
+                    name: host_ifname.clone(),
+                    route: fam.host_route.clone(),
+                }),
             });
         }
-        self.done(S::SandboxAddress)?;
-
-        at(
+        for r in &self.plan.sandbox_routes {
+            sbx_ops.push(Op {
+                step: S::SandboxRoutes,
+                req: route::add_req(sbx_link.index, &ifname, r),
+                undo: Some(Undo::SandboxRoute {
+                    index: sbx_link.index,
+                    name: ifname.clone(),
+                    route: r.clone(),
+                }),
+            });
+        }
+        // Fault injection: stop right after the requested step.
+        if let Some(stop) = self.fail_after {
+            let pos = step_pos(stop);
+            host_ops.retain(|o| step_pos(o.step) <= pos);
+            sbx_ops.retain(|o| step_pos(o.step) <= pos);
+        }
+        let (host_res, sbx_res) = futures::join!(run_ops(&host, host_ops), run_ops(&conn, sbx_ops));
+        let mut first_err: Option<(SetupStep, DataplaneError)> = None;
+        for (undo, err) in host_res.into_iter().chain(sbx_res) {
+            if let Some(u) = undo {
+                self.undo.push(u);
+            }
+            if let Some((step, e)) = err
+                && first_err
+                    .as_ref()
+                    .is_none_or(|(s, _)| step_pos(step) < step_pos(*s))
+            {
+                first_err = Some((step, e));
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        for step in [
+            S::HostAddress,
+            S::SandboxAddress,
             S::LinkUp,
-            link::set_up(&host, host_link.index, &host_ifname).await,
-        )?;
-        at(
-            S::LinkUp,
-            link::set_up(&conn, sbx_link.index, &ifname).await,
-        )?;
-        match at(S::LinkUp, link::by_name(&conn, "lo").await)? {
-            Some(lo) if !lo.up => at(S::LinkUp, link::set_up(&conn, lo.index, "lo").await)?,
-            _ => {}
+            S::HostRoute,
+            S::SandboxRoutes,
+        ] {
+            self.done(step)?;
         }
-        self.done(S::LinkUp)?;
-
-        for fam in self.plan.families.clone() {
-            at(
-                S::HostRoute,
-                route::add(&host, host_link.index, &host_ifname, &fam.host_route).await,
-            )?;
-            self.undo.push(Undo::HostRoute {
-                index: host_link.index,
-                name: host_ifname.clone(),
-                route: fam.host_route,
-            });
-        }
-        self.done(S::HostRoute)?;
-
-        for r in self.plan.sandbox_routes.clone() {
-            at(
-                S::SandboxRoutes,
-                route::add(&conn, sbx_link.index, &ifname, &r).await,
-            )?;
-            self.undo.push(Undo::SandboxRoute {
-                index: sbx_link.index,
-                name: ifname.clone(),
-                route: r,
-            });
-        }
-        self.done(S::SandboxRoutes)?;
 
         Ok(SetupOutcome {
             host_ifname,
@@ -228,10 +287,10 @@ impl Run<'_> {
             })?;
         if let Err(e) = link::create_veth(host, host_ifname, ifname, fd, self.spec.mtu).await {
             if e.errno() == Some(libc::EEXIST) {
-                // Someone created one of the names meanwhile: same error as the pre-check.
+                // One of the names exists: name it (nothing was created).
                 let host_exists = matches!(link::by_name(host, host_ifname).await, Ok(Some(_)));
                 return Err((
-                    S::CreateVeth,
+                    S::CheckNames,
                     if host_exists {
                         exists(host_ifname, host.netns())
                     } else {
@@ -241,7 +300,11 @@ impl Run<'_> {
             }
             return Err((S::CreateVeth, e));
         }
-        let host_link = match at(S::CreateVeth, link::by_name(host, host_ifname).await)? {
+        let (host_link, sbx_link) = futures::join!(
+            link::by_name(host, host_ifname),
+            link::by_name(conn, ifname)
+        );
+        let host_link = match at(S::CreateVeth, host_link)? {
             Some(l) => l,
             None => return Err((S::CreateVeth, missing_after_create(host_ifname, host))),
         };
@@ -249,7 +312,7 @@ impl Run<'_> {
             index: host_link.index,
             name: host_ifname.clone(),
         });
-        let sbx_link = match at(S::CreateVeth, link::by_name(conn, ifname).await)? {
+        let sbx_link = match at(S::CreateVeth, sbx_link)? {
             Some(l) => l,
             None => return Err((S::CreateVeth, missing_after_create(ifname, conn))),
         };
@@ -259,11 +322,16 @@ impl Run<'_> {
     async fn sysctls(&self, host_ifname: &str) -> StepResult<()> {
         let mut host_list = Vec::new();
         let mut sbx_list = Vec::new();
-        if self.plan.families.iter().any(|f| f.pod.is_ipv4()) {
+        let v4 = self.plan.families.iter().any(|f| f.pod.is_ipv4());
+        let need_v4 = v4 && !self.dp.forwarding_flag(false).load(Ordering::Acquire);
+        let need_v6 = self.plan.uses_v6 && !self.dp.forwarding_flag(true).load(Ordering::Acquire);
+        if need_v4 {
             host_list.push(Sysctl::new("net.ipv4.ip_forward", "1"));
         }
         if self.plan.uses_v6 {
-            host_list.push(Sysctl::new("net.ipv6.conf.all.forwarding", "1"));
+            if need_v6 {
+                host_list.push(Sysctl::new("net.ipv6.conf.all.forwarding", "1"));
+            }
             host_list.push(Sysctl::new(iface_key(host_ifname, "accept_ra"), "0"));
             // No DAD on either end: nothing (not even the link-local address) stays tentative.
             host_list.push(Sysctl::new(iface_key(host_ifname, "accept_dad"), "0"));
@@ -279,7 +347,17 @@ impl Run<'_> {
             sysctl::apply_in(self.dp.host_ns(), host_list),
             sysctl::apply_in(sbx_ns, sbx_list)
         );
-        at(SetupStep::Sysctl, h.and(s))
+        at(SetupStep::Sysctl, h.and(s))?;
+        // Forwarding stays on: later setups skip it (the daemon owns the node's forwarding).
+        if need_v4 {
+            self.dp
+                .forwarding_flag(false)
+                .store(true, Ordering::Release);
+        }
+        if need_v6 {
+            self.dp.forwarding_flag(true).store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Undoes everything in reverse; returns the errors met (and goes on after each).

@@ -1,14 +1,26 @@
 //! Teardown of one sandbox: idempotent, keeps going, reports every error at the end.
+//!
+//! The host veth is not deleted here (the kernel needs ~24 ms of RCU grace periods for that):
+//! it is *retired*. Every route and address through it is withdrawn, its sandbox end is set
+//! down and renamed, the host end is set down, renamed `pvx<index>` and moved to the graveyard
+//! group, all from the host socket in one batch of requests; then the reaper deletes it in the
+//! background. When teardown returns, nothing in the host netns routes the pod's addresses any
+//! more, so the caller may release them; and the deterministic names are free for a re-ADD.
 
+use std::fs::File;
 use std::path::Path;
 
 use super::error::DataplaneError;
 use super::link::{self, Link};
-use super::naming::host_ifname;
-use super::netlink::Conn;
+use super::naming::{GRAVEYARD_GROUP, graveyard_ifname, host_ifname};
+use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
+use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
 use super::{Dataplane, address, route};
+
+/// `NSFS_MAGIC`: the filesystem of netns files (`/run/netns/x`, `/proc/<pid>/ns/net`).
+const NSFS_MAGIC: i64 = 0x6e73_6673;
 
 pub(crate) async fn run(
     dp: &Dataplane,
@@ -17,54 +29,36 @@ pub(crate) async fn run(
     netns: Option<&Path>,
 ) -> Result<TeardownOutcome, DataplaneError> {
     let mut errors = Vec::new();
-    let mut out = TeardownOutcome::default();
+    let mut out = TeardownOutcome {
+        sandbox_netns_gone: netns.is_none_or(|p| !is_netns(p)),
+        ..TeardownOutcome::default()
+    };
     let host_name = host_ifname(container_id, ifname);
 
-    let host = match dp.host().await {
-        Ok(h) => Some(h.clone()),
-        Err(e) => {
-            errors.push(e);
-            None
-        }
-    };
-    let host_link = match &host {
-        Some(h) => match link::by_name(h, &host_name).await {
-            Ok(l) => l,
-            Err(e) => {
-                errors.push(e);
-                None
-            }
-        },
-        None => None,
-    };
-
-    // Sandbox side: withdraw routes and addresses of our interface, if the netns still exists
-    // and the interface there is the peer of our host veth (never touch a foreign interface).
-    match open_sandbox(netns).await {
-        Ok(None) => out.sandbox_netns_gone = true,
-        Ok(Some(conn)) => {
-            if let Some(host_link) = &host_link {
-                match link::by_name(&conn, ifname).await {
-                    Ok(Some(l)) if l.peer_index == Some(host_link.index) => {
-                        withdraw(&conn, &l, &mut errors).await;
-                        out.sandbox_cleaned = true;
+    match dp.host().await {
+        Ok(host) => match link::by_name(host, &host_name).await {
+            Ok(Some(l)) => {
+                // Both ends at once, each on the socket of its netns.
+                let sandbox = async {
+                    match netns {
+                        Some(path) if !out.sandbox_netns_gone => {
+                            withdraw_sandbox(path, ifname, l.index).await
+                        }
+                        _ => (false, Vec::new()),
                     }
-                    Ok(_) => {}
-                    Err(e) => errors.push(e),
-                }
+                };
+                let mut host_errors = Vec::new();
+                let (host_ok, (cleaned, sbx_errors)) =
+                    futures::join!(retire(dp, host, &l, &mut host_errors), sandbox);
+                out.host_link_deleted = host_ok;
+                out.sandbox_cleaned = cleaned;
+                errors.extend(sbx_errors);
+                errors.extend(host_errors);
             }
-        }
-        Err(e) => errors.push(e),
-    }
-
-    // Host side: withdraw the host route and gateway address synchronously, then delete the
-    // veth (that removes both ends).
-    if let (Some(h), Some(l)) = (&host, &host_link) {
-        withdraw(h, l, &mut errors).await;
-        match link::delete(h, l.index, &host_name).await {
-            Ok(()) => out.host_link_deleted = true,
+            Ok(None) => {}
             Err(e) => errors.push(e),
-        }
+        },
+        Err(e) => errors.push(e),
     }
 
     if errors.is_empty() {
@@ -77,47 +71,166 @@ pub(crate) async fn run(
     }
 }
 
-/// Opens the sandbox netns; `Ok(None)` when it was not given, is gone or is not a netns.
-async fn open_sandbox(netns: Option<&Path>) -> Result<Option<Conn>, DataplaneError> {
-    let Some(path) = netns else { return Ok(None) };
-    let ns = match NetnsFile::open(path) {
-        Ok(ns) => ns,
-        Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    match Conn::open(&ns).await {
-        Ok(c) => Ok(Some(c)),
-        // setns(2) on something that is not a netns (e.g. the bind mount was removed and
-        // the path is now a plain file).
-        Err(e) if e.errno() == Some(libc::EINVAL) => Ok(None),
-        Err(e) => Err(e),
-    }
+/// Is `path` an existing netns (and not, e.g., a plain file left where a bind mount was)?
+#[cfg_attr(
+    target_pointer_width = "64",
+    expect(
+        clippy::useless_conversion,
+        reason = "f_type is i64 here but narrower on other targets"
+    )
+)]
+fn is_netns(path: &Path) -> bool {
+    File::open(path)
+        .ok()
+        .and_then(|f| nix::sys::statfs::fstatfs(&f).ok())
+        .is_some_and(|st| i64::from(st.filesystem_type().0) == NSFS_MAGIC)
 }
 
-/// Deletes every main-table route through `l` and every non-link-local address of `l`.
-async fn withdraw(conn: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) {
-    match route::list_main(conn).await {
-        Ok(routes) => {
-            // Routes via a gateway first, the on-link routes they depend on last.
-            let (mut mine, _): (Vec<_>, Vec<_>) =
-                routes.into_iter().partition(|r| r.oif == Some(l.index));
-            mine.sort_by_key(|r| r.gw.is_none());
-            for r in &mine {
-                if let Err(e) = route::del_found(conn, r, &l.name).await {
-                    errors.push(e);
+/// The sandbox end of our veth (named `ifname` in the netns at `path`, peer of host link
+/// `host_index`; a foreign interface is left alone): addresses deleted (the last IPv4 one takes
+/// the IPv4 routes through it along), set down (IPv6 routes and addresses go) and renamed
+/// `pvx<index>` so that `ifname` is free for a new setup at once. Returns whether it was
+/// cleaned, and the errors met.
+async fn withdraw_sandbox(
+    path: &Path,
+    ifname: &str,
+    host_index: u32,
+) -> (bool, Vec<DataplaneError>) {
+    let mut errors = Vec::new();
+    let ns = match NetnsFile::open(path) {
+        Ok(ns) => ns,
+        Err(e) if e.errno() == Some(libc::ENOENT) => return (false, errors),
+        Err(e) => return (false, vec![e]),
+    };
+    let conn = match Conn::open(&ns).await {
+        Ok(c) => c,
+        // Not a netns (any more): nothing to clean there.
+        Err(e) if e.errno() == Some(libc::EINVAL) => return (false, errors),
+        Err(e) => return (false, vec![e]),
+    };
+    let l = match link::by_name(&conn, ifname).await {
+        Ok(Some(l)) if l.peer_index == Some(host_index) => l,
+        Ok(_) => return (false, errors),
+        Err(e) => return (false, vec![e]),
+    };
+    let addrs = match address::list(&conn, l.index, &l.name).await {
+        Ok(a) => a,
+        Err(e) => return (false, vec![e]),
+    };
+    let mut reqs: Vec<(Kind, Req)> = addrs
+        .iter()
+        .filter(|a| !a.link_local)
+        .map(|a| (Kind::Addr, address::del_req(l.index, &l.name, a.net)))
+        .collect();
+    reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
+    reqs.push((
+        Kind::Link,
+        link::rename_req(l.index, &l.name, &graveyard_ifname(l.index), None),
+    ));
+    let mut ok = true;
+    for res in run_reqs(&conn, reqs).await {
+        // The pair may be deleted meanwhile (netns going away, or the reaper): that is clean.
+        match res {
+            Err(e) if e.errno() == Some(libc::ENODEV) => {}
+            Err(e) => {
+                ok = false;
+                errors.push(e);
+            }
+            Ok(()) => {}
+        }
+    }
+    (ok, errors)
+}
+
+/// Sends `reqs` as one batch; results with "already gone" mapped to success per kind.
+async fn run_reqs(conn: &Conn, reqs: Vec<(Kind, Req)>) -> Vec<Result<(), DataplaneError>> {
+    let (kinds, reqs): (Vec<_>, Vec<_>) = reqs.into_iter().unzip();
+    let results = conn.batch(reqs).await;
+    kinds
+        .into_iter()
+        .zip(results)
+        .map(|(kind, res)| match kind {
+            Kind::Route => route::del_result(res),
+            Kind::Addr => address::del_result(res),
+            Kind::Link => res,
+        })
+        .collect()
+}
+
+/// Withdraws everything that routes through the host link `l` (its routes and addresses, then
+/// down, renamed `pvx<index>` and moved to the graveyard group) and hands it to the reaper.
+/// Returns whether it was handed over.
+pub(crate) async fn retire(
+    dp: &Dataplane,
+    host: &Conn,
+    l: &Link,
+    errors: &mut Vec<DataplaneError>,
+) -> bool {
+    let already_retired = l.name.starts_with(super::naming::GRAVEYARD_IFNAME_PREFIX);
+
+    // What routes through the link: only its own routes and addresses cross the socket.
+    let routes = match route::list_main_via(host, l.index).await {
+        Ok(r) => r,
+        Err(e) => {
+            errors.push(e);
+            return false;
+        }
+    };
+    let addrs = match address::list(host, l.index, &l.name).await {
+        Ok(a) => a,
+        Err(e) => {
+            errors.push(e);
+            return false;
+        }
+    };
+
+    // One batch, in order: routes (via a gateway first, then the on-link ones they depend on),
+    // addresses (v6 link-local ones die with the link going down), then the link down, renamed
+    // and moved to the graveyard group.
+    let mut reqs: Vec<(Kind, Req)> = Vec::new();
+    let mut mine = routes;
+    mine.sort_by_key(|r| r.gw.is_none());
+    for r in &mine {
+        reqs.push((Kind::Route, route::del_found_req(r, &l.name)));
+    }
+    for a in addrs.iter().filter(|a| !a.link_local) {
+        reqs.push((Kind::Addr, address::del_req(l.index, &l.name, a.net)));
+    }
+    let grave = if already_retired {
+        l.name.clone()
+    } else {
+        graveyard_ifname(l.index)
+    };
+    reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
+    reqs.push((
+        Kind::Link,
+        link::rename_req(l.index, &l.name, &grave, Some(GRAVEYARD_GROUP)),
+    ));
+    let mut host_ok = true;
+    let mut gone = false;
+    let n = reqs.len();
+    for (i, res) in run_reqs(host, reqs).await.into_iter().enumerate() {
+        if let Err(e) = res {
+            if i + 2 >= n {
+                host_ok = false;
+                // Deleted meanwhile (e.g. its sandbox netns went away): nothing left to do.
+                gone |= e.errno() == Some(libc::ENODEV);
+                if gone {
+                    continue;
                 }
             }
+            errors.push(e);
         }
-        Err(e) => errors.push(e),
     }
-    match address::list(conn, l.index, &l.name).await {
-        Ok(addrs) => {
-            for a in addrs.iter().filter(|a| !a.link_local) {
-                if let Err(e) = address::del(conn, l.index, &l.name, a.net).await {
-                    errors.push(e);
-                }
-            }
-        }
-        Err(e) => errors.push(e),
+    if host_ok {
+        dp.reaper().queue(Doomed { name: grave });
     }
+    host_ok
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Route,
+    Addr,
+    Link,
 }

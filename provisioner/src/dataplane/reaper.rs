@@ -1,0 +1,214 @@
+//! The background reaper: deletes retired host links off the DEL path.
+//!
+//! Deleting a veth costs the kernel ~24 ms of RCU grace periods, spent inside the `sendmsg` of
+//! the RTM_DELLINK. Teardown therefore only *retires* the host veth (withdraws every address and
+//! route through it, sets it down, renames it `pvx<index>` and moves it to
+//! [`GRAVEYARD_GROUP`](super::naming::GRAVEYARD_GROUP)) and queues it here. The reaper runs on a
+//! thread of its own (the blocking kernel call never stalls a tokio worker nor the shared host
+//! socket) with its own socket in the host netns, and deletes the whole group with one request
+//! per batch: the grace periods are paid once for every link retired meanwhile.
+//!
+//! Errors are logged and the links retried later; on start the reaper sweeps the group once
+//! (links retired by a previous run that crashed before deleting them).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+
+use super::error::DataplaneError;
+use super::link;
+use super::naming::GRAVEYARD_GROUP;
+use super::netlink::Conn;
+use super::netns::NetnsFile;
+
+/// Pause before retrying links whose deletion failed.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// A retired host link waiting for deletion.
+#[derive(Debug, Clone)]
+pub(crate) struct Doomed {
+    /// Its graveyard name (unique while it lives; used by the per-link fallback).
+    pub name: String,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Links queued and not yet confirmed gone (+1 for the start-up sweep while it runs).
+    pending: AtomicUsize,
+    /// Batches that left links behind (each one wakes `flush` waiters).
+    failed_rounds: AtomicU64,
+    changed: Notify,
+}
+
+impl Shared {
+    fn done(&self, n: usize) {
+        if n > 0 {
+            self.pending.fetch_sub(n, Ordering::AcqRel);
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+/// Handle on the reaper thread; dropping it lets the thread finish its queue and exit.
+#[derive(Debug)]
+pub(crate) struct Reaper {
+    tx: mpsc::UnboundedSender<Doomed>,
+    shared: Arc<Shared>,
+}
+
+impl Reaper {
+    /// Starts the reaper thread; it enters `host_ns` and opens its own socket there.
+    pub(crate) fn start(host_ns: &NetnsFile) -> Result<Self, DataplaneError> {
+        let label = host_ns.label().to_owned();
+        let ns = host_ns.try_clone()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::default());
+        // The start-up sweep counts as pending work until it ran.
+        shared.pending.store(1, Ordering::Release);
+        let thread_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("netlink-reaper".to_owned())
+            .spawn(move || run_thread(&ns, rx, &thread_shared))
+            .map_err(|source| DataplaneError::Socket {
+                netns: label,
+                source: std::io::Error::other(format!("spawn the link reaper thread: {source}")),
+            })?;
+        Ok(Self { tx, shared })
+    }
+
+    /// Queues a retired link for deletion.
+    pub(crate) fn queue(&self, doomed: Doomed) {
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(doomed).is_err() {
+            // The thread is gone (it could not start): nothing will delete the link now; the
+            // start-up sweep of the next run, or reconciliation, will.
+            tracing::error!("link reaper not running: retired link left for the next sweep");
+            self.shared.done(1);
+        }
+    }
+
+    /// Waits until every queued link is deleted; returns early (with the number left) when a
+    /// deletion round fails meanwhile, so that a shutdown never hangs on a kernel refusal.
+    pub(crate) async fn flush(&self) -> usize {
+        let failed_at_start = self.shared.failed_rounds.load(Ordering::Acquire);
+        loop {
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let pending = self.shared.pending.load(Ordering::Acquire);
+            if pending == 0 {
+                return 0;
+            }
+            if self.shared.failed_rounds.load(Ordering::Acquire) != failed_at_start {
+                return pending;
+            }
+            changed.await;
+        }
+    }
+}
+
+fn run_thread(ns: &NetnsFile, rx: mpsc::UnboundedReceiver<Doomed>, shared: &Arc<Shared>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "link reaper: no runtime; retired links stay until the next sweep");
+            fail_all(rx, shared);
+            return;
+        }
+    };
+    let conn = ns
+        .enter_current_thread()
+        .and_then(|()| {
+            netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE).map_err(|source| {
+                DataplaneError::Socket {
+                    netns: ns.label().to_owned(),
+                    source,
+                }
+            })
+        })
+        .and_then(|socket| runtime.block_on(async { Conn::from_socket(socket, ns.label()) }));
+    match conn {
+        Ok(conn) => runtime.block_on(reap(&conn, rx, shared)),
+        Err(e) => {
+            tracing::error!(error = %e, "link reaper: no socket in the host netns; retired links stay until the next sweep");
+            fail_all(rx, shared);
+        }
+    }
+}
+
+/// Without a socket: account every queued link as handled (so `flush` never hangs) and log.
+fn fail_all(mut rx: mpsc::UnboundedReceiver<Doomed>, shared: &Shared) {
+    shared.failed_rounds.fetch_add(1, Ordering::AcqRel);
+    shared.done(1);
+    while let Some(d) = rx.blocking_recv() {
+        tracing::error!(link = %d.name, "link reaper not running: link left for the next sweep");
+        shared.failed_rounds.fetch_add(1, Ordering::AcqRel);
+        shared.done(1);
+    }
+}
+
+async fn reap(conn: &Conn, mut rx: mpsc::UnboundedReceiver<Doomed>, shared: &Shared) {
+    // Start-up sweep: links retired by an earlier run that did not live to delete them.
+    match link::delete_group(conn, GRAVEYARD_GROUP).await {
+        Ok(true) => {
+            tracing::info!(netns = %conn.netns(), "link reaper: deleted retired links left by an earlier run")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "link reaper: start-up sweep failed"),
+    }
+    shared.done(1);
+
+    let mut retry: Vec<Doomed> = Vec::new();
+    loop {
+        let mut batch = std::mem::take(&mut retry);
+        if batch.is_empty() {
+            match rx.recv().await {
+                Some(d) => batch.push(d),
+                None => return,
+            }
+        } else {
+            // Failed links wait a little; new arrivals join them.
+            match tokio::time::timeout(RETRY_AFTER, rx.recv()).await {
+                Ok(Some(d)) => batch.push(d),
+                Ok(None) if batch.is_empty() => return,
+                Ok(None) | Err(_) => {}
+            }
+        }
+        while let Ok(d) = rx.try_recv() {
+            batch.push(d);
+        }
+        let n = batch.len();
+        retry = delete_batch(conn, batch).await;
+        if !retry.is_empty() {
+            shared.failed_rounds.fetch_add(1, Ordering::AcqRel);
+        }
+        shared.done(n - retry.len());
+        if retry.is_empty() && rx.is_closed() && rx.is_empty() {
+            return;
+        }
+    }
+}
+
+/// Deletes a batch; returns the links that are still there.
+async fn delete_batch(conn: &Conn, batch: Vec<Doomed>) -> Vec<Doomed> {
+    // One request for the whole group (every link retired so far, these included).
+    match link::delete_group(conn, GRAVEYARD_GROUP).await {
+        Ok(_) => return Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, links = batch.len(), "link reaper: group delete failed; deleting one by one");
+        }
+    }
+    let mut left = Vec::new();
+    for d in batch {
+        if let Err(e) = link::delete_by_name(conn, &d.name).await {
+            tracing::warn!(error = %e, link = %d.name, "link reaper: delete failed; will retry");
+            left.push(d);
+        }
+    }
+    left
+}
