@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use crate::dataplane::{host_ifname, is_host_ifname};
+use crate::dataplane::{host_ifname, is_graveyard_ifname, is_host_ifname};
 use crate::ipam::OpenReport;
 use crate::sandbox::{SandboxRef, SandboxService};
 
@@ -48,7 +48,7 @@ pub async fn with_kernel(service: &SandboxService) -> Result<(), String> {
     }
     for link in links
         .iter()
-        .filter(|l| is_host_ifname(l) && !expected.contains(*l))
+        .filter(|l| (is_host_ifname(l) && !expected.contains(*l)) || is_graveyard_ifname(l))
     {
         tracing::warn!(host_link = %link, "host veth without allocation: deleting");
         if let Err(err) = service.dataplane().delete_host_link(link).await {

@@ -144,6 +144,13 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     );
     drop(listener);
     while in_flight.join_next().await.is_some() {}
+    let left = state.dataplane.flush_deletions().await;
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "retired links not deleted yet; the next start removes them"
+        );
+    }
     follower.abort();
     if let Some(server) = metrics_server {
         server.abort();
