@@ -27,6 +27,12 @@ type ActiveGuard = OwnedRwLockReadGuard<Option<Active>, Active>;
 
 /// Largest request line accepted.
 const MAX_REQUEST: usize = 1 << 20;
+/// A client must send its request line within this time.
+const REQUEST_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Retry interval for an allocation store that failed to open.
+const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest wait for operations in flight at shutdown.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub struct DaemonOptions {
     pub socket: PathBuf,
@@ -92,7 +98,16 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     let follower = tokio::spawn({
         let state = Arc::clone(&state);
         async move {
-            while config_rx.changed().await.is_ok() {
+            loop {
+                tokio::select! {
+                    changed = config_rx.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
+                    // A store that failed to open is retried until it opens.
+                    () = tokio::time::sleep(STORE_RETRY), if state.store_failed() => {}
+                }
                 let next = config_rx.borrow_and_update().clone();
                 state.apply_config(next).await;
             }
@@ -143,7 +158,17 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         "shutting down: finishing operations in flight"
     );
     drop(listener);
-    while in_flight.join_next().await.is_some() {}
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while in_flight.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::error!(
+            left = in_flight.len(),
+            "operations still running after {DRAIN_TIMEOUT:?}: stopping anyway"
+        );
+        in_flight.abort_all();
+    }
     let left = state.dataplane.flush_deletions().await;
     if left > 0 {
         tracing::warn!(
@@ -191,7 +216,14 @@ async fn serve(state: &DaemonState, stream: UnixStream) {
         Ok((true, _)) => {
             let mut line = Vec::new();
             let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
-            match reader.read_until(b'\n', &mut line).await {
+            let read =
+                tokio::time::timeout(REQUEST_READ_TIMEOUT, reader.read_until(b'\n', &mut line));
+            match read.await.unwrap_or_else(|_| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no request line within 10 s",
+                ))
+            }) {
                 Ok(_) => match serde_json::from_slice::<Request>(&line) {
                     Ok(request) => handle(state, request).await,
                     Err(err) => CniError::decode(format!("undecodable request: {err}")).into(),
@@ -326,7 +358,12 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
     };
     let service = &active.service;
     if let Some(mismatch) = claim_mismatch(service.network(), req.network.as_ref()) {
-        return mismatch;
+        // DEL is keyed by (container id, ifname) alone: a runtime tearing down with the config
+        // cached at ADD time (before a PodCIDR change) must still get its sandbox removed.
+        if !matches!(op, Op::Del) {
+            return mismatch;
+        }
+        tracing::warn!(container = %req.container_id, "DEL with a network config that differs from the loaded one: served anyway");
     }
     let sandbox = SandboxRef {
         container_id: req.container_id.clone(),

@@ -71,6 +71,11 @@ impl DaemonState {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether the last attempt to open the allocation store failed.
+    pub fn store_failed(&self) -> bool {
+        self.applied().store_error.is_some()
+    }
+
     /// The network in force for one request; `None` inside when not ready.
     pub async fn active(&self) -> ActiveGuard {
         Arc::clone(&self.active).read_owned().await
@@ -93,7 +98,6 @@ impl DaemonState {
             Ok(network) => network,
             Err(err) => {
                 tracing::error!(file = %loaded.file.display(), error = %err, "network config rejected; keeping the previous one");
-                self.applied().store_error = None;
                 return;
             }
         };
@@ -126,6 +130,7 @@ impl DaemonState {
                     Err(err) => {
                         tracing::error!(error = %err, "cannot open the allocation store");
                         self.applied().store_error = Some(err.to_string());
+                        self.metrics.ready.set(0);
                         return;
                     }
                 }

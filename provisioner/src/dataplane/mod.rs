@@ -184,6 +184,23 @@ impl Dataplane {
         Ok(links.into_iter().map(|l| l.name).collect())
     }
 
+    /// The global (not link-local) addresses on host link `name`; empty when it is absent.
+    pub async fn host_link_addresses(
+        &self,
+        name: &str,
+    ) -> Result<Vec<ipnetwork::IpNetwork>, DataplaneError> {
+        let conn = self.host().await?;
+        let Some(found) = link::by_name(conn, name).await? else {
+            return Ok(Vec::new());
+        };
+        let addresses = address::list(conn, found.index, name).await?;
+        Ok(addresses
+            .into_iter()
+            .filter(|a| !a.link_local)
+            .map(|a| a.net)
+            .collect())
+    }
+
     /// Deletes the host link `name` (and with a veth its peer); absent is fine. The link is
     /// retired at once (nothing routes through it when this returns) and deleted by the
     /// background reaper, like in [`Self::teardown`]. Graveyard links (`pvx*`) are accepted.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::dataplane::{
-    Dataplane, PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome,
+    Dataplane, DataplaneError, PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator};
 
@@ -113,7 +113,13 @@ impl SandboxService {
         let setup = match self.dataplane.setup(&spec).await {
             Ok(setup) => setup,
             Err(source) => {
-                if !existed {
+                // A rollback that left something behind may leave the address routed: keep
+                // the allocation so it is not handed out again; DEL or reconciliation frees it.
+                let clean_rollback = !matches!(
+                    &source,
+                    DataplaneError::Setup { rollback_errors, .. } if !rollback_errors.is_empty()
+                );
+                if !existed && clean_rollback {
                     self.release_after_failure(&key, &label).await;
                 }
                 return Err(SandboxError::Dataplane {
