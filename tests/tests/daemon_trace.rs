@@ -65,6 +65,14 @@ fn daemon_adds_are_networked_and_confirmed() -> Result<()> {
         serde_json::to_vec(&config)?,
     )?;
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    // The tracer loads in the background: ADDs made before it is attached cannot be confirmed.
+    let loading = Instant::now();
+    while !sandboxes(&daemon)?["tracing_unavailable"].is_null() {
+        if loading.elapsed() > Duration::from_secs(10) {
+            bail!("kernel tracing did not start: {}", sandboxes(&daemon)?);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let pods: Vec<Netns> = (0..N).map(|_| Netns::new("trp")).collect::<Result<_>>()?;
     let started = Instant::now();
     for (i, pod) in pods.iter().enumerate() {

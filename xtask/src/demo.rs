@@ -87,6 +87,7 @@ pub fn run() -> Result<()> {
     );
     cli(&bin, &["status", "--socket"], &daemon.socket)?;
 
+    wait_tracing(&daemon)?;
     let conflist = render(&bin, &mut daemon, tmp.path())?;
 
     let env = DemoEnv {
@@ -174,6 +175,32 @@ fn tracing_part(env: &DemoEnv) -> Result<()> {
     }
     cli(&env.bin, &["sandboxes", "--socket"], &env.daemon.socket)?;
     Ok(())
+}
+
+/// Waits (bounded) until the daemon's kernel watch is attached, so the ADDs below are traced.
+fn wait_tracing(daemon: &Daemon) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let answer = daemon.request(&serde_json::json!({ "op": "sandboxes" }))?;
+        match answer["result"]["tracing_unavailable"].as_str() {
+            None => {
+                detail(&format!(
+                    "kernel tracing attached ({} ms after the socket opened)",
+                    started.elapsed().as_millis()
+                ));
+                return Ok(());
+            }
+            Some(reason) if reason != "kernel tracing is starting" => {
+                detail(&format!("kernel tracing unavailable: {reason}"));
+                return Ok(());
+            }
+            Some(_) if started.elapsed() > Duration::from_secs(10) => {
+                detail("kernel tracing still starting after 10 s; going on");
+                return Ok(());
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 /// Writes the template, renders it into the conf dir, waits for ready; the rendered conflist.

@@ -22,6 +22,18 @@ use crate::trace::{
 /// Verdicts kept for `provisioner sandboxes` (oldest dropped first).
 const KEPT_VERDICTS: usize = 4096;
 
+/// `tracing_unavailable` while the programs load.
+pub const STARTING: &str = "kernel tracing is starting";
+
+/// Parsing the kernel's BTF allocates tens of MiB that the allocator keeps after it is freed;
+/// hand it back so the daemon's resident size reflects what it uses.
+fn release_freed_memory() {
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// What the daemon asks of the watch.
 enum Command {
     Added {
@@ -121,18 +133,32 @@ impl KernelWatch {
     /// Starts the tracer on the current runtime; never fails (see [`SandboxesAnswer`]).
     pub fn start(deadline: Duration, rules: SandboxRules) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        match KernelTracer::start(65_536) {
-            Ok((tracer, events)) => {
-                tracing::info!(?deadline, "kernel tracing of sandbox network setup started");
-                let correlator = Correlator::new(CorrelatorConfig { deadline, rules });
-                tokio::spawn(run(tracer, events, rx, correlator, Arc::clone(&shared)));
+        let shared = Arc::new(Mutex::new(Shared {
+            unavailable: Some(STARTING.to_owned()),
+            ..Shared::default()
+        }));
+        // Loading takes a few hundred ms (BTF parsing, verification): readiness does not wait.
+        tokio::spawn({
+            let shared = Arc::clone(&shared);
+            async move {
+                match KernelTracer::start(65_536) {
+                    Ok((tracer, events)) => {
+                        release_freed_memory();
+                        tracing::info!(
+                            ?deadline,
+                            "kernel tracing of sandbox network setup started"
+                        );
+                        lock(&shared).unavailable = None;
+                        let correlator = Correlator::new(CorrelatorConfig { deadline, rules });
+                        run(tracer, events, rx, correlator, shared).await;
+                    }
+                    Err(err) => {
+                        tracing::error!(error = %err, "kernel tracing unavailable; provisioning continues without it");
+                        lock(&shared).unavailable = Some(err.to_string());
+                    }
+                }
             }
-            Err(err) => {
-                tracing::error!(error = %err, "kernel tracing unavailable; provisioning continues without it");
-                lock(&shared).unavailable = Some(err.to_string());
-            }
-        }
+        });
         Self { commands, shared }
     }
 
