@@ -36,6 +36,11 @@ const BTF_TRACEPOINTS: &[(&str, &str)] = &[
     ("sock_recv_length", "sock_recv_length"),
 ];
 
+/// Size of the kernel-to-user ring buffer. Its pages become resident in the daemon as they are
+/// read, so it is the largest part of the daemon's memory; 4 MiB holds ~10k netlink records
+/// (a burst of hundreds of sandbox setups) and overflow is counted, never silent.
+const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
+
 /// Events that did not reach userspace or could not be decoded, per record kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LossCounters {
@@ -74,6 +79,7 @@ impl KernelTracer {
         for (global, value) in &offsets.values {
             loader.override_global(global, value, true);
         }
+        loader.map_max_entries("EVENTS", EVENTS_BYTES);
         let mut ebpf = loader.load(EBPF_OBJECT)?;
         for (program, category, name) in TRACEPOINTS {
             let prog: &mut TracePoint = program_mut(&mut ebpf, program)?;
