@@ -173,23 +173,17 @@ pub(crate) async fn delete_group(conn: &Conn, group: u32) -> Result<bool, Datapl
 pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
-    match conn
-        .ack(
-            RouteNetlinkMessage::DelLink(msg),
-            0,
-            &format!("delete link {name}"),
-        )
-        .await
-    {
-        Err(e) if e.errno() == Some(ENODEV) => Ok(()),
-        other => other,
-    }
+    delete_link(conn, msg, name).await
 }
 
 /// Deletes the link named `name`; a link already gone counts as success.
 pub(crate) async fn delete_by_name(conn: &Conn, name: &str) -> Result<(), DataplaneError> {
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    delete_link(conn, msg, name).await
+}
+
+async fn delete_link(conn: &Conn, msg: LinkMessage, name: &str) -> Result<(), DataplaneError> {
     match conn
         .ack(
             RouteNetlinkMessage::DelLink(msg),
