@@ -307,6 +307,23 @@ fn version_status_and_error_codes() -> Result<()> {
     )?;
     assert_eq!(mismatch.error_code(), Some(103), "{mismatch:?}");
     assert!(list(&daemon)?.is_empty());
+    // DEL with a stale config (e.g. cached before a PodCIDR change) still removes the sandbox.
+    assert_eq!(
+        run_plugin("ADD", "c-stale", Some(pod.path()), "eth0", &stdin)?.code,
+        0
+    );
+    let stale_del = run_plugin(
+        "DEL",
+        "c-stale",
+        Some(pod.path()),
+        "eth0",
+        &stdin_for(&other, "1.1.0"),
+    )?;
+    assert_eq!(stale_del.code, 0, "{stale_del:?}");
+    assert!(
+        list(&daemon)?.is_empty(),
+        "stale-config DEL left an allocation"
+    );
     // The interface already exists in the sandbox: 102, existing interface untouched.
     pod.ip(&[
         "link", "add", "eth0", "type", "veth", "peer", "name", "other0",

@@ -236,6 +236,7 @@ async fn run(
                         Ok(id) => {
                             if let Some(old) = intents.remove(&key) {
                                 correlator.remove_intent(old);
+                                containers.remove(&old);
                             }
                             let intent = Intent { netns_cookie: id.cookie, ifname, addresses, routes };
                             let (intent_id, reports) = correlator.register_intent(intent, SystemTime::now());

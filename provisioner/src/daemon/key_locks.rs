@@ -34,6 +34,23 @@ impl KeyLocks {
         }
     }
 
+    /// The key's lock if nobody holds or waits for it; `None` while an operation is in flight.
+    pub fn try_lock(&self, container_id: &str, ifname: &str) -> Option<KeyGuard<'_>> {
+        let key = (container_id.to_owned(), ifname.to_owned());
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(locks.entry(key.clone()).or_default())
+        };
+        let guard = lock.try_lock_owned().ok();
+        // Dropping a guard-less KeyGuard removes the map entry again when it is unused.
+        let key_guard = KeyGuard {
+            owner: self,
+            key,
+            guard,
+        };
+        key_guard.guard.is_some().then_some(key_guard)
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.locks
@@ -88,6 +105,17 @@ mod tests {
         for task in tasks {
             task.await.expect("task");
         }
+        assert_eq!(locks.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn try_lock_fails_only_while_held() {
+        let locks = KeyLocks::default();
+        let held = locks.lock("c1", "eth0").await;
+        assert!(locks.try_lock("c1", "eth0").is_none());
+        assert!(locks.try_lock("c2", "eth0").is_some());
+        drop(held);
+        assert!(locks.try_lock("c1", "eth0").is_some());
         assert_eq!(locks.len(), 0);
     }
 

@@ -526,9 +526,19 @@ async fn gc(
             ifname: key.ifname.clone(),
             netns: None,
         };
-        let _serialised = state.locks.lock(&key.container_id, &key.ifname).await;
+        // An operation in flight on this key (an ADD the runtime listed no attachment for yet)
+        // is left alone: the next GC decides.
+        let Some(_serialised) = state.locks.try_lock(&key.container_id, &key.ifname) else {
+            tracing::info!(key = %key, "GC: operation in flight, skipped");
+            continue;
+        };
         match service.del(&sandbox).await {
-            Ok(_) => released.push(key.to_string()),
+            Ok(_) => {
+                if let Some(kernel) = &state.kernel {
+                    kernel.deleted(&key.container_id, &key.ifname);
+                }
+                released.push(key.to_string());
+            }
             Err(err) => errors.push(err.to_string()),
         }
     }
