@@ -144,6 +144,15 @@ impl Dataplane {
         setup::run(self, spec, None).await
     }
 
+    /// [`Self::setup`], then [`Self::check`] of what it built, over the same sandbox socket.
+    /// The check's verdict is returned beside the outcome; a failed check is not rolled back.
+    pub async fn setup_and_check(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+        setup::run_and_check(self, spec).await
+    }
+
     /// Like [`Self::setup`] but fails on purpose right after `step` succeeded (tests only).
     #[cfg(feature = "fault-injection")]
     pub async fn setup_failing_after(

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use ipnetwork::IpNetwork;
 
-use super::error::{DataplaneError, SetupStep};
+use super::error::{CheckFailure, DataplaneError, SetupStep};
 use super::link::{self, Link};
 use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
@@ -12,7 +12,7 @@ use super::plan::{Plan, plan};
 use super::route::Route;
 use super::spec::{SandboxSpec, SetupOutcome};
 use super::sysctl::{self, Sysctl, iface_key};
-use super::{Dataplane, address, route};
+use super::{Dataplane, address, check, route};
 
 /// Something setup created, to be undone on failure.
 #[derive(Debug)]
@@ -101,6 +101,26 @@ pub(crate) async fn run(
     spec: &SandboxSpec,
     fail_after: Option<SetupStep>,
 ) -> Result<SetupOutcome, DataplaneError> {
+    execute(dp, spec, fail_after, false)
+        .await
+        .map(|(out, _)| out)
+}
+
+/// Setup, then a check of the result over the setup's own sandbox socket (no second socket
+/// in the sandbox netns on the ADD path). A failed check rolls nothing back: the caller decides.
+pub(crate) async fn run_and_check(
+    dp: &Dataplane,
+    spec: &SandboxSpec,
+) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+    execute(dp, spec, None, true).await
+}
+
+async fn execute(
+    dp: &Dataplane,
+    spec: &SandboxSpec,
+    fail_after: Option<SetupStep>,
+    verify: bool,
+) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
     let plan = plan(spec)?;
     let mut run = Run {
         dp,
@@ -111,7 +131,14 @@ pub(crate) async fn run(
         sandbox: None,
     };
     match run.steps().await {
-        Ok(out) => Ok(out),
+        Ok(out) => {
+            let verified = match (verify, &run.sandbox) {
+                (true, Some((_, conn))) => check::run_with(dp, spec, Some(conn)).await,
+                (true, None) => check::run(dp, spec).await,
+                (false, _) => Ok(()),
+            };
+            Ok((out, verified))
+        }
         Err((step, source)) => {
             let rollback_errors = run.rollback().await;
             Err(DataplaneError::Setup {

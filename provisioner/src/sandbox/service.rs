@@ -110,7 +110,7 @@ impl SandboxService {
             .await?;
         let spec = self.spec_for(&allocation, &netns);
         before_setup(&spec);
-        let setup = match self.dataplane.setup(&spec).await {
+        let (setup, verified) = match self.dataplane.setup_and_check(&spec).await {
             Ok(setup) => setup,
             Err(source) => {
                 // A rollback that left something behind may leave the address routed: keep
@@ -128,7 +128,7 @@ impl SandboxService {
                 });
             }
         };
-        if let Err(source) = self.dataplane.check(&spec).await {
+        if let Err(source) = verified {
             if let Err(err) = self
                 .dataplane
                 .teardown(&sandbox.container_id, &sandbox.ifname, Some(&netns))
