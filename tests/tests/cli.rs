@@ -82,8 +82,7 @@ fn in_process_add_check_del() -> Result<()> {
         String::from_utf8_lossy(&del.stderr)
     );
     assert!(String::from_utf8_lossy(&del.stdout).contains("released"));
-    // The address is free again: the next sandbox gets an allocation that works; CHECK of the
-    // deleted one fails naming it.
+    // The allocation is gone (CHECK fails naming the sandbox) and so is the interface.
     let check = in_node(&node, &[&["check"][..], &common[..]].concat())?;
     assert!(!check.status.success());
     assert!(
@@ -91,6 +90,7 @@ fn in_process_add_check_del() -> Result<()> {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
+    assert!(!pod.ip(&["link"])?.contains("eth0"), "eth0 left after del");
     Ok(())
 }
 

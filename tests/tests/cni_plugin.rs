@@ -295,7 +295,8 @@ fn version_status_and_error_codes() -> Result<()> {
         "eth0",
         &stdin,
     )?;
-    assert_ne!(not_netns.code, 0);
+    assert_eq!(not_netns.error_code(), Some(4), "{not_netns:?}");
+    assert!(not_netns.stdout.contains("/etc/hostname"), "{not_netns:?}");
     // A request for another subnet than the daemon serves: 103, nothing allocated.
     let other = conflist("stnet", "1.1.0", &daemon.socket, "10.250.99.0/24", None);
     let mismatch = run_plugin(
