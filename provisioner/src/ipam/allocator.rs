@@ -699,10 +699,6 @@ impl Core {
     /// Applies `ops` in order in one write transaction, not committed; per operation its
     /// outcome and whether it wrote anything. `Err` means a write failed and the transaction is
     /// unusable.
-    #[expect(
-        clippy::type_complexity,
-        reason = "private: a transaction and two parallel lists"
-    )]
     fn apply(
         &self,
         ops: &[Op],
