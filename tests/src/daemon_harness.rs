@@ -139,6 +139,52 @@ impl Daemon {
             .context("run provisioner CLI")
     }
 
+    /// `provisioner status --json`.
+    pub fn status(&self) -> Result<Value> {
+        let out = self.cli(&["status", "--json"])?;
+        Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    }
+
+    /// Waits (at most `limit`) until the daemon reports ready.
+    pub fn wait_ready(&self, limit: Duration) -> Result<()> {
+        crate::wait_until("the daemon to be ready", limit, || {
+            let status = self.status()?;
+            Ok((status["ready"] == true).then_some(()))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))
+    }
+
+    /// `provisioner sandboxes --json`.
+    pub fn sandboxes(&self) -> Result<Value> {
+        let out = self.cli(&["sandboxes", "--json"])?;
+        if !out.status.success() {
+            bail!("sandboxes: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// Waits (at most `limit`) until the daemon's kernel tracing is attached.
+    pub fn wait_tracing(&self, limit: Duration) -> Result<()> {
+        crate::wait_until("kernel tracing to attach", limit, || {
+            let answer = self.sandboxes()?;
+            Ok(answer["tracing_unavailable"].is_null().then_some(()))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))
+    }
+
+    /// The daemon's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the daemon with SIGKILL (as a crash would) and reaps it.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("daemon already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
     /// Stops the daemon with SIGTERM and waits for it.
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
         let mut child = self.child.take().context("daemon already stopped")?;
