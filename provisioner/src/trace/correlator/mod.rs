@@ -54,6 +54,8 @@ const MAX_NAMESPACES: usize = 8192;
 const MAX_SKIP_CREATORS: usize = 128;
 /// Latest namespace per creating pid (for pins through `/proc/<pid>/ns/net`).
 const MAX_BY_PID: usize = 16_384;
+/// Final verdicts remembered after their namespace is no longer followed.
+const MAX_JUDGED: usize = 16_384;
 /// How long a state read may take before the judgement goes on without it.
 pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(3);
 /// Longest interval between reads of a sandbox judged an alarm (its network may arrive by a
@@ -117,6 +119,10 @@ pub struct Correlator {
     intents: Intents,
     /// Namespaces whose state should be read.
     wanted: Vec<u64>,
+    /// Final verdicts on namespaces no longer followed: one found again (named by an ADD, by
+    /// `--netns`) is not judged twice.
+    judged: HashMap<u64, Verdict>,
+    judged_order: std::collections::VecDeque<u64>,
     metrics: CorrelatorMetrics,
 }
 
@@ -131,6 +137,8 @@ impl Correlator {
             skips: HashMap::new(),
             intents: Intents::default(),
             wanted: Vec::new(),
+            judged: HashMap::new(),
+            judged_order: std::collections::VecDeque::new(),
             metrics: CorrelatorMetrics::default(),
         }
     }
@@ -222,7 +230,12 @@ impl Correlator {
         let mut reports = Vec::new();
         if let Some(ns) = self.namespaces.get(&cookie) {
             let progress = ns.progress();
-            reports.extend(self.intents.check(cookie, &progress, Evidence::Trace, None));
+            // What is known of a namespace whose history was not seen came from reading it.
+            let evidence = match progress.last_snapshot {
+                Some(at) if !ns.origin_known => Evidence::Snapshot { at },
+                _ => Evidence::Trace,
+            };
+            reports.extend(self.intents.check(cookie, &progress, evidence, None));
         }
         reports
     }
@@ -395,9 +408,12 @@ impl Correlator {
         if !self.namespaces.contains_key(&netns.cookie) && self.namespaces.len() >= MAX_NAMESPACES {
             self.evict_one();
         }
-        self.namespaces
-            .entry(netns.cookie)
-            .or_insert_with(|| Ns::new(netns, now))
+        let judged = self.judged.get(&netns.cookie).copied();
+        self.namespaces.entry(netns.cookie).or_insert_with(|| {
+            let mut ns = Ns::new(netns, now);
+            ns.verdict = judged;
+            ns
+        })
     }
 
     /// Drops one namespace to stay within bounds: the oldest judged, else the oldest not
@@ -913,6 +929,14 @@ impl Correlator {
         if !verdict.verdict.is_alarm() && !self.intents.on(cookie) {
             // Said and final: nothing more to follow (its destruction is not always seen).
             self.namespaces.remove(&cookie);
+            if self.judged_order.len() >= MAX_JUDGED
+                && let Some(oldest) = self.judged_order.pop_front()
+            {
+                self.judged.remove(&oldest);
+            }
+            if self.judged.insert(cookie, verdict.verdict).is_none() {
+                self.judged_order.push_back(cookie);
+            }
         }
         Some(verdict)
     }

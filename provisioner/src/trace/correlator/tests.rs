@@ -1024,3 +1024,28 @@ fn a_flood_of_namespaces_costs_bounded_memory_and_is_counted() {
     assert!(m.tracked_namespaces <= MAX_NAMESPACES);
     assert_eq!(m.evicted_namespaces, 100);
 }
+
+#[test]
+fn a_namespace_found_twice_is_judged_once() {
+    let mut c = correlator();
+    let path = PathBuf::from("/run/netns/cni-a");
+    let v = verdicts(c.found(path.clone(), &networked_state(SANDBOX), t(0), t(0)));
+    assert_eq!(v.len(), 1);
+    c.expect_sandbox(ns(SANDBOX), path, t(1));
+    let again = verdicts(tick_reading(&mut c, 2_000, |cookie| {
+        Ok(networked_state(cookie))
+    }));
+    assert!(again.is_empty(), "{again:?}");
+    // An ADD naming it later is still checked against the kernel (from the state read).
+    let reports = c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/cni-a"),
+        t(3),
+    );
+    assert!(
+        matches!(intent_verdicts(&reports).as_slice(),
+            [i] if i.status == IntentStatus::Confirmed && i.evidence == Evidence::Snapshot { at: t(2_000) }),
+        "{reports:?}"
+    );
+    assert!(verdicts(reports).is_empty(), "judged once");
+}
