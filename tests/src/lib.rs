@@ -174,6 +174,83 @@ pub fn wait_only_lo(netns: &Netns, limit: std::time::Duration) -> Result<()> {
     .with_context(|| format!("links left: {left:?}"))
 }
 
+/// A copy of `ip` named `containerd`: the namespaces it creates have a runtime as creator.
+pub fn stand_in_runtime() -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("stand-in-runtime-{}", std::process::id()));
+        let path = dir.join("containerd");
+        let copied =
+            std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy("/usr/sbin/ip", &path));
+        assert!(
+            copied.is_ok(),
+            "copy /usr/sbin/ip to {}: {copied:?}",
+            path.display()
+        );
+        path
+    })
+}
+
+/// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
+pub fn runtime(args: &[&str]) -> Result<String> {
+    run(&stand_in_runtime().display().to_string(), args)
+}
+
+/// A namespace created and pinned under /run/netns by the stand-in runtime (its creator is
+/// `containerd`), deleted on drop.
+#[derive(Debug)]
+pub struct RuntimeNetns {
+    name: String,
+    deleted: bool,
+}
+
+impl RuntimeNetns {
+    /// Creates `/run/netns/<prefix...>` (a unique name starting with `prefix`, cut to 6 bytes).
+    pub fn new(prefix: &str) -> Result<Self> {
+        let name = unique_name(prefix);
+        runtime(&["netns", "add", &name])?;
+        Ok(Self {
+            name,
+            deleted: false,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> PathBuf {
+        tracing::pin_path(&self.name)
+    }
+
+    pub fn cookie(&self) -> Result<u64> {
+        tracing::cookie_of(&self.path())
+    }
+
+    /// Runs `ip -n <name> <args>`.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// The runtime deletes the namespace now.
+    pub fn delete(&mut self) -> Result<()> {
+        self.deleted = true;
+        runtime(&["netns", "del", &self.name]).map(|_| ())
+    }
+}
+
+impl Drop for RuntimeNetns {
+    fn drop(&mut self) {
+        if !self.deleted {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .output();
+        }
+    }
+}
+
 /// Runs a command, failing with its stderr when it exits non-zero.
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(program)

@@ -2,83 +2,25 @@
 //! runtimes, the reference CNI plugins and provisioner's own plugin act on namespaces these
 //! tests create.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use provisioner::trace::{NetnsVerdict, SandboxRules, Step, Verdict};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::reference::Ptp;
 use provisioner_tests::tracing::{Tracing, cookie_of, pin_path};
-use provisioner_tests::{Netns, run, unique_name};
+use provisioner_tests::{Netns, RuntimeNetns, run, runtime, unique_name};
 
 const DEADLINE: Duration = Duration::from_secs(1);
 /// Bound on a verdict's arrival after its deadline (a state read, a loaded machine).
 const SLACK: Duration = Duration::from_secs(5);
 const SANDBOX_PREFIX: &str = "trsb";
 
-/// A copy of `ip` named `containerd`: its comm is a runtime's.
-fn runtime_ip() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("trace-rt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("containerd");
-        std::fs::copy("/usr/sbin/ip", &path).expect("copy ip");
-        path
-    })
-}
+/// A sandbox namespace created and pinned by the stand-in runtime.
+type Sandbox = RuntimeNetns;
 
-fn runtime(args: &[&str]) -> Result<String> {
-    run(runtime_ip().to_str().context("path")?, args)
-}
-
-/// A sandbox namespace created and pinned by the stand-in runtime; deleted on drop.
-struct Sandbox {
-    name: String,
-    deleted: bool,
-}
-
-impl Sandbox {
-    fn new() -> Result<Self> {
-        let name = unique_name(SANDBOX_PREFIX);
-        runtime(&["netns", "add", &name])?;
-        Ok(Self {
-            name,
-            deleted: false,
-        })
-    }
-
-    fn path(&self) -> PathBuf {
-        pin_path(&self.name)
-    }
-
-    fn cookie(&self) -> Result<u64> {
-        cookie_of(&self.path())
-    }
-
-    fn ip(&self, args: &[&str]) -> Result<String> {
-        let mut full = vec!["-n", self.name.as_str()];
-        full.extend_from_slice(args);
-        run("ip", &full)
-    }
-
-    fn delete(&mut self) -> Result<()> {
-        self.deleted = true;
-        runtime(&["netns", "del", &self.name]).map(|_| ())
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
-        }
-    }
+fn sandbox() -> Result<Sandbox> {
+    RuntimeNetns::new(SANDBOX_PREFIX)
 }
 
 fn rules() -> SandboxRules {
@@ -118,7 +60,7 @@ fn interface(sb: &Sandbox, addr: Option<&str>) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_created_sandboxes_without_network_are_skipped_naming_the_creator() -> Result<()> {
     let mut t = tracing().await?;
-    let sandboxes = blocking(|| (0..3).map(|_| Sandbox::new()).collect::<Result<Vec<_>>>()).await?;
+    let sandboxes = blocking(|| (0..3).map(|_| sandbox()).collect::<Result<Vec<_>>>()).await?;
     for sb in &sandboxes {
         let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
         assert_eq!(
@@ -155,7 +97,7 @@ async fn runtime_created_sandboxes_without_network_are_skipped_naming_the_creato
 async fn loopback_only_sandbox_is_skipped_and_its_timeline_shows_lo() -> Result<()> {
     let mut t = tracing().await?;
     let sb = blocking(|| {
-        let sb = Sandbox::new()?;
+        let sb = sandbox()?;
         sb.ip(&["link", "set", "lo", "up"])?;
         Ok(sb)
     })
@@ -176,7 +118,7 @@ async fn loopback_only_sandbox_is_skipped_and_its_timeline_shows_lo() -> Result<
 async fn interface_without_address_is_partial() -> Result<()> {
     let mut t = tracing().await?;
     let sb = blocking(|| {
-        let sb = Sandbox::new()?;
+        let sb = sandbox()?;
         interface(&sb, None)?;
         Ok(sb)
     })
@@ -197,7 +139,7 @@ async fn interface_without_address_is_partial() -> Result<()> {
 async fn route_the_kernel_rejects_is_failed_with_the_reason() -> Result<()> {
     let mut t = tracing().await?;
     let sb = blocking(|| {
-        let sb = Sandbox::new()?;
+        let sb = sandbox()?;
         interface(&sb, Some("10.9.0.2/24"))?;
         let rejected = sb.ip(&["route", "add", "default", "via", "10.10.0.1"]);
         assert!(
@@ -253,9 +195,9 @@ async fn non_runtime_namespace_destroyed_after_100ms_is_gone_never_skipped() -> 
 async fn runtime_sandbox_with_only_lo_destroyed_after_30ms_is_skipped_within_1s() -> Result<()> {
     let mut t = tracing().await?;
     let (cookie, deleted_at) = blocking(|| {
-        let mut sb = Sandbox::new()?;
+        let mut sb = sandbox()?;
         let cookie = sb.cookie()?;
-        runtime(&["-n", &sb.name, "link", "set", "lo", "up"])?;
+        runtime(&["-n", sb.name(), "link", "set", "lo", "up"])?;
         std::thread::sleep(Duration::from_millis(30));
         sb.delete()?;
         Ok((cookie, Instant::now()))
@@ -290,8 +232,8 @@ async fn reference_ptp_plugin_sandbox_is_networked_and_the_plugin_exec_shows() -
         subnet: "10.244.7.0/24".into(),
         data_dir: data.path().to_path_buf(),
     };
-    let sb = Sandbox::new()?;
-    let output = ptp.run("ADD", &sb.name, &sb.path())?;
+    let sb = sandbox()?;
+    let output = ptp.run("ADD", sb.name(), &sb.path())?;
     assert!(output.stdout.contains("10.244.7."), "{output:?}");
     let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
     let text = timeline_text(&v);
@@ -315,11 +257,11 @@ async fn sandboxes_pinned_before_tracing_starts_are_judged_from_their_state() ->
         subnet: "10.244.8.0/24".into(),
         data_dir: data.path().to_path_buf(),
     };
-    let lo_only = Sandbox::new()?;
+    let lo_only = sandbox()?;
     lo_only.ip(&["link", "set", "lo", "up"])?;
-    let wired = Sandbox::new()?;
-    ptp.run("ADD", &wired.name, &wired.path())?;
-    let half = Sandbox::new()?;
+    let wired = sandbox()?;
+    ptp.run("ADD", wired.name(), &wired.path())?;
+    let half = sandbox()?;
     interface(&half, None)?;
 
     let mut t = tracing().await?;
@@ -331,7 +273,7 @@ async fn sandboxes_pinned_before_tracing_starts_are_judged_from_their_state() ->
     assert!(v.reason.contains("created before tracing"), "{}", v.reason);
     let (_, v) = t.verdict(half.cookie()?, DEADLINE + SLACK).await?;
     assert_eq!(v.verdict, Verdict::Partial, "{}", v.reason);
-    ptp.run("DEL", &wired.name, &wired.path())?;
+    ptp.run("DEL", wired.name(), &wired.path())?;
     Ok(())
 }
 
@@ -347,15 +289,15 @@ impl Wirer<'_> {
         match self {
             Wirer::Ours(stdin) => {
                 for command in ["ADD", "DEL"] {
-                    let out = run_plugin(command, &sb.name, Some(&path), "eth0", stdin)?;
+                    let out = run_plugin(command, sb.name(), Some(&path), "eth0", stdin)?;
                     if out.code != 0 {
-                        bail!("{command} {}: {out:?}", sb.name);
+                        bail!("{command} {}: {out:?}", sb.name());
                     }
                 }
             }
             Wirer::Reference(ptp) => {
-                ptp.run("ADD", &sb.name, &path)?;
-                ptp.run("DEL", &sb.name, &path)?;
+                ptp.run("ADD", sb.name(), &path)?;
+                ptp.run("DEL", sb.name(), &path)?;
             }
         }
         sb.delete()
@@ -391,7 +333,7 @@ async fn short_lived_sandboxes_wired_then_removed_are_networked_with_their_teard
         } else {
             Wirer::Reference(&ptp)
         };
-        let mut sb = Sandbox::new()?;
+        let mut sb = sandbox()?;
         cookies.push((i, sb.cookie()?));
         wirer.wire_and_remove(&mut sb)?;
     }
