@@ -174,6 +174,21 @@ pub(crate) async fn list_main_via_families(
     v4: bool,
     v6: bool,
 ) -> Result<Vec<FoundRoute>, DataplaneError> {
+    let routes = list_main_filtered(conn, Some(oif), v4, v6).await?;
+    Ok(routes.into_iter().filter(|r| r.oif == Some(oif)).collect())
+}
+
+/// Every unicast route of the main table (both families).
+pub(crate) async fn list_main(conn: &Conn) -> Result<Vec<FoundRoute>, DataplaneError> {
+    list_main_filtered(conn, None, true, true).await
+}
+
+async fn list_main_filtered(
+    conn: &Conn,
+    oif: Option<u32>,
+    v4: bool,
+    v6: bool,
+) -> Result<Vec<FoundRoute>, DataplaneError> {
     let mut out = Vec::new();
     let families = [(v4, AddressFamily::Inet), (v6, AddressFamily::Inet6)];
     for family in families
@@ -184,18 +199,15 @@ pub(crate) async fn list_main_via_families(
         let mut req = RouteMessage::default();
         req.header.address_family = family;
         req.header.table = RouteHeader::RT_TABLE_MAIN;
-        req.attributes.push(RouteAttribute::Oif(oif));
-        let msgs = conn
-            .dump(
-                RouteNetlinkMessage::GetRoute(req),
-                &format!("list {family:?} routes of link {oif}"),
-            )
-            .await?;
-        out.extend(
-            msgs.into_iter()
-                .filter_map(parse_main)
-                .filter(|r| r.oif == Some(oif)),
-        );
+        let what = match oif {
+            Some(oif) => {
+                req.attributes.push(RouteAttribute::Oif(oif));
+                format!("list {family:?} routes of link {oif}")
+            }
+            None => format!("list {family:?} routes"),
+        };
+        let msgs = conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await?;
+        out.extend(msgs.into_iter().filter_map(parse_main));
     }
     Ok(out)
 }

@@ -8,7 +8,7 @@ use super::error::{CheckFailure, DataplaneError, SetupStep};
 use super::link::{self, Link};
 use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
-use super::plan::{Plan, plan};
+use super::plan::{ExpectedState, plan};
 use super::route::Route;
 use super::spec::{SandboxSpec, SetupOutcome};
 use super::sysctl::{self, Sysctl, iface_key};
@@ -46,7 +46,7 @@ enum Undo {
 struct Run<'a> {
     dp: &'a Dataplane,
     spec: &'a SandboxSpec,
-    plan: Plan,
+    plan: ExpectedState,
     fail_after: Option<SetupStep>,
     undo: Vec<Undo>,
     sandbox: Option<(NetnsFile, Conn)>,
@@ -346,6 +346,8 @@ impl Run<'_> {
                 mtu: self.spec.mtu,
                 up: false,
                 peer_index: Some(host_link.index),
+                // Not needed by setup (only index and MAC are), so not looked up.
+                peer_netnsid: None,
             };
             return Ok((host_link, sbx_link));
         }

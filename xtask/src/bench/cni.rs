@@ -91,7 +91,11 @@ impl Plugin<'_> {
 /// wait4(2): exit code, stdout, stderr and CPU time (user + system, its children included).
 pub fn feed_and_reap(mut child: Child, stdin: &[u8]) -> Result<(i32, String, String, Duration)> {
     if let Some(mut pipe) = child.stdin.take() {
-        pipe.write_all(stdin)?;
+        match pipe.write_all(stdin) {
+            // It exited without reading (e.g. /bin/true for the exec floor): its exit says more.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other?,
+        }
     }
     let mut stdout = Vec::new();
     if let Some(mut pipe) = child.stdout.take() {
