@@ -618,20 +618,24 @@ pub fn run(opts: &Options) -> Result<()> {
     let plot = out_dir.join("latency.svg");
     // Reference and plugin mode: the two CNI paths.
     let mut all = Vec::new();
-    for (v, what) in [
+    for (v, what, dashed) in [
         (
             &measured.seq_add,
             format!("ADD sequential (N={})", opts.count),
+            false,
         ),
         (
             &measured.conc_add,
             format!("ADD, {} callers", opts.concurrency),
+            true,
         ),
     ] {
-        for (name, s) in names.iter().zip(v.iter()).take(2) {
+        for ((name, color), s) in names.iter().zip(["#d62728", "#1f77b4"]).zip(v.iter()) {
             all.push(svg::Series {
                 label: format!("{name}, {what}"),
                 samples: &s.wall,
+                color,
+                dashed,
             });
         }
     }

@@ -9,12 +9,13 @@ const LEFT: f64 = 60.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
-const COLORS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
-
-/// One distribution: its label and samples.
+/// One distribution: its label, samples and look.
 pub struct Series<'a> {
     pub label: String,
     pub samples: &'a [Duration],
+    /// An SVG color, e.g. `#d62728`.
+    pub color: &'static str,
+    pub dashed: bool,
 }
 
 /// The cumulative distribution of every series, latency on a log axis (ms).
@@ -80,7 +81,12 @@ pub fn cdf(title: &str, series: &[Series]) -> String {
         HEIGHT - 10.0
     );
     for (i, s) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = s.color;
+        let dash = if s.dashed {
+            r#" stroke-dasharray="6 4""#
+        } else {
+            ""
+        };
         let mut ms: Vec<f64> = s.samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
         ms.sort_by(f64::total_cmp);
         #[expect(clippy::cast_precision_loss, reason = "sample counts are small")]
@@ -93,12 +99,12 @@ pub fn cdf(title: &str, series: &[Series]) -> String {
         }
         let _ = writeln!(
             out,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>"#
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{points}"/>"#
         );
         let ly = TOP + 18.0 + 18.0 * f64::from(u32::try_from(i).unwrap_or(0));
         let _ = writeln!(
             out,
-            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
             LEFT + 12.0,
             LEFT + 36.0,
             LEFT + 42.0,
@@ -138,10 +144,14 @@ mod tests {
                 Series {
                     label: "a".into(),
                     samples: &a,
+                    color: "red",
+                    dashed: false,
                 },
                 Series {
                     label: "b".into(),
                     samples: &b,
+                    color: "blue",
+                    dashed: true,
                 },
             ],
         );
