@@ -54,7 +54,7 @@ impl Plugin<'_> {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        self.node.enter(&mut cmd);
+        self.node.enter(&mut cmd)?;
         let started = Instant::now();
         let child = cmd
             .spawn()

@@ -55,7 +55,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
-        node.enter(&mut cmd);
+        node.enter(&mut cmd)?;
         let spawned_at = Instant::now();
         let child = cmd
             .spawn()
