@@ -74,6 +74,8 @@ pub struct Options {
     pub json: Option<PathBuf>,
     /// Skip the components measured alone (allocator, dataplane).
     pub no_components: bool,
+    /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
+    pub no_trace: bool,
 }
 
 /// The target triple of the release build (given explicitly so that RUSTFLAGS only reach the
@@ -193,8 +195,14 @@ fn write_conf(dir: &Path, conflist: &Value) -> Result<()> {
 }
 
 /// Starts a daemon in `dir` (conf already there) and waits for ready; start-to-ready time.
-fn start_daemon(bin: &Path, node: &Netns, dir: &Path) -> Result<(Daemon, Duration)> {
-    let mut daemon = Daemon::spawn(bin, node, dir, &[])?;
+fn start_daemon(
+    bin: &Path,
+    node: &Netns,
+    dir: &Path,
+    opts: &Options,
+) -> Result<(Daemon, Duration)> {
+    let extra: &[&str] = if opts.no_trace { &["--no-trace"] } else { &[] };
+    let mut daemon = Daemon::spawn(bin, node, dir, extra)?;
     let ready = daemon.wait_ready(Duration::from_secs(10))?;
     Ok((daemon, ready))
 }
@@ -402,14 +410,14 @@ pub fn run(opts: &Options) -> Result<()> {
     for i in 0..EXTRA_STARTS {
         let dir = tmp.path().join(format!("start{i}"));
         write_conf(&dir, &provisioner_conflist(&dir.join("provisioner.sock")))?;
-        let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir)?;
+        let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
         fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
         daemon.stop()?;
     }
     let dir = tmp.path().join("daemon");
     let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
     write_conf(&dir, &conflist)?;
-    let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir)?;
+    let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
     fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
     let rss_idle_kib = daemon.rss_kib()?;
     detail(&format!(
@@ -475,12 +483,20 @@ pub fn run(opts: &Options) -> Result<()> {
     drop(pods_ref);
     drop(pods_plugin);
 
-    // RSS with N sandboxes, then a restart on that state.
+    // RSS with N sandboxes, then a restart on that state, by a daemon started once the other
+    // ways' namespaces are gone: the kernel watch keeps state per namespace of the node, and a
+    // node with N sandboxes does not hold the bench's thousands of other namespaces.
+    daemon.stop()?;
+    ways::settle(&node_prov)?;
+    let dir = tmp.path().join("rss");
+    let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
+    write_conf(&dir, &conflist)?;
+    let (mut daemon, _) = start_daemon(&bin, &node_prov, &dir, opts)?;
     let n = opts.sandboxes;
     announce(
         "bench",
         &format!(
-            "provisioner daemon: RSS with {n} sandboxes ({} callers through the API)",
+            "provisioner daemon (fresh): RSS with {n} sandboxes ({} callers through the API)",
             opts.concurrency
         ),
     );
@@ -502,7 +518,7 @@ pub fn run(opts: &Options) -> Result<()> {
         &format!("provisioner daemon: restart with {n} allocations, start to ready"),
     );
     daemon.stop()?;
-    let (mut daemon, restart_ready) = start_daemon(&bin, &node_prov, &dir)?;
+    let (mut daemon, restart_ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
     let rss_after_restart_kib = daemon.rss_kib()?;
     let listed = daemon.request(&json!({"op": "list"}))?;
     let restart_ready_ms = restart_ready.as_secs_f64() * 1e3;
@@ -583,6 +599,7 @@ pub fn run(opts: &Options) -> Result<()> {
             "concurrent_count": opts.concurrent_count,
             "sandboxes": opts.sandboxes,
             "block": opts.block,
+            "daemon_kernel_watch": !opts.no_trace,
             "subnet": SUBNET,
             "reference": REFERENCE_DIR,
             "binary": bin,

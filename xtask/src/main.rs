@@ -53,6 +53,9 @@ enum Command {
         /// Skip the components measured alone (allocator, dataplane).
         #[arg(long)]
         no_components: bool,
+        /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
+        #[arg(long)]
+        no_trace: bool,
     },
     /// Build, then wire sandboxes in private namespaces and show them (needs root).
     Demo,
@@ -75,6 +78,7 @@ fn main() -> Result<()> {
             block,
             json,
             no_components,
+            no_trace,
         } => bench::run(&bench::Options {
             count,
             concurrency,
@@ -83,6 +87,7 @@ fn main() -> Result<()> {
             block,
             json,
             no_components,
+            no_trace,
         }),
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_release().map(|bin| println!("{}", bin.display())),
