@@ -213,7 +213,10 @@ struct DaemonResults {
     rss_idle_kib: u64,
     rss_loaded_kib: u64,
     restart_ready_ms: f64,
+    /// At ready, while the kernel watch may still be loading.
     rss_after_restart_kib: u64,
+    /// 2 s later.
+    rss_after_restart_settled_kib: u64,
     provision: Summary,
 }
 
@@ -545,7 +548,8 @@ pub fn run(opts: &Options) -> Result<()> {
         rss_idle_kib,
         rss_loaded_kib,
         restart_ready_ms,
-        rss_after_restart_kib: rss_after_restart_kib.max(rss_after_restart_settled_kib),
+        rss_after_restart_kib,
+        rss_after_restart_settled_kib,
         provision: Summary::of(&provision),
     };
 
@@ -618,7 +622,8 @@ pub fn run(opts: &Options) -> Result<()> {
                 "rss_idle_kib": daemon_results.rss_idle_kib,
                 "rss_with_sandboxes_kib": daemon_results.rss_loaded_kib,
                 "restart_to_ready_ms": stats::round3(daemon_results.restart_ready_ms),
-                "rss_after_restart_kib": daemon_results.rss_after_restart_kib,
+                "rss_after_restart_at_ready_kib": daemon_results.rss_after_restart_kib,
+                "rss_after_restart_settled_kib": daemon_results.rss_after_restart_settled_kib,
                 "provision_sandboxes": daemon_results.provision.json(),
             },
             "components": component_results.as_ref().map(components::Results::json),
@@ -829,9 +834,22 @@ fn rows(
             partial.clone(),
         ),
         single(
-            format!("daemon RSS after restart, {} allocations", opts.sandboxes),
+            format!(
+                "daemon RSS after restart, {} allocations, at ready",
+                opts.sandboxes
+            ),
             "MiB",
             mib(daemon.rss_after_restart_kib),
+            Target::None,
+            Some("the kernel watch may still be loading".to_owned()),
+        ),
+        single(
+            format!(
+                "daemon RSS after restart, {} allocations, 2 s later",
+                opts.sandboxes
+            ),
+            "MiB",
+            mib(daemon.rss_after_restart_settled_kib),
             Target::AtMost(30.0),
             partial.clone(),
         ),
