@@ -153,6 +153,19 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// A reservation that is already durable (an existing allocation; fakes in tests).
+    pub fn durable_already(allocation: Allocation, new: bool, store: &Path) -> Self {
+        let (tx, durable) = oneshot::channel();
+        // The receiver is in hand: this cannot fail.
+        let _ = tx.send(Ok(()));
+        Self {
+            allocation,
+            new,
+            durable,
+            store: store.to_path_buf(),
+        }
+    }
+
     /// The addresses, usable at once (nothing else is handed them).
     pub fn allocation(&self) -> &Allocation {
         &self.allocation
@@ -325,15 +338,7 @@ impl Allocator {
     pub fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
         let store = self.core.store.path().to_path_buf();
         if let Some(existing) = self.get(key)? {
-            let (tx, durable) = oneshot::channel();
-            // The receiver is in hand: this cannot fail.
-            let _ = tx.send(Ok(()));
-            return Ok(Reservation {
-                allocation: existing,
-                new: false,
-                durable,
-                store,
-            });
+            return Ok(Reservation::durable_already(existing, false, &store));
         }
         let (applied, answer) = mpsc::sync_channel(1);
         let (durable_tx, durable) = oneshot::channel();
