@@ -166,6 +166,9 @@ pub fn report_lines(report: &Report) -> String {
                 s.push(')');
             }
             let _ = write!(s, ": {} [evidence: {}]", v.reason, v.evidence);
+            if let Some(why) = &v.diagnosis {
+                let _ = write!(s, "\n  why: {why}");
+            }
             if let Some(r) = &v.repeat
                 && r.count > 1
             {
