@@ -11,7 +11,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 
+pub mod containerd;
+pub mod cri;
 pub mod daemon_harness;
+pub mod daemon_queries;
+pub mod deploy;
+pub mod oci_image;
+pub mod pod_net;
+pub mod process;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
