@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::cri::Cri;
 use crate::oci_image::{self, ImageSpec};
-use crate::process::{pids_with_arg, spawn_in_netns, stop_pid};
+use crate::process::{pids_with_arg, spawn_in_netns, stop_pid, unmount_under};
 use crate::{Netns, provisioner_bin, run};
 
 /// Debian's reference plugins; containerd runs `loopback` for every pod.
@@ -285,21 +285,4 @@ state = "{b}/state"
         bin_dir = bin_dir.display(),
         conf_dir = conf_dir.display(),
     )
-}
-
-/// Lazily unmounts every mount point under `dir` (rootfs and shm mounts left by a crash).
-fn unmount_under(dir: &Path) {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for point in points {
-        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
-    }
 }

@@ -18,6 +18,7 @@ pub mod daemon_queries;
 pub mod deploy;
 pub mod oci_image;
 pub mod pod_net;
+pub mod podman;
 pub mod process;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);

@@ -1,11 +1,12 @@
-//! Processes a test starts: in a network namespace, stopped by pid, found by an argument only
-//! they carry (never by name: other agents on the machine run the same programs).
+//! What a runtime test starts and must take down: processes started in a network namespace,
+//! stopped by pid, found by an argument only they carry (never by name: other agents on the
+//! machine run the same programs); mounts left under the test's own dir.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,11 @@ pub fn stop_pid(child: &mut Child, limit: Duration) -> Result<()> {
 /// of one containerd instance, which its shims carry too).
 pub fn pids_with_arg(arg: &OsStr) -> Vec<Pid> {
     let needle = arg.as_encoded_bytes();
+    pids_where(|a| a == needle)
+}
+
+/// Processes with an argument for which `matches` holds.
+pub fn pids_where(matches: impl Fn(&[u8]) -> bool) -> Vec<Pid> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -63,8 +69,25 @@ pub fn pids_with_arg(arg: &OsStr) -> Vec<Pid> {
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| cmdline.split(|b| *b == 0).any(|a| a == needle))
+                .is_ok_and(|cmdline| cmdline.split(|b| *b == 0).any(&matches))
         })
         .map(Pid::from_raw)
         .collect()
+}
+
+/// Lazily unmounts every mount point under `dir` (rootfs and shm mounts left by a crash).
+pub fn unmount_under(dir: &Path) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
+    }
 }
