@@ -41,8 +41,13 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// The uncompressed root filesystem tar: /bin/busybox plus one symlink per applet.
 pub fn rootfs_tar() -> Result<Vec<u8>> {
     let busybox = Path::new(BUSYBOX);
-    if !busybox.is_file() {
-        bail!("{BUSYBOX} is missing: install busybox-static (cargo xtask test bootstraps it)");
+    let binary = std::fs::read(busybox).with_context(|| {
+        format!("{BUSYBOX} is missing: install busybox-static (cargo xtask test bootstraps it)")
+    })?;
+    if has_interpreter(&binary) {
+        bail!(
+            "{BUSYBOX} is dynamically linked (Debian's `busybox`): an image needs busybox-static"
+        );
     }
     let mut builder = tar::Builder::new(Vec::new());
     for dir in ["bin", "etc", "proc", "sys", "dev", "tmp"] {
@@ -124,6 +129,37 @@ pub fn write_oci_archive(spec: &ImageSpec<'_>, out: &Path) -> Result<()> {
     std::fs::write(out, bytes).with_context(|| format!("write {}", out.display()))
 }
 
+/// Does this ELF64 (little-endian) file ask for a program interpreter (dynamic linking)?
+fn has_interpreter(elf: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| {
+        elf.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u64_at = |at: usize| {
+        elf.get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+    };
+    if !elf.starts_with(b"\x7fELF") {
+        return false;
+    }
+    let (Some(phoff), Some(entsize), Some(count)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    let Ok(phoff) = usize::try_from(phoff) else {
+        return false;
+    };
+    (0..usize::from(count)).any(|i| {
+        let at = phoff + i * usize::from(entsize);
+        elf.get(at..at + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            == Some(PT_INTERP)
+    })
+}
+
 fn descriptor(media_type: &str, bytes: &[u8]) -> Value {
     json!({
         "mediaType": media_type,
@@ -137,4 +173,17 @@ pub fn write_rootfs_tar(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("rootfs.tar");
     std::fs::write(&path, rootfs_tar()?).with_context(|| format!("write {}", path.display()))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tells_static_from_dynamic_binaries() -> Result<()> {
+        assert!(has_interpreter(&std::fs::read("/usr/sbin/ip")?));
+        assert!(!has_interpreter(&std::fs::read(BUSYBOX)?));
+        assert!(!has_interpreter(b"#!/bin/sh\n"));
+        Ok(())
+    }
 }

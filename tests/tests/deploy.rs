@@ -111,10 +111,7 @@ fn manifests_parse_as_typed_kubernetes_objects() -> Result<()> {
     );
     let daemon = container(spec, "provisioner")?;
     assert_eq!(
-        daemon
-            .security_context
-            .as_ref()
-            .and_then(|s| s.privileged),
+        daemon.security_context.as_ref().and_then(|s| s.privileged),
         Some(true)
     );
     let m = mounts(spec, daemon);
@@ -156,7 +153,11 @@ fn commands_the_manifests_run_are_accepted_by_the_binary() -> Result<()> {
         .and_then(|p| p.exec.as_ref())
         .and_then(|e| e.command.clone())
         .context("no exec readiness probe")?;
-    assert_eq!(probe.get(1).map(String::as_str), Some("status"), "{probe:?}");
+    assert_eq!(
+        probe.get(1).map(String::as_str),
+        Some("status"),
+        "{probe:?}"
+    );
     assert_accepted(&probe)
 }
 
@@ -277,7 +278,10 @@ fn assert_no_leftovers(root: &Path) -> Result<()> {
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir)? {
             let path = entry?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
             assert!(!name.ends_with(".new"), "leftover {}", path.display());
             if path.is_dir() {
                 stack.push(path);
