@@ -240,3 +240,36 @@ fn templates_render_byte_for_byte_like_containerd() -> Result<()> {
     }
     renderer.containerd.shutdown()
 }
+
+/// A node where provisioner renders the template itself (`render-config`, or the daemon's
+/// `--template`) into the dir containerd reads: containerd notices the file. (containerd 1.6
+/// ignores CREATE events, so a file moved into the dir from elsewhere is not loaded.)
+#[test]
+fn containerd_loads_what_render_config_writes() -> Result<()> {
+    let node = Netns::new("node")?;
+    let mut containerd = Containerd::start(&node, &CniSetup::default())?;
+    assert!(!containerd.cri().conditions()?.network_ready);
+    let dir = tempfile::tempdir()?;
+    let template = dir.path().join("cni.template");
+    std::fs::write(&template, deploy::cni_template()?)?;
+    run(
+        &provisioner_bin().display().to_string(),
+        &[
+            "render-config",
+            "--template",
+            &template.display().to_string(),
+            "--pod-cidr",
+            "10.244.7.0/24",
+            "--output",
+            &containerd
+                .conf_dir
+                .join("10-provisioner.conflist")
+                .display()
+                .to_string(),
+        ],
+    )?;
+    containerd
+        .cri()
+        .wait_network_ready(true, Duration::from_secs(10))?;
+    containerd.shutdown()
+}
