@@ -1,18 +1,25 @@
 //! Prometheus metrics and their text exposition on a loopback HTTP endpoint.
+//!
+//! Names follow Prometheus's conventions: counters end in `_total`, label names say what they
+//! hold, label values are lower case.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+use crate::trace::TraceMetrics;
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Operation {
     Add,
     Del,
@@ -20,21 +27,27 @@ pub enum Operation {
     Gc,
 }
 
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "add",
+            Self::Del => "del",
+            Self::Check => "check",
+            Self::Gc => "gc",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpLabels {
-    pub op: Operation,
+struct OpLabels {
+    op: &'static str,
     /// `ok` or the CNI error code.
-    pub result: String,
+    result: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpKindLabels {
-    pub op: Operation,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NameLabels {
-    pub name: String,
+struct OpKindLabels {
+    op: &'static str,
 }
 
 /// Everything the daemon exports.
@@ -42,13 +55,8 @@ pub struct Metrics {
     registry: Registry,
     operations: Family<OpLabels, Counter>,
     durations: Family<OpKindLabels, Histogram>,
-    /// Sandbox namespaces by tracer verdict (networked, skipped, ...).
-    pub verdicts: Family<NameLabels, Gauge>,
-    /// Kernel events received, by kind.
-    pub trace_events: Family<NameLabels, Gauge>,
-    /// Kernel events lost (ring buffer full or undecodable), by kind.
-    pub trace_lost: Family<NameLabels, Gauge>,
     pub ready: Gauge,
+    trace: Arc<Mutex<TraceExport>>,
 }
 
 impl Default for Metrics {
@@ -64,40 +72,26 @@ impl Metrics {
         let durations = Family::<OpKindLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.000_25, 2.0, 14))
         });
-        let verdicts = Family::<NameLabels, Gauge>::default();
-        let trace_events = Family::<NameLabels, Gauge>::default();
-        let trace_lost = Family::<NameLabels, Gauge>::default();
         let ready = Gauge::default();
-        registry.register("operations", "CNI operations by result", operations.clone());
+        registry.register(
+            "operations",
+            "CNI operations served, by operation and result (ok or the CNI error code)",
+            operations.clone(),
+        );
         registry.register(
             "operation_duration_seconds",
-            "Time to serve an operation (setup latency for add)",
+            "Time to serve an operation",
             durations.clone(),
         );
-        registry.register(
-            "sandboxes",
-            "Sandbox namespaces by verdict",
-            verdicts.clone(),
-        );
-        registry.register(
-            "trace_events",
-            "Kernel events received by kind",
-            trace_events.clone(),
-        );
-        registry.register(
-            "trace_lost_events",
-            "Kernel events lost by kind",
-            trace_lost.clone(),
-        );
         registry.register("ready", "1 when the daemon is ready", ready.clone());
+        let trace = Arc::new(Mutex::new(TraceExport::default()));
+        registry.register_collector(Box::new(TraceCollector(Arc::clone(&trace))));
         Self {
             registry,
             operations,
             durations,
-            verdicts,
-            trace_events,
-            trace_lost,
             ready,
+            trace,
         }
     }
 
@@ -105,27 +99,174 @@ impl Metrics {
     pub fn observe(&self, op: Operation, result: &str, took: Duration) {
         self.operations
             .get_or_create(&OpLabels {
-                op: op.clone(),
+                op: op.as_str(),
                 result: result.to_owned(),
             })
             .inc();
         self.durations
-            .get_or_create(&OpKindLabels { op })
+            .get_or_create(&OpKindLabels { op: op.as_str() })
             .observe(took.as_secs_f64());
     }
 
-    /// The text exposition format.
+    /// The kernel tracer's counters as of now; `None` when tracing does not run.
+    pub fn set_trace(&self, trace: Option<TraceMetrics>) {
+        *self.trace.lock().unwrap_or_else(PoisonError::into_inner) = TraceExport(trace);
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        if prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
         out
     }
 }
 
+/// The tracer's counters, copied in before each scrape.
+#[derive(Debug, Default)]
+struct TraceExport(Option<TraceMetrics>);
+
+#[derive(Debug)]
+struct TraceCollector(Arc<Mutex<TraceExport>>);
+
+/// One family of values by one label.
+fn family<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    label: &'static str,
+    values: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (value, n) in values {
+        let labels = [(label, value)];
+        let sample = metric.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => ConstCounter::new(n).encode(sample)?,
+            _ => ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)).encode(sample)?,
+        }
+    }
+    Ok(())
+}
+
+fn single(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    n: u64,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, kind)?;
+    match kind {
+        MetricType::Counter => ConstCounter::new(n).encode(metric),
+        _ => ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)).encode(metric),
+    }
+}
+
+impl Collector for TraceCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let export = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let up = export.0.is_some();
+        single(
+            &mut encoder,
+            "tracing_up",
+            "1 when kernel tracing of sandbox network setup runs",
+            MetricType::Gauge,
+            u64::from(up),
+        )?;
+        let Some(m) = &export.0 else {
+            return Ok(());
+        };
+        let c = MetricType::Counter;
+        family(
+            &mut encoder,
+            "sandbox_verdicts",
+            "Verdicts on sandbox network setups (a revised verdict counts again)",
+            c,
+            "verdict",
+            m.setups_by_verdict.iter().map(|(k, v)| (*k, *v)),
+        )?;
+        family(
+            &mut encoder,
+            "sandbox_verdicts_revised",
+            "Alarms revised to networked because the network arrived after the deadline",
+            c,
+            "alarm",
+            m.revised_by_alarm.iter().map(|(k, v)| (*k, *v)),
+        )?;
+        family(
+            &mut encoder,
+            "sandbox_intents",
+            "The daemon's setups checked against the kernel, by outcome",
+            c,
+            "status",
+            [
+                ("confirmed", m.intents.confirmed),
+                ("unconfirmed", m.intents.unconfirmed),
+                ("drifted", m.intents.drifted),
+            ],
+        )?;
+        single(
+            &mut encoder,
+            "sandbox_drifts",
+            "Interfaces, addresses or routes of confirmed sandboxes that went missing",
+            c,
+            m.intents.drifts,
+        )?;
+        family(
+            &mut encoder,
+            "trace_events",
+            "Kernel events correlated, by kind",
+            c,
+            "kind",
+            m.events_by_kind.iter().map(|(k, v)| (*k, *v)),
+        )?;
+        let mut lost = encoder.encode_descriptor(
+            "trace_lost_events",
+            "Kernel events lost, by kind and cause",
+            None,
+            c,
+        )?;
+        let causes = [
+            ("ring_buffer_full", &m.lost_by_kind),
+            ("undecodable", &m.undecodable_by_kind),
+        ];
+        for (cause, by_kind) in causes {
+            for (kind, n) in by_kind {
+                let labels = [("kind", *kind), ("cause", cause)];
+                ConstCounter::new(*n).encode(lost.encode_family(&labels)?)?;
+            }
+        }
+        for (kind, n) in [
+            ("namespace", m.evicted_namespaces),
+            ("request_pairing", m.dropped_requests),
+        ] {
+            let labels = [("kind", kind), ("cause", "memory_bound")];
+            ConstCounter::new(n).encode(lost.encode_family(&labels)?)?;
+        }
+        family(
+            &mut encoder,
+            "trace_snapshots",
+            "Namespace states read from the kernel, by result",
+            c,
+            "result",
+            [("ok", m.snapshots_taken), ("failed", m.snapshots_failed)],
+        )?;
+        single(
+            &mut encoder,
+            "trace_tracked_namespaces",
+            "Network namespaces the correlator tracks now",
+            MetricType::Gauge,
+            m.tracked_namespaces as u64,
+        )?;
+        Ok(())
+    }
+}
+
 /// Serves `GET /metrics` on `addr` until the task is dropped. `refresh` runs before each
-/// scrape to copy values that live elsewhere (readiness, tracer counters) into the gauges.
+/// scrape to copy values that live elsewhere (readiness, tracer counters) into the metrics.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -135,7 +276,7 @@ pub async fn serve(
         tracing::warn!(%addr, "metrics endpoint is not on loopback");
     }
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "metrics on http://{addr}/metrics");
+    tracing::info!(%addr, "serving metrics on http://{addr}/metrics");
     loop {
         let (mut stream, _) = listener.accept().await?;
         let metrics = Arc::clone(&metrics);
@@ -159,7 +300,11 @@ pub async fn serve(
                 "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
                     .to_owned()
             };
-            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                stream.write_all(response.as_bytes()),
+            )
+            .await;
         });
     }
 }
@@ -167,31 +312,44 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
-    fn exposition_names_operations_and_results() {
+    fn exposition_follows_prometheus_conventions() {
         let metrics = Metrics::new();
         metrics.observe(Operation::Add, "ok", Duration::from_millis(2));
         metrics.observe(Operation::Add, "101", Duration::from_millis(1));
-        metrics
-            .verdicts
-            .get_or_create(&NameLabels {
-                name: "skipped".into(),
-            })
-            .set(3);
+        let mut trace = TraceMetrics {
+            setups_by_verdict: BTreeMap::from([("skipped", 3), ("networked", 0)]),
+            events_by_kind: BTreeMap::from([("netns_created", 7)]),
+            ..TraceMetrics::default()
+        };
+        trace.intents.confirmed = 2;
+        metrics.set_trace(Some(trace));
+        let text = metrics.encode();
+        for line in [
+            r#"provisioner_operations_total{op="add",result="ok"} 1"#,
+            r#"provisioner_operations_total{op="add",result="101"} 1"#,
+            r#"provisioner_sandbox_verdicts_total{verdict="skipped"} 3"#,
+            r#"provisioner_trace_events_total{kind="netns_created"} 7"#,
+            r#"provisioner_sandbox_intents_total{status="confirmed"} 2"#,
+            "provisioner_tracing_up 1",
+            "# TYPE provisioner_trace_events_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert!(text.contains("provisioner_operation_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn tracing_down_is_said() {
+        let metrics = Metrics::new();
+        metrics.set_trace(None);
         let text = metrics.encode();
         assert!(
-            text.contains(r#"provisioner_operations_total{op="Add",result="ok"} 1"#),
+            text.lines().any(|l| l == "provisioner_tracing_up 0"),
             "{text}"
         );
-        assert!(text.contains(r#"result="101""#), "{text}");
-        assert!(
-            text.contains(r#"provisioner_sandboxes{name="skipped"} 3"#),
-            "{text}"
-        );
-        assert!(
-            text.contains("provisioner_operation_duration_seconds_bucket"),
-            "{text}"
-        );
+        assert!(!text.contains("sandbox_verdicts"), "{text}");
     }
 }

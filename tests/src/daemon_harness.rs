@@ -76,19 +76,58 @@ impl Daemon {
         Self::spawn(node, dir, &[])
     }
 
-    fn spawn(node: &Netns, dir: tempfile::TempDir, extra: &[&str]) -> Result<Self> {
-        let socket = dir.path().join("provisioner.sock");
+    /// Like [`Daemon::start_with`], the config built from the daemon's socket path (a config
+    /// whose plugins talk to this daemon), written before the daemon starts.
+    pub fn start_with_conflist(
+        node: &Netns,
+        extra: &[&str],
+        config: impl FnOnce(&Path) -> Value,
+    ) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
         let conf_dir = dir.path().join("net.d");
-        let data_dir = dir.path().join("data");
-        let log = std::fs::File::create(dir.path().join("daemon.log"))?;
+        std::fs::create_dir_all(&conf_dir)?;
+        let config = config(&dir.path().join("provisioner.sock"));
+        std::fs::write(
+            conf_dir.join("10-provisioner.conflist"),
+            serde_json::to_vec_pretty(&config)?,
+        )?;
+        Self::spawn(node, dir, extra)
+    }
+
+    fn spawn(node: &Netns, dir: tempfile::TempDir, extra: &[&str]) -> Result<Self> {
+        let mut daemon = Self {
+            child: None,
+            socket: dir.path().join("provisioner.sock"),
+            conf_dir: dir.path().join("net.d"),
+            data_dir: dir.path().join("data"),
+            _dir: dir,
+        };
+        daemon.launch(node, extra)?;
+        Ok(daemon)
+    }
+
+    /// Starts the daemon process again on the same socket, conf dir and data dir, after it
+    /// was stopped or killed.
+    pub fn restart(&mut self, node: &Netns, extra: &[&str]) -> Result<()> {
+        if self.child.is_some() {
+            bail!("the daemon still runs");
+        }
+        self.launch(node, extra)
+    }
+
+    fn launch(&mut self, node: &Netns, extra: &[&str]) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self._dir.path().join("daemon.log"))?;
         let child = Command::new(provisioner_bin())
             .arg("daemon")
             .arg("--socket")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--conf-dir")
-            .arg(&conf_dir)
+            .arg(&self.conf_dir)
             .arg("--data-dir")
-            .arg(&data_dir)
+            .arg(&self.data_dir)
             .arg("--host-netns")
             .arg(node.path())
             .args(extra)
@@ -98,15 +137,8 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .context("spawn provisioner daemon")?;
-        let daemon = Self {
-            child: Some(child),
-            socket,
-            conf_dir,
-            data_dir,
-            _dir: dir,
-        };
-        daemon.wait_listening(Duration::from_secs(10))?;
-        Ok(daemon)
+        self.child = Some(child);
+        self.wait_listening(Duration::from_secs(10))
     }
 
     fn wait_listening(&self, limit: Duration) -> Result<()> {
@@ -137,6 +169,52 @@ impl Daemon {
             .arg(&self.socket)
             .output()
             .context("run provisioner CLI")
+    }
+
+    /// `provisioner status --json`.
+    pub fn status(&self) -> Result<Value> {
+        let out = self.cli(&["status", "--json"])?;
+        Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    }
+
+    /// Waits (at most `limit`) until the daemon reports ready.
+    pub fn wait_ready(&self, limit: Duration) -> Result<()> {
+        crate::wait_until("the daemon to be ready", limit, || {
+            let status = self.status()?;
+            Ok((status["ready"] == true).then_some(()))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))
+    }
+
+    /// `provisioner sandboxes --json`.
+    pub fn sandboxes(&self) -> Result<Value> {
+        let out = self.cli(&["sandboxes", "--json"])?;
+        if !out.status.success() {
+            bail!("sandboxes: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// Waits (at most `limit`) until the daemon's kernel tracing is attached.
+    pub fn wait_tracing(&self, limit: Duration) -> Result<()> {
+        crate::wait_until("kernel tracing to attach", limit, || {
+            let answer = self.sandboxes()?;
+            Ok(answer["tracing_unavailable"].is_null().then_some(()))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))
+    }
+
+    /// The daemon's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the daemon with SIGKILL (as a crash would) and reaps it.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("daemon already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
     }
 
     /// Stops the daemon with SIGTERM and waits for it.

@@ -1,84 +1,23 @@
-//! What a test asks a running daemon through the CLI, as an operator would: readiness,
-//! allocations, and the kernel watch's view of sandbox namespaces.
+//! What a test reads from a running daemon beyond the harness's status and sandboxes: its
+//! allocations, and the kernel watch's views of particular sandbox namespaces.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use provisioner::daemon::api::{AllocationInfo, Status};
+use provisioner::daemon::api::AllocationInfo;
 use serde_json::Value;
 
 use crate::daemon_harness::Daemon;
-
-fn cli_json(daemon: &Daemon, args: &[&str]) -> Result<Value> {
-    let out = daemon.cli(args)?;
-    // `status` exits 3 when not ready and still prints the document.
-    if out.stdout.is_empty() {
-        bail!(
-            "provisioner {} ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("provisioner {}: output is not JSON", args.join(" ")))
-}
-
-/// `provisioner status --json`.
-pub fn status(daemon: &Daemon) -> Result<Status> {
-    Ok(serde_json::from_value(cli_json(
-        daemon,
-        &["status", "--json"],
-    )?)?)
-}
-
-/// Waits (bounded) until the daemon reports ready.
-pub fn wait_ready(daemon: &Daemon, limit: Duration) -> Result<Status> {
-    let started = Instant::now();
-    loop {
-        let status = status(daemon)?;
-        if status.ready {
-            return Ok(status);
-        }
-        if started.elapsed() > limit {
-            bail!(
-                "daemon not ready within {limit:?}: {:?}\n{}",
-                status.reasons,
-                daemon.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use crate::wait_until;
 
 /// `provisioner list --json`.
 pub fn allocations(daemon: &Daemon) -> Result<Vec<AllocationInfo>> {
-    Ok(serde_json::from_value(cli_json(
-        daemon,
-        &["list", "--json"],
-    )?)?)
-}
-
-/// `provisioner sandboxes --json`.
-pub fn sandboxes(daemon: &Daemon) -> Result<Value> {
-    cli_json(daemon, &["sandboxes", "--json"])
-}
-
-/// Waits (bounded) until the kernel watch runs (it loads in the background; sandboxes created
-/// before it is attached cannot be judged).
-pub fn wait_tracing(daemon: &Daemon, limit: Duration) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let answer = sandboxes(daemon)?;
-        if answer["tracing_unavailable"].is_null() {
-            return Ok(());
-        }
-        if started.elapsed() > limit {
-            bail!("kernel tracing did not start within {limit:?}: {answer}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let out = daemon.cli(&["list", "--json"])?;
+    if !out.status.success() {
+        bail!("list: {}", String::from_utf8_lossy(&out.stderr));
     }
+    serde_json::from_slice(&out.stdout).context("provisioner list --json: not a list")
 }
 
 /// The netns cookie a sandbox view is about.
@@ -131,29 +70,20 @@ fn wait_views(
     limit: Duration,
     ours: impl Fn(&Value) -> bool,
 ) -> Result<Vec<Value>> {
-    let started = Instant::now();
-    loop {
-        let answer = sandboxes(daemon)?;
+    let mut views = Vec::new();
+    wait_until(&format!("{count} sandbox verdicts"), limit, || {
+        let answer = daemon.sandboxes()?;
         if let Some(reason) = answer["tracing_unavailable"].as_str() {
             bail!("tracing unavailable: {reason}");
         }
-        let views: Vec<Value> = answer["sandboxes"]
+        views = answer["sandboxes"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|v| ours(v))
             .cloned()
             .collect();
-        if views.len() >= count {
-            return Ok(views);
-        }
-        if started.elapsed() > limit {
-            bail!(
-                "{} of {count} sandbox namespaces judged within {limit:?}: {views:#?}\n{}",
-                views.len(),
-                daemon.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        Ok((views.len() >= count).then(|| views.clone()))
+    })
+    .with_context(|| format!("judged so far: {views:#?}\n{}", daemon.log()))
 }

@@ -20,6 +20,8 @@ pub mod oci_image;
 pub mod pod_net;
 pub mod podman;
 pub mod process;
+pub mod reference;
+pub mod tracing;
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
@@ -90,6 +92,17 @@ impl Netns {
             .with_context(|| format!("ping {addr} from netns {}", self.name))
     }
 
+    /// Names of the links in this namespace other than `lo`.
+    pub fn links(&self) -> Result<Vec<String>> {
+        let out = self.ip(&["-o", "link", "show"])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .map(|n| n.trim().split('@').next().unwrap_or_default().to_owned())
+            .filter(|n| n != "lo")
+            .collect())
+    }
+
     /// The netns cookie, read with SO_NETNS_COOKIE on a socket created inside the namespace.
     pub fn cookie(&self) -> Result<u64> {
         netns_cookie(&self.path)
@@ -132,37 +145,118 @@ pub fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> Result<T>
 
 /// The cookie of the network namespace the calling thread is in.
 pub fn current_netns_cookie() -> Result<u64> {
-    let sock = nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Inet,
-        nix::sys::socket::SockType::Datagram,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .context("socket for SO_NETNS_COOKIE")?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a valid u64.
-    let rc = unsafe {
-        libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&sock),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        bail!(
-            "getsockopt(SO_NETNS_COOKIE): {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(cookie)
+    provisioner::trace::netns_id::current_netns_cookie().context("SO_NETNS_COOKIE")
 }
 
 /// The cookie of the network namespace at `path`.
 pub fn netns_cookie(path: &Path) -> Result<u64> {
-    in_netns(path, current_netns_cookie)?
+    tracing::cookie_of(path)
+}
+
+/// Polls `check` until it returns a value, at most `limit`; the error says what was awaited.
+pub fn wait_until<T>(
+    what: &str,
+    limit: std::time::Duration,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(done) = check()? {
+            return Ok(done);
+        }
+        if started.elapsed() > limit {
+            bail!("gave up waiting for {what} after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Waits (at most `limit`) until `netns` holds no link but `lo`: retired host veths are
+/// deleted by a background reaper shortly after DEL returns.
+pub fn wait_only_lo(netns: &Netns, limit: std::time::Duration) -> Result<()> {
+    let mut left = Vec::new();
+    wait_until(&format!("only lo in netns {}", netns.name()), limit, || {
+        left = netns.links()?;
+        Ok(left.is_empty().then_some(()))
+    })
+    .with_context(|| format!("links left: {left:?}"))
+}
+
+/// A copy of `ip` named `containerd`: the namespaces it creates have a runtime as creator.
+pub fn stand_in_runtime() -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("stand-in-runtime-{}", std::process::id()));
+        let path = dir.join("containerd");
+        let copied =
+            std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy("/usr/sbin/ip", &path));
+        assert!(
+            copied.is_ok(),
+            "copy /usr/sbin/ip to {}: {copied:?}",
+            path.display()
+        );
+        path
+    })
+}
+
+/// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
+pub fn runtime(args: &[&str]) -> Result<String> {
+    run(&stand_in_runtime().display().to_string(), args)
+}
+
+/// A namespace created and pinned under /run/netns by the stand-in runtime (its creator is
+/// `containerd`), deleted on drop.
+#[derive(Debug)]
+pub struct RuntimeNetns {
+    name: String,
+    deleted: bool,
+}
+
+impl RuntimeNetns {
+    /// Creates `/run/netns/<prefix...>` (a unique name starting with `prefix`, cut to 6 bytes).
+    pub fn new(prefix: &str) -> Result<Self> {
+        let name = unique_name(prefix);
+        runtime(&["netns", "add", &name])?;
+        Ok(Self {
+            name,
+            deleted: false,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> PathBuf {
+        tracing::pin_path(&self.name)
+    }
+
+    pub fn cookie(&self) -> Result<u64> {
+        tracing::cookie_of(&self.path())
+    }
+
+    /// Runs `ip -n <name> <args>`.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// The runtime deletes the namespace now.
+    pub fn delete(&mut self) -> Result<()> {
+        self.deleted = true;
+        runtime(&["netns", "del", &self.name]).map(|_| ())
+    }
+}
+
+impl Drop for RuntimeNetns {
+    fn drop(&mut self) {
+        if !self.deleted {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.name])
+                .output();
+        }
+    }
 }
 
 /// Runs a command, failing with its stderr when it exits non-zero.

@@ -2,11 +2,11 @@
 //! thread that entered the namespace (works for pins under /run/netns and /proc/<pid>/ns/net).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
-use crate::{Netns, in_netns, run};
+use crate::{Netns, in_netns, run, wait_until};
 
 /// `ip <args>` run inside the namespace at `netns`.
 pub fn ip_in(netns: &Path, args: &[&str]) -> Result<String> {
@@ -40,11 +40,8 @@ pub fn check_pod_network(netns: &Path, address: &str) -> Result<()> {
 /// What the node namespace holds besides `lo`: links, and IPv4/IPv6 main-table routes.
 pub fn node_leftovers(node: &Netns) -> Result<Vec<String>> {
     let mut left: Vec<String> = node
-        .ip(&["-o", "link", "show"])?
-        .lines()
-        .filter_map(|l| l.split(':').nth(1))
-        .map(|name| name.trim().split('@').next().unwrap_or_default().to_owned())
-        .filter(|name| name != "lo")
+        .links()?
+        .into_iter()
         .map(|name| format!("link {name}"))
         .collect();
     for family in ["-4", "-6"] {
@@ -60,15 +57,14 @@ pub fn node_leftovers(node: &Netns) -> Result<Vec<String>> {
 /// Waits (bounded) until the node namespace holds nothing but `lo`: retired host veths are
 /// deleted by the daemon's background reaper, so they may outlive the DEL briefly.
 pub fn wait_node_bare(node: &Netns, limit: Duration) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let left = node_leftovers(node)?;
-        if left.is_empty() {
-            return Ok(());
-        }
-        if started.elapsed() > limit {
-            bail!("node {} still holds {left:?}", node.name());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut left = Vec::new();
+    wait_until(
+        &format!("node {} to hold only lo", node.name()),
+        limit,
+        || {
+            left = node_leftovers(node)?;
+            Ok(left.is_empty().then_some(()))
+        },
+    )
+    .with_context(|| format!("left: {left:?}"))
 }

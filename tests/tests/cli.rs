@@ -3,9 +3,9 @@
 use std::io::{Read, Write};
 use std::process::Command;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::{Netns, provisioner_bin};
+use provisioner_tests::{Netns, provisioner_bin, wait_until};
 use serde_json::Value;
 
 /// Runs the binary inside `node` (as an operator on the node would), returning stdout.
@@ -180,41 +180,158 @@ fn scrape(port: u16) -> Result<String> {
     Ok(body)
 }
 
+/// Scrapes the endpoint and parses the Prometheus text format.
+fn scrape_parsed(port: u16) -> Result<prometheus_parse::Scrape> {
+    let response = scrape(port)?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body)
+        .context("no HTTP body")?;
+    Ok(prometheus_parse::Scrape::parse(
+        body.lines().map(|l| Ok(l.to_owned())),
+    )?)
+}
+
+/// The value of the sample `metric` with exactly `labels`, if present.
+fn sample(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == metric
+                && s.labels.len() == labels.len()
+                && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+        })
+        .and_then(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+}
+
 #[test]
-fn metrics_count_operations_by_result() -> Result<()> {
+fn metrics_follow_prometheus_conventions_and_count_what_happened() -> Result<()> {
     let node = Netns::new("node")?;
     let port = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
         probe.local_addr()?.port()
     };
     let addr = format!("127.0.0.1:{port}");
-    let mut daemon = Daemon::start_with(&node, None, &["--metrics-addr", &addr])?;
-    let mut config = conflist("metnet", "1.0.0", &daemon.socket, "10.253.2.0/24", None);
-    config["plugins"][0]["socket"] = Value::from(daemon.socket.display().to_string());
-    std::fs::write(
-        daemon.conf_dir.join("10-provisioner.conflist"),
-        serde_json::to_vec(&config)?,
-    )?;
+    let mut daemon = Daemon::start_with_conflist(&node, &["--metrics-addr", &addr], |socket| {
+        conflist("metnet", "1.0.0", socket, "10.253.2.0/24", None)
+    })?;
+    let config = conflist("metnet", "1.0.0", &daemon.socket, "10.253.2.0/24", None);
+    daemon.wait_ready(std::time::Duration::from_secs(10))?;
+    assert!(
+        daemon
+            .log()
+            .contains(&format!("serving metrics on http://{addr}/metrics"))
+    );
     let pod = Netns::new("pod")?;
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
-    let started = std::time::Instant::now();
-    while run_plugin("ADD", "m1", Some(pod.path()), "eth0", &stdin)?.code != 0 {
-        ensure!(
-            started.elapsed().as_secs() < 5,
-            "daemon never became ready: {}",
-            daemon.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let text = scrape(port)?;
-    assert!(
-        text.contains(r#"provisioner_operations_total{op="Add",result="ok"} 1"#),
-        "{text}"
-    );
-    assert!(text.contains("provisioner_ready 1"), "{text}");
+    ensure!(run_plugin("ADD", "m1", Some(pod.path()), "eth0", &stdin)?.code == 0);
+    // A request for another network than the daemon's is refused by the daemon.
+    let other = conflist("metnet", "1.0.0", &daemon.socket, "10.253.9.0/24", None);
+    let refused = run_plugin(
+        "ADD",
+        "m2",
+        Some(pod.path()),
+        "eth1",
+        &serde_json::to_vec(&plugin_stdin(&other, "1.0.0"))?,
+    )?;
+    let code = refused
+        .error_code()
+        .with_context(|| format!("an error code for another network: {refused:?}"))?;
+
+    // Tracing attaches in the background and confirms the ADD from the kernel.
+    let scrape = wait_until(
+        "tracing up and the ADD confirmed",
+        std::time::Duration::from_secs(30),
+        || {
+            let scrape = scrape_parsed(port)?;
+            let confirmed = sample(
+                &scrape,
+                "provisioner_sandbox_intents_total",
+                &[("status", "confirmed")],
+            );
+            Ok((sample(&scrape, "provisioner_tracing_up", &[]) == Some(1.0)
+                && confirmed >= Some(1.0))
+            .then_some(scrape))
+        },
+    )?;
     assert_eq!(
-        run_plugin("DEL", "m1", Some(pod.path()), "eth0", &stdin)?.code,
-        0
+        sample(
+            &scrape,
+            "provisioner_operations_total",
+            &[("op", "add"), ("result", "ok")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "provisioner_operations_total",
+            &[("op", "add"), ("result", &code.to_string())]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&scrape, "provisioner_ready", &[]), Some(1.0));
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "provisioner_trace_events_total" && s.labels.get("kind").is_some()),
+        "kernel events are counted by kind"
+    );
+    for verdict in [
+        "networked",
+        "skipped",
+        "partial",
+        "failed",
+        "gone",
+        "unknown",
+    ] {
+        assert!(
+            sample(
+                &scrape,
+                "provisioner_sandbox_verdicts_total",
+                &[("verdict", verdict)]
+            )
+            .is_some(),
+            "every verdict is exported: {verdict}"
+        );
+    }
+    for s in &scrape.samples {
+        if matches!(s.value, prometheus_parse::Value::Counter(_)) {
+            assert!(
+                s.metric.ends_with("_total"),
+                "counter {} without _total",
+                s.metric
+            );
+        }
+        assert!(
+            !s.labels.contains_key("name"),
+            "{}: a label named `name`",
+            s.metric
+        );
+        for (key, value) in s.labels.iter() {
+            assert!(
+                !value.chars().any(char::is_uppercase),
+                "{}: label {key}={value} is not lower case",
+                s.metric
+            );
+        }
+    }
+    ensure!(run_plugin("DEL", "m1", Some(pod.path()), "eth0", &stdin)?.code == 0);
+    let scrape = scrape_parsed(port)?;
+    assert_eq!(
+        sample(
+            &scrape,
+            "provisioner_operations_total",
+            &[("op", "del"), ("result", "ok")]
+        ),
+        Some(1.0)
     );
     assert!(daemon.stop()?.success());
     Ok(())

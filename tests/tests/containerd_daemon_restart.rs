@@ -3,46 +3,22 @@
 //! retries gets network, with no address leaked or handed out twice.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use nix::sys::signal::{Signal, kill};
+use anyhow::{Context, Result};
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::{Cri, Pod, PodSandboxConfig, PodSandboxState};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::daemon_queries::{allocations, wait_ready};
+use provisioner_tests::daemon_queries::allocations;
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
-use provisioner_tests::process::pids_with_arg;
 use provisioner_tests::{Netns, netns_cookie};
 
 const PODS: usize = 24;
 /// Pods that must have been created before the daemon is killed.
 const BEFORE_KILL: usize = 6;
 const SUBNET: &str = "10.250.0.0/24";
-
-/// SIGKILL to the daemon serving `socket` (found by its `--socket` argument, killed by pid).
-fn kill_daemon(socket: &Path) -> Result<()> {
-    let pids = pids_with_arg(socket.as_os_str());
-    let [pid] = pids.as_slice() else {
-        bail!(
-            "expected one daemon on {}, found {pids:?}",
-            socket.display()
-        );
-    };
-    kill(*pid, Signal::SIGKILL).with_context(|| format!("SIGKILL daemon {pid}"))
-}
-
-/// Points the stable socket path the CNI config names at `daemon`'s socket: on a node the
-/// path is fixed (/run/provisioner/provisioner.sock); here each daemon has its own.
-fn point_socket_link(link: &Path, daemon: &Daemon) -> Result<()> {
-    let tmp = link.with_extension("new");
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&daemon.socket, &tmp)?;
-    std::fs::rename(&tmp, link)?;
-    Ok(())
-}
 
 /// Every sandbox containerd reports ready has its address on eth0.
 fn assert_ready_pods_have_network(cri: &mut Cri) -> Result<usize> {
@@ -67,12 +43,13 @@ fn assert_ready_pods_have_network(cri: &mut Cri) -> Result<usize> {
 #[test]
 fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<()> {
     let node = Netns::new("node")?;
-    let work = tempfile::tempdir()?;
-    let socket_link = work.path().join("provisioner.sock");
-    let network = conflist("restartnet", "1.0.0", &socket_link, SUBNET, None);
-    let mut daemon = Daemon::start(&node, Some(&network))?;
-    point_socket_link(&socket_link, &daemon)?;
-    wait_ready(&daemon, Duration::from_secs(10))?;
+    let mut daemon = Daemon::start_with_conflist(&node, &[], |socket| {
+        conflist("restartnet", "1.0.0", socket, SUBNET, None)
+    })?;
+    let network: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        daemon.conf_dir.join("10-provisioner.conflist"),
+    )?)?;
+    daemon.wait_ready(Duration::from_secs(10))?;
     let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
     containerd
         .cri()
@@ -102,7 +79,7 @@ fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<(
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        kill_daemon(&daemon.socket)?;
+        daemon.kill()?;
         creator
             .join()
             .map_err(|_| anyhow::anyhow!("pod creator panicked"))?
@@ -141,10 +118,8 @@ fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<(
 
     // The daemon comes back on the same state; the kubelet cleans up sandboxes that are not
     // ready and retries every pod that failed, with the next attempt number.
-    let restarted = Daemon::start_in(&node, &daemon)?;
-    daemon.stop().ok();
-    point_socket_link(&socket_link, &restarted)?;
-    wait_ready(&restarted, Duration::from_secs(10))?;
+    daemon.restart(&node, &[])?;
+    daemon.wait_ready(Duration::from_secs(10))?;
     for sandbox in containerd.cri().list_pods()? {
         if sandbox.state != PodSandboxState::SandboxReady as i32 {
             containerd.cri().stop_pod(&sandbox.id)?;
@@ -161,7 +136,7 @@ fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<(
                     meta.attempt += 1;
                 }
                 let pod = containerd.cri().run_pod(&retry).map_err(|s| {
-                    anyhow::anyhow!("retry of {:?}: {s}\n{}", config.metadata, restarted.log())
+                    anyhow::anyhow!("retry of {:?}: {s}\n{}", config.metadata, daemon.log())
                 })?;
                 pods.push(pod);
             }
@@ -183,7 +158,7 @@ fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<(
         PODS,
         "an address was handed out twice: {by_pod:?}"
     );
-    let held: HashMap<String, String> = allocations(&restarted)?
+    let held: HashMap<String, String> = allocations(&daemon)?
         .into_iter()
         .map(|a| (a.container_id, a.addresses.join(",")))
         .collect();
@@ -207,7 +182,7 @@ fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<(
         containerd.cri().stop_pod(&pod.id)?;
         containerd.cri().remove_pod(&pod.id)?;
     }
-    assert!(allocations(&restarted)?.is_empty());
+    assert!(allocations(&daemon)?.is_empty());
     assert!(netns.iter().all(|n| !n.exists()));
     wait_node_bare(&node, Duration::from_secs(20))?;
     containerd.shutdown()

@@ -9,9 +9,7 @@ use ipnetwork::Ipv4Network;
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::{self, Cri, PodSandboxState};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
-use provisioner_tests::daemon_queries::{
-    allocations, verdict_and_intent, wait_ready, wait_tracing, wait_views_of,
-};
+use provisioner_tests::daemon_queries::{allocations, verdict_and_intent, wait_views_of};
 use provisioner_tests::oci_image::BUSYBOX_IMAGE;
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
 use provisioner_tests::{Netns, netns_cookie};
@@ -34,8 +32,8 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec_pretty(&network)?,
     )?;
-    wait_ready(&daemon, Duration::from_secs(10))?;
-    wait_tracing(&daemon, Duration::from_secs(30))?;
+    daemon.wait_ready(Duration::from_secs(10))?;
+    daemon.wait_tracing(Duration::from_secs(30))?;
 
     // containerd reads the daemon's conf dir, as both read /etc/cni/net.d on a node.
     let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;

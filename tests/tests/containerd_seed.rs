@@ -9,7 +9,7 @@ use provisioner_tests::Netns;
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::Cri;
 use provisioner_tests::daemon_harness::Daemon;
-use provisioner_tests::daemon_queries::{wait_tracing, wait_views_created_by};
+use provisioner_tests::daemon_queries::wait_views_created_by;
 use serde_json::Value;
 
 const PODS: usize = 5;
@@ -52,7 +52,7 @@ fn assert_skipped_by_containerd(views: &[Value]) {
 fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
     let node = Netns::new("node")?;
     let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
-    wait_tracing(&daemon, Duration::from_secs(30))?;
+    daemon.wait_tracing(Duration::from_secs(30))?;
     std::fs::write(
         daemon.conf_dir.join("10-loopback.conf"),
         r#"{"cniVersion": "0.4.0", "name": "lo", "type": "loopback"}"#,
@@ -75,7 +75,7 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
 fn empty_conf_dir_pods_skipped() -> Result<()> {
     let node = Netns::new("node")?;
     let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
-    wait_tracing(&daemon, Duration::from_secs(30))?;
+    daemon.wait_tracing(Duration::from_secs(30))?;
     let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
     let conditions = containerd.cri().conditions()?;
     assert!(!conditions.network_ready, "{conditions:?}");

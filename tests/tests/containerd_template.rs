@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::{Cri, PodSandboxState};
 use provisioner_tests::daemon_harness::Daemon;
-use provisioner_tests::daemon_queries::{allocations, status, wait_ready};
+use provisioner_tests::daemon_queries::allocations;
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
 use provisioner_tests::{Netns, deploy, provisioner_bin, run};
 
@@ -123,14 +123,20 @@ fn kubelet_pod_cidr_renders_the_deploy_template_and_pods_get_network() -> Result
     )?;
     // Nothing to load yet: neither is ready.
     assert!(!containerd.cri().conditions()?.network_ready);
-    assert!(!status(&daemon)?.ready);
+    assert_eq!(daemon.status()?["ready"], false);
 
     containerd.cri().update_pod_cidr(POD_CIDRS)?;
     let theirs = wait_rendered(&mut containerd)?;
-    let ready = wait_ready(&daemon, Duration::from_secs(10))?;
-    let network = ready.network.context("ready without a network")?;
-    assert_eq!(network.file, daemon.conf_dir.join(RENDERED));
-    assert_eq!(network.ranges, ["10.252.0.0/24", "fd00:252::/64"]);
+    daemon.wait_ready(Duration::from_secs(10))?;
+    let network = &daemon.status()?["network"];
+    assert_eq!(
+        network["file"],
+        daemon.conf_dir.join(RENDERED).display().to_string()
+    );
+    assert_eq!(
+        network["ranges"],
+        serde_json::json!(["10.252.0.0/24", "fd00:252::/64"])
+    );
     let template_path = containerd.template.clone().context("template path")?;
     assert_same(
         &theirs,

@@ -11,7 +11,6 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
-use provisioner_tests::daemon_queries::wait_ready;
 use provisioner_tests::{Netns, deploy, provisioner_bin};
 
 /// Where the image holds the binary (the init step copies it from there).
@@ -193,7 +192,7 @@ fn readiness_probe_follows_daemon_readiness() -> Result<()> {
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec(&network)?,
     )?;
-    wait_ready(&daemon, Duration::from_secs(10))?;
+    daemon.wait_ready(Duration::from_secs(10))?;
     assert!(run_probe()?, "probe fails on a ready daemon");
     Ok(())
 }

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
-use provisioner_tests::daemon_queries::{
-    allocations, verdict_and_intent, wait_ready, wait_tracing, wait_views_of,
-};
+use provisioner_tests::daemon_queries::{allocations, verdict_and_intent, wait_views_of};
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
 use provisioner_tests::podman::{IMAGE, Podman};
 use provisioner_tests::{Netns, netns_cookie};
@@ -25,8 +23,8 @@ fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec_pretty(&network)?,
     )?;
-    wait_ready(&daemon, Duration::from_secs(10))?;
-    wait_tracing(&daemon, Duration::from_secs(30))?;
+    daemon.wait_ready(Duration::from_secs(10))?;
+    daemon.wait_tracing(Duration::from_secs(30))?;
     let mut podman = Podman::new(&node, &daemon.conf_dir)?;
 
     let id = podman.run(&[
@@ -102,7 +100,7 @@ fn podman_container_exit_releases_its_address() -> Result<()> {
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec_pretty(&network)?,
     )?;
-    wait_ready(&daemon, Duration::from_secs(10))?;
+    daemon.wait_ready(Duration::from_secs(10))?;
     let mut podman = Podman::new(&node, &daemon.conf_dir)?;
     podman.run(&[
         "run",

@@ -103,3 +103,96 @@ impl Write for Signalling {
         Ok(())
     }
 }
+
+/// Runs `provisioner trace <args>` to its end; its stdout.
+fn trace_cli(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(provisioner_tests::provisioner_bin())
+        .arg("trace")
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "provisioner trace {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[test]
+fn trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_their_state()
+-> anyhow::Result<()> {
+    use provisioner_tests::reference::Ptp;
+    use provisioner_tests::{Netns, RuntimeNetns};
+    let node = Netns::new("trnode")?;
+    let data = tempfile::tempdir()?;
+    let ptp = Ptp {
+        node: &node,
+        subnet: "10.244.11.0/24".into(),
+        data_dir: data.path().to_path_buf(),
+    };
+    let wired: Vec<RuntimeNetns> = (0..3)
+        .map(|_| RuntimeNetns::new("trsw"))
+        .collect::<anyhow::Result<_>>()?;
+    for sb in &wired {
+        ptp.run("ADD", sb.name(), &sb.path())?;
+    }
+    let cookies: Vec<u64> = wired
+        .iter()
+        .map(RuntimeNetns::cookie)
+        .collect::<anyhow::Result<_>>()?;
+
+    let human = trace_cli(&[
+        "--verdicts-only",
+        "--duration",
+        "3",
+        "--deadline",
+        "1",
+        "--pin-prefix",
+        "trsw",
+    ])?;
+    assert!(human.starts_with("tracing started"), "{human}");
+    for cookie in &cookies {
+        let line = human
+            .lines()
+            .find(|l| l.contains(" VERDICT ") && l.contains(&format!("cookie={cookie} ")))
+            .ok_or_else(|| anyhow::anyhow!("no verdict for cookie {cookie}:\n{human}"))?;
+        assert!(line.contains("VERDICT NETWORKED"), "{line}");
+        assert!(line.contains("found set up at"), "{line}");
+    }
+    assert!(!human.contains("VERDICT SKIPPED"), "{human}");
+    assert!(
+        !human.lines().any(|l| l.contains("rtnl-request")),
+        "--verdicts-only prints no events:\n{human}"
+    );
+
+    let one = wired[0].path();
+    let json = trace_cli(&[
+        "--json",
+        "--duration",
+        "3",
+        "--deadline",
+        "1",
+        "--pin-prefix",
+        "trsw",
+        "--netns",
+        one.to_str().unwrap_or_default(),
+    ])?;
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let verdicts: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["report"] == "verdict").collect();
+    assert_eq!(
+        verdicts.len(),
+        1,
+        "--netns shows only that namespace:\n{json}"
+    );
+    assert_eq!(verdicts[0]["netns"]["cookie"], cookies[0]);
+    assert_eq!(verdicts[0]["verdict"], "networked");
+    assert_eq!(verdicts[0]["evidence"]["by"], "snapshot");
+    for sb in &wired {
+        ptp.run("DEL", sb.name(), &sb.path())?;
+    }
+    Ok(())
+}

@@ -44,7 +44,6 @@ pub struct DemoEnv<'a> {
     pub bin: PathBuf,
     pub node: &'a Netns,
     pub pods: &'a [Netns],
-    pub daemon: &'a Daemon,
     /// The rendered conflist in the daemon's conf dir.
     pub conflist: Value,
 }
@@ -94,7 +93,6 @@ pub fn run() -> Result<()> {
         bin,
         node: &node,
         pods: &pods,
-        daemon: &daemon,
         conflist,
     };
     let plugin = Plugin {
@@ -109,15 +107,16 @@ pub fn run() -> Result<()> {
     let results = add_sandboxes(&env, &plugin)?;
     look_at_one(&env, &results[0])?;
     announce("demo", "provisioner list");
-    cli(&env.bin, &["list", "--socket"], &env.daemon.socket)?;
+    cli(&env.bin, &["list", "--socket"], &daemon.socket)?;
 
-    tracing_part(&env)?;
+    tracing_part(&env, &daemon)?;
+    let mut daemon = restart_part(&env, daemon, tmp.path())?;
 
-    delete_sandboxes(&env, &plugin)?;
+    delete_sandboxes(&env, &daemon, &plugin)?;
     announce("demo", "stop the daemon (SIGTERM)");
-    drop(env);
     daemon.stop()?;
     detail("stopped");
+    drop(env);
     drop(pods);
     drop(node);
     announce(
@@ -130,59 +129,181 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
+/// Bound on the waits for the kernel watch (a loaded machine, a state read) and the reaper.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The daemon's view of the sandbox of `container_id` (its ADD's intent names it).
+fn view_of<'a>(answer: &'a Value, container_id: &str) -> Option<&'a Value> {
+    answer["sandboxes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["intent"]["intent"]["key"]["container_id"] == container_id)
+}
+
+/// Waits (bounded) until the view of each of the demo's sandboxes satisfies `done`.
+fn wait_views(daemon: &Daemon, what: &str, done: impl Fn(&Value) -> bool) -> Result<Value> {
+    let started = Instant::now();
+    loop {
+        let answer = daemon.request(&serde_json::json!({ "op": "sandboxes" }))?;
+        let ready = (1..=SANDBOXES)
+            .all(|i| view_of(&answer, &format!("demo-sandbox-{i}")).is_some_and(&done));
+        if ready {
+            return Ok(answer);
+        }
+        if started.elapsed() > PATIENCE {
+            bail!(
+                "the kernel watch did not show {what} within {PATIENCE:?}: {answer:#}\n{}",
+                daemon.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn networked_and_confirmed(view: &Value) -> bool {
+    view["verdict"]["verdict"] == "networked" && view["intent"]["status"] == "confirmed"
+}
+
+/// Prints the first line of each of the watch's reports on the demo's sandboxes (the machine
+/// may hold others).
+fn show_views(answer: &Value) {
+    for i in 1..=SANDBOXES {
+        let container_id = format!("demo-sandbox-{i}");
+        let Some(view) = view_of(answer, &container_id) else {
+            continue;
+        };
+        for text in view["text"].as_array().into_iter().flatten() {
+            if let Some(first) = text.as_str().and_then(|t| t.lines().next()) {
+                println!("      {first}");
+            }
+        }
+    }
+}
+
 /// The eBPF tracing part of the story: the kernel confirms the daemon's own sandboxes, and a
-/// sandbox that a "runtime" creates and deletes without ever asking for network (containerd 1.6
+/// sandbox that a runtime creates and deletes without ever asking for network (containerd 1.6
 /// with a loopback-only config) is flagged `skipped`, with its timeline.
-fn tracing_part(env: &DemoEnv) -> Result<()> {
+fn tracing_part(env: &DemoEnv, daemon: &Daemon) -> Result<()> {
+    announce(
+        "demo",
+        "the kernel's view of the three sandboxes: networked, and each ADD confirmed",
+    );
+    let answer = wait_views(
+        daemon,
+        "the sandboxes networked and confirmed",
+        networked_and_confirmed,
+    )?;
+    show_views(&answer);
+
     announce(
         "demo",
         "the motivating failure: a runtime creates a sandbox netns, brings up only lo, deletes it 30 ms later",
     );
+    let runtime = stand_in_runtime(env)?;
     let name = format!("cni-provisioner-demo-{}", std::process::id());
-    bench::netns::ip(&["netns", "add", &name])?;
-    let lo = bench::netns::ip(&["-n", &name, "link", "set", "lo", "up"]);
+    run_runtime(&runtime, &["netns", "add", &name])?;
+    let lo = run_runtime(&runtime, &["-n", &name, "link", "set", "lo", "up"]);
     std::thread::sleep(Duration::from_millis(30));
-    let del = bench::netns::ip(&["netns", "del", &name]);
+    let del = run_runtime(&runtime, &["netns", "del", &name]);
     lo?;
     del?;
     detail(&format!(
-        "/run/netns/{name}: created, lo up, deleted; no CNI plugin was ever called"
+        "/run/netns/{name}: created by {} (a stand-in named containerd), lo up, deleted; \
+         no CNI plugin was ever called",
+        runtime.display()
     ));
-
     announce(
         "demo",
-        "provisioner sandboxes: what the kernel showed (deadline 2 s for this demo)",
+        "provisioner sandboxes: the skipped sandbox, with its timeline",
     );
     let started = Instant::now();
-    loop {
-        let answer = env
-            .daemon
-            .request(&serde_json::json!({ "op": "sandboxes" }))?;
-        let views = answer["result"]["sandboxes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let decided = views.iter().filter(|v| !v["verdict"].is_null()).count();
-        let skipped = views.iter().any(|v| v["verdict"]["verdict"] == "skipped");
-        if (skipped && decided > env.pods.len()) || started.elapsed() > Duration::from_secs(6) {
-            break;
+    let skipped = loop {
+        let answer = daemon.request(&serde_json::json!({ "op": "sandboxes" }))?;
+        let found = answer["sandboxes"].as_array().and_then(|views| {
+            views
+                .iter()
+                .find(|v| {
+                    v["verdict"]["verdict"] == "skipped"
+                        && v["verdict"]["sandbox"]["path"]
+                            .as_str()
+                            .is_some_and(|p| p.ends_with(&name))
+                })
+                .cloned()
+        });
+        if let Some(view) = found {
+            break view;
         }
-        if let Some(reason) = answer["result"]["tracing_unavailable"].as_str() {
-            detail(&format!("kernel tracing unavailable here: {reason}"));
-            return Ok(());
+        if started.elapsed() > PATIENCE {
+            bail!(
+                "no skipped verdict for {name} within {PATIENCE:?}\n{}",
+                daemon.log_tail()
+            );
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for text in skipped["text"].as_array().into_iter().flatten() {
+        print_indented(text.as_str().unwrap_or_default());
     }
-    cli(&env.bin, &["sandboxes", "--socket"], &env.daemon.socket)?;
     Ok(())
 }
 
-/// Waits (bounded) until the daemon's kernel watch is attached, so the ADDs below are traced.
+/// The restart case: the daemon stops, starts again, and audits the sandboxes already there
+/// against the kernel (their history before its start was not seen: their state is read).
+fn restart_part(env: &DemoEnv, mut daemon: Daemon, dir: &Path) -> Result<Daemon> {
+    announce(
+        "demo",
+        "restart: stop the daemon, start it again; the live sandboxes are audited",
+    );
+    daemon.stop()?;
+    drop(daemon);
+    let mut daemon = Daemon::spawn(&env.bin, env.node, dir, &["--trace-deadline", "2"])?;
+    daemon.wait_ready(Duration::from_secs(10))?;
+    detail(&format!(
+        "started again, pid {}",
+        daemon.pid().unwrap_or_default()
+    ));
+    wait_tracing(&daemon)?;
+    let answer = wait_views(&daemon, "the audit of the live sandboxes", |view| {
+        networked_and_confirmed(view) && view["intent"]["intent"]["origin"] == "audit"
+    })?;
+    show_views(&answer);
+    Ok(daemon)
+}
+
+/// A copy of `ip` named `containerd`: the demo's stand-in runtime (the namespaces it creates
+/// have a runtime as creator, as containerd's would).
+fn stand_in_runtime(env: &DemoEnv) -> Result<PathBuf> {
+    let dir = env
+        .bin
+        .parent()
+        .context("the binary's directory")?
+        .join("demo-runtime");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("containerd");
+    std::fs::copy("/usr/sbin/ip", &path).context("copy /usr/sbin/ip")?;
+    Ok(path)
+}
+
+fn run_runtime(runtime: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new(runtime).args(args).output()?;
+    if !out.status.success() {
+        bail!(
+            "{} {}: {}",
+            runtime.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until the daemon's kernel watch is attached, so the ADDs below are traced;
+/// fails, saying why, when it does not.
 fn wait_tracing(daemon: &Daemon) -> Result<()> {
     let started = Instant::now();
     loop {
         let answer = daemon.request(&serde_json::json!({ "op": "sandboxes" }))?;
-        match answer["result"]["tracing_unavailable"].as_str() {
+        match answer["tracing_unavailable"].as_str() {
             None => {
                 detail(&format!(
                     "kernel tracing attached ({} ms after the socket opened)",
@@ -191,12 +312,10 @@ fn wait_tracing(daemon: &Daemon) -> Result<()> {
                 return Ok(());
             }
             Some(reason) if reason != "kernel tracing is starting" => {
-                detail(&format!("kernel tracing unavailable: {reason}"));
-                return Ok(());
+                bail!("kernel tracing unavailable: {reason}");
             }
-            Some(_) if started.elapsed() > Duration::from_secs(10) => {
-                detail("kernel tracing still starting after 10 s; going on");
-                return Ok(());
+            Some(_) if started.elapsed() > PATIENCE => {
+                bail!("kernel tracing still starting after {PATIENCE:?}: giving up");
             }
             Some(_) => std::thread::sleep(Duration::from_millis(50)),
         }
@@ -391,7 +510,7 @@ fn look_at_one(env: &DemoEnv, one: &Wired) -> Result<()> {
     Ok(())
 }
 
-fn delete_sandboxes(env: &DemoEnv, plugin: &Plugin) -> Result<()> {
+fn delete_sandboxes(env: &DemoEnv, daemon: &Daemon, plugin: &Plugin) -> Result<()> {
     announce(
         "demo",
         &format!("DEL the {SANDBOXES} sandboxes through the plugin mode"),
@@ -406,15 +525,25 @@ fn delete_sandboxes(env: &DemoEnv, plugin: &Plugin) -> Result<()> {
     }
     announce(
         "demo",
-        "nothing left: allocations, node links, sandbox links",
+        "nothing left: allocations, node links (retired veths are deleted in the background), sandbox links",
     );
-    cli(&env.bin, &["list", "--socket"], &env.daemon.socket)?;
-    let node_links = env.node.links()?;
+    cli(&env.bin, &["list", "--socket"], &daemon.socket)?;
+    let started = Instant::now();
+    let node_links = loop {
+        let links = env.node.links()?;
+        if links.is_empty() || started.elapsed() > PATIENCE {
+            break links;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     println!(
         "      node {}: {}",
         env.node.name(),
         if node_links.is_empty() {
-            "only lo".to_owned()
+            format!(
+                "only lo (the reaper deleted the retired veths within {} ms)",
+                started.elapsed().as_millis()
+            )
         } else {
             node_links.join(" ")
         }
@@ -434,7 +563,7 @@ fn delete_sandboxes(env: &DemoEnv, plugin: &Plugin) -> Result<()> {
         );
     }
     if left > 0 {
-        bail!("{left} link(s) left after DEL");
+        bail!("{left} link(s) left {PATIENCE:?} after DEL");
     }
     Ok(())
 }

@@ -51,7 +51,7 @@ async fn run_async(op: Op, args: &SandboxArgs, config: &Path) -> Result<()> {
             output::print_del(&sandbox, &outcome, args.json)
         }
         Op::Check => {
-            let allocation = service.check(&sandbox).await?;
+            let allocation = service.check(&sandbox, None).await?;
             output::print_check(&allocation, args.json)
         }
     }

@@ -140,6 +140,23 @@ pub fn sandboxes(socket: &Path, json: bool) -> Result<()> {
             println!("{container}{}", line.as_str().unwrap_or_default());
         }
     }
+    let absent = result["absent"].as_array().cloned().unwrap_or_default();
+    for gone in &absent {
+        println!(
+            "ABSENT container {} ({}) [{}]: {} ({})",
+            gone["container_id"].as_str().unwrap_or("?"),
+            gone["ifname"].as_str().unwrap_or("?"),
+            gone["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            gone["what"].as_str().unwrap_or_default(),
+            gone["at"].as_str().unwrap_or_default()
+        );
+    }
     eprintln!("{} sandbox namespace(s)", sandboxes.len());
     Ok(())
 }

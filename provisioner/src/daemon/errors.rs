@@ -18,7 +18,9 @@ pub fn cni_error(err: &SandboxError) -> CniError {
         SandboxError::Ipam { .. } | SandboxError::Worker { .. } => CniError::INTERNAL,
         SandboxError::Dataplane { source, .. } => dataplane_code(source),
         SandboxError::Verify { .. } => CniError::DATAPLANE_FAILURE,
-        SandboxError::Check { .. } => CniError::CHECK_FAILED,
+        SandboxError::Check { .. } | SandboxError::PrevResultMismatch { .. } => {
+            CniError::CHECK_FAILED
+        }
         SandboxError::NotFound { .. } => CniError::UNKNOWN_CONTAINER,
     };
     CniError::new(code, msg)

@@ -1,26 +1,33 @@
-//! The daemon's kernel watch: runs the tracer and correlator next to the daemon, registers the
-//! intent of every ADD, and keeps what the kernel showed for `provisioner sandboxes`.
+//! The daemon's kernel watch: runs the trace driver next to the daemon, observes the sandbox
+//! service (each ADD's intent, each teardown, the sandboxes found at start) and keeps what the
+//! kernel showed for `provisioner sandboxes`.
 //!
 //! Tracing is best effort: when the kernel refuses the programs, the daemon keeps provisioning
 //! and reports tracing as unavailable.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use ipnetwork::IpNetwork;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::dataplane::ExpectedState;
+use crate::ipam::Allocation;
+use crate::sandbox::{Removal, SandboxObserver, SandboxRef};
+use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
 use crate::trace::render::report_lines;
+use crate::trace::verdict::format_time;
 use crate::trace::{
-    Correlator, CorrelatorConfig, Drift, Intent, IntentId, IntentVerdict, KernelTracer,
-    NetnsVerdict, Report, RouteIntent, SandboxRules, TraceMetrics, netns_of_path,
+    CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentVerdict, NetnsVerdict, Report,
+    SandboxRules, TraceMetrics,
 };
 
-/// Verdicts kept for `provisioner sandboxes` (oldest dropped first).
-const KEPT_VERDICTS: usize = 4096;
+/// Sandboxes kept for `provisioner sandboxes` (oldest dropped first).
+const KEPT_VIEWS: usize = 4096;
+/// Reports kept per sandbox view.
+const KEPT_TEXTS: usize = 16;
 
 /// `tracing_unavailable` while the programs load.
 pub const STARTING: &str = "kernel tracing is starting";
@@ -34,30 +41,29 @@ fn release_freed_memory() {
     }
 }
 
-/// What the daemon asks of the watch.
-enum Command {
-    Added {
-        key: (String, String),
-        netns: PathBuf,
-        ifname: String,
-        addresses: Vec<IpNetwork>,
-        routes: Vec<RouteIntent>,
-    },
-    Deleted {
-        key: (String, String),
-    },
-}
-
 /// One sandbox namespace as the kernel showed it.
 #[derive(Clone, Debug, Serialize)]
 pub struct SandboxView {
+    /// The latest verdict (a revised one replaces the alarm it revises).
     pub verdict: Option<NetnsVerdict>,
-    /// The daemon's own ADD for this namespace, and whether the kernel confirmed it.
+    /// The daemon's own ADD (or the audit at start) for this namespace, and whether the kernel
+    /// confirmed it.
     pub intent: Option<IntentVerdict>,
     pub container_id: Option<String>,
     pub drifts: Vec<Drift>,
-    /// Every report for this namespace, as `provisioner trace` prints it.
+    /// The latest reports for this namespace, as `provisioner trace` prints them.
     pub text: Vec<String>,
+}
+
+/// A sandbox of the store whose namespace could not be checked.
+#[derive(Clone, Debug, Serialize)]
+pub struct AbsentSandbox {
+    pub container_id: String,
+    pub ifname: String,
+    pub addresses: Vec<String>,
+    /// What happened, in words.
+    pub what: String,
+    pub at: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -65,6 +71,9 @@ pub struct SandboxesAnswer {
     /// `None` when tracing runs; else why it does not.
     pub tracing_unavailable: Option<String>,
     pub sandboxes: Vec<SandboxView>,
+    /// Sandboxes found at start whose namespace was gone (released by reconciliation) or
+    /// could not be found.
+    pub absent: Vec<AbsentSandbox>,
     pub metrics: TraceMetrics,
 }
 
@@ -74,6 +83,7 @@ struct Shared {
     /// By netns cookie, insertion order kept in `order`.
     views: HashMap<u64, SandboxView>,
     order: VecDeque<u64>,
+    absent: VecDeque<AbsentSandbox>,
     metrics: TraceMetrics,
 }
 
@@ -81,7 +91,7 @@ impl Shared {
     fn view(&mut self, cookie: u64) -> &mut SandboxView {
         if !self.views.contains_key(&cookie) {
             self.order.push_back(cookie);
-            while self.order.len() > KEPT_VERDICTS {
+            while self.order.len() > KEPT_VIEWS {
                 if let Some(old) = self.order.pop_front() {
                     self.views.remove(&old);
                 }
@@ -96,7 +106,7 @@ impl Shared {
         })
     }
 
-    fn record(&mut self, reports: Vec<Report>, containers: &HashMap<IntentId, String>) {
+    fn record(&mut self, reports: Vec<Report>) {
         for report in reports {
             let text = report_lines(&report);
             let cookie = match &report {
@@ -104,25 +114,63 @@ impl Shared {
                 Report::Intent(i) => i.intent.netns_cookie,
                 Report::Drift(d) => d.netns_cookie,
             };
-            self.view(cookie).text.push(text);
+            let view = self.view(cookie);
+            if view.text.len() >= KEPT_TEXTS {
+                view.text.remove(0);
+            }
+            view.text.push(text);
             match report {
-                Report::Verdict(v) => {
-                    let cookie = v.netns.cookie;
-                    self.view(cookie).verdict = Some(v);
-                }
+                Report::Verdict(v) => view.verdict = Some(v),
                 Report::Intent(i) => {
-                    let container = containers.get(&i.id).cloned();
-                    let view = self.view(i.intent.netns_cookie);
-                    view.container_id = container;
+                    view.container_id = Some(i.intent.key.container_id.clone());
                     view.intent = Some(i);
                 }
-                Report::Drift(d) => self.view(d.netns_cookie).drifts.push(d),
+                Report::Drift(d) => {
+                    if view.drifts.len() < KEPT_TEXTS {
+                        view.drifts.push(d);
+                    }
+                }
             }
         }
     }
+
+    fn absent(&mut self, sandbox: &SandboxRef, addresses: Vec<String>, what: String) {
+        if self.absent.len() >= KEPT_VIEWS {
+            self.absent.pop_front();
+        }
+        self.absent.push_back(AbsentSandbox {
+            container_id: sandbox.container_id.clone(),
+            ifname: sandbox.ifname.clone(),
+            addresses,
+            what,
+            at: format_time(SystemTime::now()),
+        });
+    }
 }
 
-/// Handle held by the daemon; cheap to clone.
+/// The driver's output, into [`Shared`].
+struct WatchSink {
+    shared: Arc<Mutex<Shared>>,
+    deadline: Duration,
+}
+
+impl Sink for WatchSink {
+    fn attached(&mut self) {
+        release_freed_memory();
+        tracing::info!(deadline = ?self.deadline, "kernel tracing of sandbox network setup started");
+        lock(&self.shared).unavailable = None;
+    }
+
+    fn reports(&mut self, reports: Vec<Report>) {
+        lock(&self.shared).record(reports);
+    }
+
+    fn metrics(&mut self, metrics: TraceMetrics) {
+        lock(&self.shared).metrics = metrics;
+    }
+}
+
+/// Handle held by the daemon; cheap to clone. It observes the sandbox service.
 #[derive(Clone)]
 pub struct KernelWatch {
     commands: mpsc::UnboundedSender<Command>,
@@ -130,7 +178,8 @@ pub struct KernelWatch {
 }
 
 impl KernelWatch {
-    /// Starts the tracer on the current runtime; never fails (see [`SandboxesAnswer`]).
+    /// Starts the tracer on the current runtime; never fails (see [`SandboxesAnswer`]). Intents
+    /// sent before the programs are attached wait for them.
     pub fn start(deadline: Duration, rules: SandboxRules) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Mutex::new(Shared {
@@ -141,50 +190,30 @@ impl KernelWatch {
         tokio::spawn({
             let shared = Arc::clone(&shared);
             async move {
-                match KernelTracer::start(65_536) {
-                    Ok((tracer, events)) => {
-                        release_freed_memory();
-                        tracing::info!(
-                            ?deadline,
-                            "kernel tracing of sandbox network setup started"
-                        );
-                        lock(&shared).unavailable = None;
-                        let correlator = Correlator::new(CorrelatorConfig { deadline, rules });
-                        run(tracer, events, rx, correlator, shared).await;
-                    }
+                let mut sink = WatchSink {
+                    shared: Arc::clone(&shared),
+                    deadline,
+                };
+                let opts = DriverOptions {
+                    correlator: CorrelatorConfig { deadline, rules },
+                    scan_pins: true,
+                };
+                let why = match driver::run(opts, rx, &mut sink, std::future::pending()).await {
+                    Ok(_) => "kernel event stream ended".to_owned(),
                     Err(err) => {
                         tracing::error!(error = %err, "kernel tracing unavailable; provisioning continues without it");
-                        lock(&shared).unavailable = Some(err.to_string());
+                        err.to_string()
                     }
-                }
+                };
+                lock(&shared).unavailable = Some(why);
             }
         });
         Self { commands, shared }
     }
 
-    /// Registers an ADD's intent: the kernel must show its interface, addresses and routes.
-    pub fn added(
-        &self,
-        container_id: &str,
-        ifname: &str,
-        netns: PathBuf,
-        addresses: Vec<IpNetwork>,
-        routes: Vec<RouteIntent>,
-    ) {
-        let _ = self.commands.send(Command::Added {
-            key: (container_id.to_owned(), ifname.to_owned()),
-            netns,
-            ifname: ifname.to_owned(),
-            addresses,
-            routes,
-        });
-    }
-
-    /// The sandbox was deleted by the daemon: no drift is reported for it any more.
-    pub fn deleted(&self, container_id: &str, ifname: &str) {
-        let _ = self.commands.send(Command::Deleted {
-            key: (container_id.to_owned(), ifname.to_owned()),
-        });
+    fn send(&self, command: Command) {
+        // The driver only goes away when tracing failed; the intent then has no one to check it.
+        let _ = self.commands.send(command);
     }
 
     pub fn sandboxes(&self) -> SandboxesAnswer {
@@ -196,6 +225,7 @@ impl KernelWatch {
                 .iter()
                 .filter_map(|c| shared.views.get(c).cloned())
                 .collect(),
+            absent: shared.absent.iter().cloned().collect(),
             metrics: shared.metrics.clone(),
         }
     }
@@ -206,67 +236,76 @@ impl KernelWatch {
     }
 }
 
-fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
+fn key_of(sandbox: &SandboxRef) -> IntentKey {
+    IntentKey {
+        container_id: sandbox.container_id.clone(),
+        ifname: sandbox.ifname.clone(),
+    }
 }
 
-async fn run(
-    tracer: KernelTracer,
-    mut events: mpsc::Receiver<crate::trace::TraceEvent>,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-    mut correlator: Correlator,
-    shared: Arc<Mutex<Shared>>,
-) {
-    let mut intents: HashMap<(String, String), IntentId> = HashMap::new();
-    let mut containers: HashMap<IntentId, String> = HashMap::new();
-    let mut ticker = tokio::time::interval(Duration::from_millis(100));
-    loop {
-        let reports = tokio::select! {
-            event = events.recv() => match event {
-                Some(event) => correlator.feed(&event),
-                None => {
-                    tracing::error!("kernel event stream ended; tracing stopped");
-                    lock(&shared).unavailable = Some("kernel event stream ended".into());
-                    return;
-                }
-            },
-            Some(command) = commands.recv() => match command {
-                Command::Added { key, netns, ifname, addresses, routes } => {
-                    match netns_of_path(&netns) {
-                        Ok(id) => {
-                            if let Some(old) = intents.remove(&key) {
-                                correlator.remove_intent(old);
-                                containers.remove(&old);
-                            }
-                            let intent = Intent { netns_cookie: id.cookie, ifname, addresses, routes };
-                            let (intent_id, reports) = correlator.register_intent(intent, SystemTime::now());
-                            containers.insert(intent_id, key.0.clone());
-                            intents.insert(key, intent_id);
-                            reports
-                        }
-                        Err(err) => {
-                            tracing::warn!(netns = %netns.display(), error = %err, "cannot identify the sandbox netns for tracing");
-                            Vec::new()
-                        }
-                    }
-                }
-                Command::Deleted { key } => {
-                    if let Some(id) = intents.remove(&key) {
-                        correlator.remove_intent(id);
-                        containers.remove(&id);
-                    }
-                    Vec::new()
-                }
-            },
-            _ = ticker.tick() => {
-                let reports = correlator.tick(SystemTime::now());
-                let metrics = TraceMetrics::collect(&correlator.metrics(), &tracer.loss_counters());
-                lock(&shared).metrics = metrics;
-                reports
-            }
-        };
-        if !reports.is_empty() {
-            lock(&shared).record(reports, &containers);
+fn addresses_of(allocation: Option<&Allocation>) -> Vec<String> {
+    allocation
+        .map(|a| a.ips.iter().map(|ip| ip.address.to_string()).collect())
+        .unwrap_or_default()
+}
+
+impl SandboxObserver for KernelWatch {
+    fn planned(&self, sandbox: &SandboxRef, expected: &ExpectedState) {
+        if let Some(netns) = &sandbox.netns {
+            self.send(Command::Intent(IntentSpec::new(
+                key_of(sandbox),
+                IntentOrigin::Add,
+                netns.clone(),
+                expected,
+            )));
         }
     }
+
+    fn rolled_back(&self, sandbox: &SandboxRef) {
+        self.send(Command::Forget(key_of(sandbox)));
+    }
+
+    fn removing(&self, sandbox: &SandboxRef, _cause: Removal) {
+        self.send(Command::Forget(key_of(sandbox)));
+    }
+
+    fn removed(&self, sandbox: &SandboxRef, cause: Removal, released: Option<&Allocation>) {
+        if cause == Removal::NetnsGone {
+            lock(&self.shared).absent(
+                sandbox,
+                addresses_of(released),
+                "netns gone while the daemon was down (no host veth); its addresses were \
+                 released by reconciliation"
+                    .to_owned(),
+            );
+        }
+    }
+
+    fn found(&self, sandbox: &SandboxRef, netns: Option<&Path>, expected: &ExpectedState) {
+        match netns {
+            Some(netns) => self.send(Command::Intent(IntentSpec::new(
+                key_of(sandbox),
+                IntentOrigin::Audit,
+                netns.to_path_buf(),
+                expected,
+            ))),
+            None => {
+                tracing::warn!(container = %sandbox.container_id, ifname = %sandbox.ifname, "sandbox found at start: its namespace could not be found (no pin, no process in it)");
+                lock(&self.shared).absent(
+                    sandbox,
+                    expected
+                        .sandbox_addresses()
+                        .map(|a| a.to_string())
+                        .collect(),
+                    "found at start, but its namespace could not be found (no pin, no \
+                     process in it): not checked"
+                        .to_owned(),
+                );
+            }
+        }
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -8,7 +8,6 @@ pub mod api;
 pub mod client;
 mod errors;
 pub mod kernel_watch;
-mod key_locks;
 mod reconcile;
 pub mod result;
 mod server;

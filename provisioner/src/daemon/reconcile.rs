@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use crate::dataplane::{host_ifname, is_graveyard_ifname, is_host_ifname};
 use crate::ipam::OpenReport;
-use crate::sandbox::{SandboxRef, SandboxService};
+use crate::sandbox::SandboxService;
 
 pub fn report_store(report: &OpenReport) {
     tracing::info!(store = %report.path.display(), allocations = report.allocations, "allocation store open");
@@ -38,12 +38,7 @@ pub async fn with_kernel(service: &SandboxService) -> Result<(), String> {
             continue;
         }
         tracing::warn!(key = %allocation.key, host_link = %name, "sandbox gone (no host veth): releasing its allocation");
-        let sandbox = SandboxRef {
-            container_id: allocation.key.container_id.clone(),
-            ifname: allocation.key.ifname.clone(),
-            netns: None,
-        };
-        if let Err(err) = service.del(&sandbox).await {
+        if let Err(err) = service.release_gone(&allocation.key).await {
             tracing::error!(key = %allocation.key, error = %err, "release of a gone sandbox failed");
         }
     }

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use crate::cni::{CniError, CniResult, CniVersion};
 use crate::config::{ConfigWatcher, render_config};
 use crate::dataplane::Dataplane;
-use crate::ipam::IpamConfig;
+use crate::ipam::{AllocationKey, IpamConfig};
 use crate::metrics::Operation;
 use crate::sandbox::{Network, SandboxRef};
 
@@ -118,9 +118,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         let metrics = Arc::clone(&state.metrics);
         let kernel = state.kernel.clone();
         let refresh = Arc::new(move |m: &crate::metrics::Metrics| {
-            if let Some(kernel) = &kernel {
-                refresh_trace_metrics(m, kernel);
-            }
+            refresh_trace_metrics(m, kernel.as_ref());
         });
         tokio::spawn(async move {
             if let Err(err) = crate::metrics::serve(addr, metrics, refresh).await {
@@ -266,33 +264,12 @@ async fn handle(state: &DaemonState, request: Request) -> Response {
     }
 }
 
-fn refresh_trace_metrics(metrics: &crate::metrics::Metrics, kernel: &KernelWatch) {
-    use crate::metrics::NameLabels;
-    let (_, trace) = kernel.metrics();
-    let set = |family: &prometheus_client::metrics::family::Family<
-        NameLabels,
-        prometheus_client::metrics::gauge::Gauge,
-    >,
-               name: &str,
-               value: u64| {
-        family
-            .get_or_create(&NameLabels {
-                name: name.to_owned(),
-            })
-            .set(i64::try_from(value).unwrap_or(i64::MAX));
-    };
-    for (name, n) in &trace.setups_by_verdict {
-        set(&metrics.verdicts, name, *n);
-    }
-    set(&metrics.verdicts, "confirmed", trace.intents_confirmed);
-    set(&metrics.verdicts, "unconfirmed", trace.intents_unconfirmed);
-    set(&metrics.verdicts, "drift", trace.drifts);
-    for (name, n) in &trace.events_by_kind {
-        set(&metrics.trace_events, name, *n);
-    }
-    for (name, n) in trace.lost_by_kind.iter().chain(&trace.undecodable_by_kind) {
-        set(&metrics.trace_lost, name, *n);
-    }
+fn refresh_trace_metrics(metrics: &crate::metrics::Metrics, kernel: Option<&KernelWatch>) {
+    let trace = kernel.and_then(|kernel| match kernel.metrics() {
+        (None, trace) => Some(trace),
+        (Some(_), _) => None,
+    });
+    metrics.set_trace(trace);
 }
 
 #[derive(Clone, Copy)]
@@ -370,16 +347,8 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
         ifname: req.ifname.clone(),
         netns: req.netns.clone(),
     };
-    let _serialised = state.locks.lock(&req.container_id, &req.ifname).await;
     match op {
-        Op::Add => match service
-            .add_observed(&sandbox, |spec| {
-                if let Some(kernel) = &state.kernel {
-                    register_intent(kernel, spec);
-                }
-            })
-            .await
-        {
+        Op::Add => match service.add(&sandbox).await {
             Ok(outcome) => {
                 tracing::info!(container = %req.container_id, ifname = %req.ifname, addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "added");
                 Response::Ok {
@@ -388,18 +357,12 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
             }
             Err(err) => {
                 tracing::warn!(error = %err, "ADD failed");
-                if let Some(kernel) = &state.kernel {
-                    kernel.deleted(&req.container_id, &req.ifname);
-                }
                 cni_error(&err).into()
             }
         },
         Op::Del => match service.del(&sandbox).await {
             Ok(outcome) => {
                 tracing::info!(container = %req.container_id, ifname = %req.ifname, released = outcome.released.is_some(), "deleted");
-                if let Some(kernel) = &state.kernel {
-                    kernel.deleted(&req.container_id, &req.ifname);
-                }
                 Response::Ok {
                     result: serde_json::Value::Null,
                 }
@@ -409,88 +372,28 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
                 cni_error(&err).into()
             }
         },
-        Op::Check => check(service, &sandbox, req.prev_result.as_ref()).await,
-    }
-}
-
-/// What the kernel must show for this ADD: the interface with its addresses, a default route
-/// per family via its gateway, and every configured route.
-fn register_intent(kernel: &KernelWatch, spec: &crate::dataplane::SandboxSpec) {
-    let gateway_for = |v4: bool| {
-        spec.addresses
-            .iter()
-            .find(|a| a.address.is_ipv4() == v4)
-            .map(|a| a.gateway)
-    };
-    let mut routes = Vec::new();
-    for address in &spec.addresses {
-        let default = if address.address.is_ipv4() {
-            "0.0.0.0/0"
-        } else {
-            "::/0"
-        };
-        if let Ok(dst) = default.parse() {
-            routes.push(crate::trace::RouteIntent {
-                dst,
-                gateway: Some(address.gateway),
-            });
+        Op::Check => {
+            let claimed = match req
+                .prev_result
+                .as_ref()
+                .map(CniResult::from_json)
+                .transpose()
+            {
+                Ok(prev) => prev.map(|prev| {
+                    prev.ips
+                        .iter()
+                        .map(|ip| ip.address)
+                        .collect::<Vec<IpNetwork>>()
+                }),
+                Err(err) => return err.into(),
+            };
+            match service.check(&sandbox, claimed.as_deref()).await {
+                Ok(_) => Response::Ok {
+                    result: serde_json::Value::Null,
+                },
+                Err(err) => cni_error(&err).into(),
+            }
         }
-    }
-    for route in &spec.routes {
-        if !routes.iter().any(|r| r.dst == route.dst) {
-            routes.push(crate::trace::RouteIntent {
-                dst: route.dst,
-                gateway: route.gw.or_else(|| gateway_for(route.dst.is_ipv4())),
-            });
-        }
-    }
-    kernel.added(
-        &spec.container_id,
-        &spec.ifname,
-        spec.netns.clone(),
-        spec.addresses.iter().map(|a| a.address).collect(),
-        routes,
-    );
-}
-
-async fn check(
-    service: &crate::sandbox::SandboxService,
-    sandbox: &SandboxRef,
-    prev_result: Option<&serde_json::Value>,
-) -> Response {
-    let allocation = match service.check(sandbox).await {
-        Ok(allocation) => allocation,
-        Err(err) => return cni_error(&err).into(),
-    };
-    if let Some(prev) = prev_result {
-        let prev = match CniResult::from_json(prev) {
-            Ok(prev) => prev,
-            Err(err) => return err.into(),
-        };
-        let mut expected: Vec<String> = allocation
-            .ips
-            .iter()
-            .map(|ip| ip.address.to_string())
-            .collect();
-        let mut claimed: Vec<String> = prev.ips.iter().map(|ip| ip.address.to_string()).collect();
-        expected.sort();
-        claimed.sort();
-        if expected != claimed {
-            return CniError::new(
-                CniError::CHECK_FAILED,
-                format!(
-                    "sandbox {} ({}): prevResult addresses {} differ from the allocation {}",
-                    sandbox.container_id,
-                    sandbox.ifname,
-                    claimed.join(","),
-                    expected.join(",")
-                ),
-            )
-            .into();
-        }
-    }
-    Response::Ok {
-        result: serde_json::Value::Null,
     }
 }
 
@@ -507,45 +410,24 @@ async fn gc(
     if let Some(mismatch) = claim_mismatch(service.network(), network) {
         return mismatch;
     }
-    let allocations = match service.list().await {
-        Ok(list) => list,
+    let valid: Vec<AllocationKey> = valid
+        .iter()
+        .map(|v| AllocationKey::new(v.container_id.clone(), v.ifname.clone()))
+        .collect();
+    let outcome = match service.gc(&valid).await {
+        Ok(outcome) => outcome,
         Err(err) => return cni_error(&err).into(),
     };
-    let mut released = Vec::new();
-    let mut errors = Vec::new();
-    for allocation in allocations {
-        let key = &allocation.key;
-        if valid
-            .iter()
-            .any(|v| v.container_id == key.container_id && v.ifname == key.ifname)
-        {
-            continue;
-        }
-        let sandbox = SandboxRef {
-            container_id: key.container_id.clone(),
-            ifname: key.ifname.clone(),
-            netns: None,
-        };
-        // An operation in flight on this key (an ADD the runtime listed no attachment for yet)
-        // is left alone: the next GC decides.
-        let Some(_serialised) = state.locks.try_lock(&key.container_id, &key.ifname) else {
-            tracing::info!(key = %key, "GC: operation in flight, skipped");
-            continue;
-        };
-        match service.del(&sandbox).await {
-            Ok(_) => {
-                if let Some(kernel) = &state.kernel {
-                    kernel.deleted(&key.container_id, &key.ifname);
-                }
-                released.push(key.to_string());
-            }
-            Err(err) => errors.push(err.to_string()),
-        }
-    }
-    tracing::info!(released = released.len(), "GC");
-    if errors.is_empty() {
+    tracing::info!(
+        released = outcome.released.len(),
+        in_flight = outcome.in_flight.len(),
+        "GC"
+    );
+    if outcome.errors.is_empty() {
+        let released: Vec<String> = outcome.released.iter().map(ToString::to_string).collect();
         ok(&serde_json::json!({ "released": released }))
     } else {
+        let errors: Vec<String> = outcome.errors.iter().map(ToString::to_string).collect();
         CniError::internal(format!("GC: {}", errors.join("; "))).into()
     }
 }

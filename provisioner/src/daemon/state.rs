@@ -10,11 +10,10 @@ use crate::config::{ConfigState, LoadedNetwork};
 use crate::dataplane::Dataplane;
 use crate::ipam::Allocator;
 use crate::metrics::Metrics;
-use crate::sandbox::{Network, SandboxService};
+use crate::sandbox::{KeyLocks, Network, NoObserver, SandboxObserver, SandboxService};
 
 use super::api::{LoadInfo, NetworkInfo, Status};
 use super::kernel_watch::KernelWatch;
-use super::key_locks::KeyLocks;
 use super::reconcile;
 
 /// The network in force and the service that provisions it.
@@ -32,7 +31,8 @@ pub struct Paths {
 pub struct DaemonState {
     pub paths: Paths,
     pub dataplane: Dataplane,
-    pub locks: KeyLocks,
+    /// Per-sandbox serialisation, shared by the services of successive configs.
+    locks: Arc<KeyLocks>,
     pub metrics: Arc<Metrics>,
     /// The kernel watch, unless tracing was turned off.
     pub kernel: Option<KernelWatch>,
@@ -58,7 +58,7 @@ impl DaemonState {
             kernel,
             paths,
             dataplane,
-            locks: KeyLocks::default(),
+            locks: Arc::new(KeyLocks::default()),
             metrics: Arc::new(Metrics::new()),
             active: Arc::new(RwLock::new(None)),
             applied: std::sync::Mutex::new(Applied::default()),
@@ -143,12 +143,34 @@ impl DaemonState {
             mtu = ?network.mtu,
             "network in force"
         );
-        let service = SandboxService::new(network, allocator, self.dataplane.clone());
+        let observer: Arc<dyn SandboxObserver> = match &self.kernel {
+            Some(kernel) => Arc::new(kernel.clone()),
+            None => Arc::new(NoObserver),
+        };
+        let service = SandboxService::with_observer(
+            network,
+            allocator,
+            self.dataplane.clone(),
+            Arc::clone(&self.locks),
+            observer,
+        );
         if let Err(err) = reconcile::with_kernel(&service).await {
             tracing::error!(error = %err, "reconciling allocations with the kernel");
             self.applied().dataplane_error = Some(err);
         } else {
             self.applied().dataplane_error = None;
+            if self.kernel.is_some() {
+                // The audit: every sandbox already there is checked against the kernel.
+                match service.announce_existing().await {
+                    Ok(n) => tracing::info!(
+                        sandboxes = n,
+                        "sandboxes found at start handed to the kernel watch"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "audit of the sandboxes found at start")
+                    }
+                }
+            }
         }
         *active = Some(Active { loaded, service });
         self.metrics.ready.set(1);

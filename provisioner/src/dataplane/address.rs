@@ -106,14 +106,30 @@ pub(crate) async fn list(
             &format!("list addresses of {ifname}"),
         )
         .await?;
+    Ok(parse_all(msgs)
+        .into_iter()
+        .filter(|(i, _)| *i == index)
+        .map(|(_, a)| a)
+        .collect())
+}
+
+/// Every address of `conn`'s netns, with the index of its link.
+pub(crate) async fn all(conn: &Conn) -> Result<Vec<(u32, Addr)>, DataplaneError> {
+    let msgs = conn
+        .dump(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            "list addresses",
+        )
+        .await?;
+    Ok(parse_all(msgs))
+}
+
+fn parse_all(msgs: Vec<RouteNetlinkMessage>) -> Vec<(u32, Addr)> {
     let mut out = Vec::new();
     for m in msgs {
         let RouteNetlinkMessage::NewAddress(m) = m else {
             continue;
         };
-        if m.header.index != index {
-            continue;
-        }
         let mut ip = None;
         let mut local = None;
         let mut flags = AddressFlags::from_bits_retain(u32::from(m.header.flags.bits()));
@@ -130,11 +146,14 @@ pub(crate) async fn list(
         let Ok(net) = IpNetwork::new(ip, m.header.prefix_len) else {
             continue;
         };
-        out.push(Addr {
-            net,
-            flags,
-            link_local: m.header.scope == AddressScope::Link,
-        });
+        out.push((
+            m.header.index,
+            Addr {
+                net,
+                flags,
+                link_local: m.header.scope == AddressScope::Link,
+            },
+        ));
     }
-    Ok(out)
+    out
 }

@@ -4,7 +4,7 @@ use super::error::CheckFailure;
 use super::link::{self, Link};
 use super::netlink::Conn;
 use super::netns::NetnsFile;
-use super::plan::{Plan, plan};
+use super::plan::{ExpectedState, plan};
 use super::spec::SandboxSpec;
 use super::{Dataplane, address, route};
 
@@ -39,7 +39,11 @@ pub(crate) async fn run_with(
     }
 }
 
-async fn check_sandbox(spec: &SandboxSpec, plan: &Plan, sandbox: Option<&Conn>) -> Vec<String> {
+async fn check_sandbox(
+    spec: &SandboxSpec,
+    plan: &ExpectedState,
+    sandbox: Option<&Conn>,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let sbx_label = spec.netns.display().to_string();
     let opened;
@@ -77,7 +81,7 @@ async fn check_sandbox(spec: &SandboxSpec, plan: &Plan, sandbox: Option<&Conn>) 
 
 /// The host side: the veth, its gateway address(es) and one FIB lookup per host route; the
 /// cost does not grow with the number of sandboxes on the node.
-async fn check_host(dp: &Dataplane, spec: &SandboxSpec, plan: &Plan) -> Vec<String> {
+async fn check_host(dp: &Dataplane, spec: &SandboxSpec, plan: &ExpectedState) -> Vec<String> {
     let mut problems = Vec::new();
     let host = match dp.host().await {
         Err(e) => {

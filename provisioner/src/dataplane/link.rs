@@ -23,6 +23,8 @@ pub(crate) struct Link {
     pub up: bool,
     /// `IFLA_LINK`: for a veth, the peer's index (in the peer's netns).
     pub peer_index: Option<u32>,
+    /// `IFLA_LINK_NETNSID`: the nsid (in this netns) of the peer's netns, when it is another.
+    pub peer_netnsid: Option<i32>,
 }
 
 /// Formats a hardware address as `aa:bb:cc:dd:ee:ff`.
@@ -42,6 +44,7 @@ fn parse_link(msg: &LinkMessage) -> Link {
         mtu: None,
         up: msg.header.flags.contains(LinkFlags::Up),
         peer_index: None,
+        peer_netnsid: None,
     };
     for attr in &msg.attributes {
         match attr {
@@ -49,6 +52,7 @@ fn parse_link(msg: &LinkMessage) -> Link {
             LinkAttribute::Address(a) => link.mac = format_mac(a),
             LinkAttribute::Mtu(m) => link.mtu = Some(*m),
             LinkAttribute::Link(l) => link.peer_index = Some(*l),
+            LinkAttribute::LinkNetNsId(id) => link.peer_netnsid = Some(*id),
             _ => {}
         }
     }

@@ -12,6 +12,7 @@ mod address;
 mod check;
 mod error;
 mod link;
+mod locate;
 mod naming;
 mod netlink;
 mod netns;
@@ -19,6 +20,7 @@ mod plan;
 mod reaper;
 mod route;
 mod setup;
+mod snapshot;
 mod spec;
 mod sysctl;
 mod teardown;
@@ -28,14 +30,24 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use error::{CheckFailure, DataplaneError, SetupStep};
+pub use locate::{SANDBOX_PIN_DIRS, netns_files};
 pub use naming::{
     GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, IFNAME_MAX, graveyard_ifname,
     host_ifname, is_graveyard_ifname, is_host_ifname, valid_ifname,
 };
+pub use netns::socket_netns_cookie;
+pub use plan::{ExpectedState, FamilyPlan, plan};
 pub use route::{Route, Scope};
+pub use snapshot::{NetnsSnapshot, SnapshotAddress, SnapshotLink, SnapshotRoute};
 pub use spec::{PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
 
 use netlink::Conn;
+
+/// Reads the network state of the namespace at `path` (links, addresses, main-table routes) and
+/// its cookie: what the tracer judges on when it did not see the namespace's history.
+pub async fn snapshot(path: &Path) -> Result<NetnsSnapshot, DataplaneError> {
+    snapshot::take(path).await
+}
 use netns::NetnsFile;
 use reaper::Reaper;
 
@@ -228,6 +240,27 @@ impl Dataplane {
                 errors,
             }),
         }
+    }
+
+    /// The sandbox netns of each host veth named in `host_links` that has one: found from the
+    /// kernel (the veth's peer namespace), among the pins under [`SANDBOX_PIN_DIRS`] and every
+    /// process's namespace.
+    pub async fn sandbox_netns_of(
+        &self,
+        host_links: &[String],
+    ) -> Result<std::collections::HashMap<String, std::path::PathBuf>, DataplaneError> {
+        let pin_dirs: Vec<std::path::PathBuf> = SANDBOX_PIN_DIRS
+            .iter()
+            .map(std::path::PathBuf::from)
+            .collect();
+        let candidates = tokio::task::spawn_blocking(move || netns_files(&pin_dirs))
+            .await
+            .map_err(|e| DataplaneError::Protocol {
+                op: "list network namespace files".to_owned(),
+                netns: self.host_netns().to_owned(),
+                detail: e.to_string(),
+            })?;
+        locate::peer_netns(self.host().await?, host_links, &candidates).await
     }
 
     /// Cheap liveness check of the host netlink socket (readiness).

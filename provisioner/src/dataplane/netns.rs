@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -73,6 +73,18 @@ impl NetnsFile {
         })
     }
 
+    /// Inode of the namespace (not its identity: inodes are recycled at once; see the cookie).
+    pub(crate) fn inode(&self) -> Result<u64, DataplaneError> {
+        use std::os::unix::fs::MetadataExt;
+        self.file
+            .metadata()
+            .map(|m| m.ino())
+            .map_err(|source| DataplaneError::OpenNetns {
+                netns: self.label.clone(),
+                source,
+            })
+    }
+
     /// A name for messages: the path it was opened from.
     pub(crate) fn label(&self) -> &str {
         &self.label
@@ -135,6 +147,46 @@ impl NetnsFile {
             source,
         })
     }
+}
+
+/// The cookie (`SO_NETNS_COOKIE`) of the network namespace `socket` lives in: the identity of
+/// a namespace (unlike its inode, never reused while the system runs).
+pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a valid u64, and `socket`
+    // is an open fd for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// `NSFS_MAGIC`: the filesystem of netns files (`/run/netns/x`, `/proc/<pid>/ns/net`).
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Is `path` an existing namespace file (and not, e.g., a plain file left where a bind mount
+/// was)? Looks at the path without opening it, so a FIFO cannot block the caller.
+#[cfg_attr(
+    target_pointer_width = "64",
+    expect(
+        clippy::useless_conversion,
+        reason = "f_type is i64 here but narrower on other targets"
+    )
+)]
+pub(crate) fn is_netns(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .ok()
+        .is_some_and(|st| i64::from(st.filesystem_type().0) == NSFS_MAGIC)
 }
 
 /// Number of netns worker threads: jobs are short (setns, a socket, a few file writes).

@@ -1,5 +1,6 @@
-//! Pure planning: validates a spec and computes every address and route setup will create
-//! (ptp wiring). Unit-tested without root.
+//! Pure planning: validates a spec and computes the [`ExpectedState`] of the sandbox, every
+//! address and route setup will create (ptp wiring). Setup, CHECK, the tracer's intent and the
+//! audit at start all work from it. Unit-tested without root.
 
 use std::net::IpAddr;
 
@@ -12,7 +13,7 @@ use super::spec::SandboxSpec;
 
 /// The wiring of one address family.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FamilyPlan {
+pub struct FamilyPlan {
     /// Pod address with the subnet prefix, on the sandbox end.
     pub pod: IpNetwork,
     pub gateway: IpAddr,
@@ -22,9 +23,12 @@ pub(crate) struct FamilyPlan {
     pub host_route: Route,
 }
 
-/// Everything setup will create, in order.
+/// What a sandbox must have after ADD: everything setup creates, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub struct ExpectedState {
+    /// The interface inside the sandbox.
+    pub ifname: String,
+    pub mtu: Option<u32>,
     pub host_ifname: String,
     pub families: Vec<FamilyPlan>,
     /// Sandbox routes through the sandbox interface, in install order (gateway first).
@@ -60,8 +64,15 @@ pub(crate) fn network_of(net: IpNetwork) -> IpNetwork {
     IpNetwork::new(net.network(), net.prefix()).unwrap_or(net)
 }
 
+impl ExpectedState {
+    /// The pod addresses on the sandbox interface, v4 first.
+    pub fn sandbox_addresses(&self) -> impl Iterator<Item = IpNetwork> + '_ {
+        self.families.iter().map(|f| f.pod)
+    }
+}
+
 /// Validates `spec` and plans the ptp wiring.
-pub(crate) fn plan(spec: &SandboxSpec) -> Result<Plan, DataplaneError> {
+pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
     if spec.container_id.is_empty() {
         return Err(invalid("empty container id".to_owned()));
     }
@@ -173,7 +184,9 @@ pub(crate) fn plan(spec: &SandboxSpec) -> Result<Plan, DataplaneError> {
         }
     }
 
-    Ok(Plan {
+    Ok(ExpectedState {
+        ifname: spec.ifname.clone(),
+        mtu: spec.mtu,
         host_ifname: host_ifname(&spec.container_id, &spec.ifname),
         uses_v6: v6 > 0,
         families,
@@ -216,7 +229,7 @@ mod tests {
         }
     }
 
-    fn show(p: &Plan) -> Vec<String> {
+    fn show(p: &ExpectedState) -> Vec<String> {
         p.sandbox_routes.iter().map(ToString::to_string).collect()
     }
 

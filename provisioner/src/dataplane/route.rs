@@ -164,23 +164,33 @@ pub(crate) async fn list_main_via(
     conn: &Conn,
     oif: u32,
 ) -> Result<Vec<FoundRoute>, DataplaneError> {
+    let routes = list_main_filtered(conn, Some(oif)).await?;
+    Ok(routes.into_iter().filter(|r| r.oif == Some(oif)).collect())
+}
+
+/// Every unicast route of the main table (both families).
+pub(crate) async fn list_main(conn: &Conn) -> Result<Vec<FoundRoute>, DataplaneError> {
+    list_main_filtered(conn, None).await
+}
+
+async fn list_main_filtered(
+    conn: &Conn,
+    oif: Option<u32>,
+) -> Result<Vec<FoundRoute>, DataplaneError> {
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
         req.header.table = RouteHeader::RT_TABLE_MAIN;
-        req.attributes.push(RouteAttribute::Oif(oif));
-        let msgs = conn
-            .dump(
-                RouteNetlinkMessage::GetRoute(req),
-                &format!("list {family:?} routes of link {oif}"),
-            )
-            .await?;
-        out.extend(
-            msgs.into_iter()
-                .filter_map(parse_main)
-                .filter(|r| r.oif == Some(oif)),
-        );
+        let what = match oif {
+            Some(oif) => {
+                req.attributes.push(RouteAttribute::Oif(oif));
+                format!("list {family:?} routes of link {oif}")
+            }
+            None => format!("list {family:?} routes"),
+        };
+        let msgs = conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await?;
+        out.extend(msgs.into_iter().filter_map(parse_main));
     }
     Ok(out)
 }

@@ -8,7 +8,7 @@ use super::error::{CheckFailure, DataplaneError, SetupStep};
 use super::link::{self, Link};
 use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
-use super::plan::{Plan, plan};
+use super::plan::{ExpectedState, plan};
 use super::route::Route;
 use super::spec::{SandboxSpec, SetupOutcome};
 use super::sysctl::{self, Sysctl, iface_key};
@@ -46,7 +46,7 @@ enum Undo {
 struct Run<'a> {
     dp: &'a Dataplane,
     spec: &'a SandboxSpec,
-    plan: Plan,
+    plan: ExpectedState,
     fail_after: Option<SetupStep>,
     undo: Vec<Undo>,
     sandbox: Option<(NetnsFile, Conn)>,

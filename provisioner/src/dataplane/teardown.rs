@@ -7,20 +7,16 @@
 //! background. When teardown returns, nothing in the host netns routes the pod's addresses any
 //! more, so the caller may release them; and the deterministic names are free for a re-ADD.
 
-use std::fs::File;
 use std::path::Path;
 
 use super::error::DataplaneError;
 use super::link::{self, Link};
 use super::naming::{GRAVEYARD_GROUP, graveyard_ifname, host_ifname};
 use super::netlink::{Conn, Req};
-use super::netns::NetnsFile;
+use super::netns::{NetnsFile, is_netns};
 use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
 use super::{Dataplane, address, route};
-
-/// `NSFS_MAGIC`: the filesystem of netns files (`/run/netns/x`, `/proc/<pid>/ns/net`).
-const NSFS_MAGIC: i64 = 0x6e73_6673;
 
 pub(crate) async fn run(
     dp: &Dataplane,
@@ -48,8 +44,11 @@ pub(crate) async fn run(
                     }
                 };
                 let mut host_errors = Vec::new();
-                let (host_ok, (cleaned, sbx_errors)) =
-                    futures::join!(retire(dp, host, &l, &mut host_errors), sandbox);
+                let (retired, (cleaned, sbx_errors)) =
+                    futures::join!(withdraw_host(host, &l, &mut host_errors), sandbox);
+                // Deleting the host end deletes its peer: only once the sandbox end is done
+                // with, so that teardown never races the reaper.
+                let host_ok = retired.map(|doomed| dp.reaper().queue(doomed)).is_some();
                 out.host_link_deleted = host_ok;
                 out.sandbox_cleaned = cleaned;
                 errors.extend(sbx_errors);
@@ -69,21 +68,6 @@ pub(crate) async fn run(
             errors,
         })
     }
-}
-
-/// Is `path` an existing netns (and not, e.g., a plain file left where a bind mount was)?
-#[cfg_attr(
-    target_pointer_width = "64",
-    expect(
-        clippy::useless_conversion,
-        reason = "f_type is i64 here but narrower on other targets"
-    )
-)]
-fn is_netns(path: &Path) -> bool {
-    File::open(path)
-        .ok()
-        .and_then(|f| nix::sys::statfs::fstatfs(&f).ok())
-        .is_some_and(|st| i64::from(st.filesystem_type().0) == NSFS_MAGIC)
 }
 
 /// The sandbox end of our veth (named `ifname` in the netns at `path`, peer of host link
@@ -157,15 +141,23 @@ async fn run_reqs(conn: &Conn, reqs: Vec<(Kind, Req)>) -> Vec<Result<(), Datapla
         .collect()
 }
 
-/// Withdraws everything that routes through the host link `l` (its routes and addresses, then
-/// down, renamed `pvx<index>` and moved to the graveyard group) and hands it to the reaper.
-/// Returns whether it was handed over.
+/// [`withdraw_host`], then hands the link to the reaper. Returns whether it was handed over.
 pub(crate) async fn retire(
     dp: &Dataplane,
     host: &Conn,
     l: &Link,
     errors: &mut Vec<DataplaneError>,
 ) -> bool {
+    withdraw_host(host, l, errors)
+        .await
+        .map(|doomed| dp.reaper().queue(doomed))
+        .is_some()
+}
+
+/// Withdraws everything that routes through the host link `l` (its routes and addresses, then
+/// down, renamed `pvx<index>` and moved to the graveyard group). Returns the link for the
+/// reaper, or `None` when it could not be retired (or vanished meanwhile).
+async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) -> Option<Doomed> {
     let already_retired = l.name.starts_with(super::naming::GRAVEYARD_IFNAME_PREFIX);
 
     // What routes through the link: only its own routes and addresses cross the socket.
@@ -173,14 +165,14 @@ pub(crate) async fn retire(
         Ok(r) => r,
         Err(e) => {
             errors.push(e);
-            return false;
+            return None;
         }
     };
     let addrs = match address::list(host, l.index, &l.name).await {
         Ok(a) => a,
         Err(e) => {
             errors.push(e);
-            return false;
+            return None;
         }
     };
 
@@ -222,10 +214,7 @@ pub(crate) async fn retire(
             errors.push(e);
         }
     }
-    if host_ok {
-        dp.reaper().queue(Doomed { name: grave });
-    }
-    host_ok
+    host_ok.then_some(Doomed { name: grave })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

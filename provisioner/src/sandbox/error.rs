@@ -32,6 +32,12 @@ pub enum SandboxError {
     },
     #[error("{sandbox}: no allocation (was it ever added?)")]
     NotFound { sandbox: String },
+    #[error("{sandbox}: prevResult addresses {claimed} differ from the allocation {allocated}")]
+    PrevResultMismatch {
+        sandbox: String,
+        claimed: String,
+        allocated: String,
+    },
     #[error("{sandbox}: store worker failed: {reason}")]
     Worker { sandbox: String, reason: String },
 }

@@ -6,10 +6,14 @@
 //! ADD's failure; ADD reports success only after `check` saw the interface with its addresses.
 
 mod error;
+mod key_locks;
 mod network;
+mod observer;
 mod queries;
 mod service;
 
 pub use error::SandboxError;
+pub use key_locks::{KeyGuard, KeyLocks};
 pub use network::Network;
-pub use service::{AddOutcome, DelOutcome, SandboxRef, SandboxService};
+pub use observer::{NoObserver, Removal, SandboxObserver};
+pub use service::{AddOutcome, DelOutcome, GcOutcome, SandboxRef, SandboxService};

@@ -1,13 +1,20 @@
-//! ADD / DEL / CHECK of one sandbox over an allocator and a dataplane.
+//! ADD / DEL / CHECK / GC of sandboxes over an allocator and a dataplane, serialised per
+//! sandbox, told to an observer.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ipnetwork::IpNetwork;
+
 use crate::dataplane::{
-    Dataplane, DataplaneError, PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome,
+    Dataplane, DataplaneError, ExpectedState, PodAddress, RouteSpec, SandboxSpec, SetupOutcome,
+    TeardownOutcome, host_ifname,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator};
 
+use super::key_locks::KeyLocks;
+use super::observer::{NoObserver, Removal, SandboxObserver};
 use super::{Network, SandboxError};
 
 /// Which sandbox interface an operation is about.
@@ -22,6 +29,14 @@ pub struct SandboxRef {
 impl SandboxRef {
     fn key(&self) -> AllocationKey {
         AllocationKey::new(self.container_id.clone(), self.ifname.clone())
+    }
+
+    fn of(key: &AllocationKey, netns: Option<PathBuf>) -> Self {
+        Self {
+            container_id: key.container_id.clone(),
+            ifname: key.ifname.clone(),
+            netns,
+        }
     }
 
     fn label(&self) -> String {
@@ -42,6 +57,8 @@ impl SandboxRef {
 pub struct AddOutcome {
     pub allocation: Allocation,
     pub spec: SandboxSpec,
+    /// What the sandbox must have (what CHECK and the tracer verify).
+    pub expected: ExpectedState,
     pub setup: SetupOutcome,
 }
 
@@ -53,20 +70,52 @@ pub struct DelOutcome {
     pub released: Option<Allocation>,
 }
 
+/// What GC did.
+#[derive(Debug, Default)]
+pub struct GcOutcome {
+    pub released: Vec<AllocationKey>,
+    /// Left alone because an operation on them was in flight (the next GC decides).
+    pub in_flight: Vec<AllocationKey>,
+    pub errors: Vec<SandboxError>,
+}
+
 /// Provisions sandboxes of one network. Cheap to clone.
 #[derive(Clone)]
 pub struct SandboxService {
     network: Arc<Network>,
     allocator: Arc<Allocator>,
     dataplane: Dataplane,
+    /// Shared by the services of successive configs, so one sandbox is never worked on twice
+    /// at once across a config change.
+    locks: Arc<KeyLocks>,
+    observer: Arc<dyn SandboxObserver>,
 }
 
 impl SandboxService {
+    /// A service with its own locks and no observer (the in-process CLI mode).
     pub fn new(network: Network, allocator: Arc<Allocator>, dataplane: Dataplane) -> Self {
+        Self::with_observer(
+            network,
+            allocator,
+            dataplane,
+            Arc::new(KeyLocks::default()),
+            Arc::new(NoObserver),
+        )
+    }
+
+    pub fn with_observer(
+        network: Network,
+        allocator: Arc<Allocator>,
+        dataplane: Dataplane,
+        locks: Arc<KeyLocks>,
+        observer: Arc<dyn SandboxObserver>,
+    ) -> Self {
         Self {
             network: Arc::new(network),
             allocator,
             dataplane,
+            locks,
+            observer,
         }
     }
 
@@ -84,16 +133,10 @@ impl SandboxService {
 
     /// Reserves addresses, wires the sandbox and verifies it.
     pub async fn add(&self, sandbox: &SandboxRef) -> Result<AddOutcome, SandboxError> {
-        self.add_observed(sandbox, |_| {}).await
-    }
-
-    /// Like [`Self::add`]; `before_setup` learns the planned wiring once the addresses are
-    /// reserved and before the kernel is touched (the kernel watch registers its intent there).
-    pub async fn add_observed(
-        &self,
-        sandbox: &SandboxRef,
-        before_setup: impl FnOnce(&SandboxSpec),
-    ) -> Result<AddOutcome, SandboxError> {
+        let _serialised = self
+            .locks
+            .lock(&sandbox.container_id, &sandbox.ifname)
+            .await;
         let label = sandbox.label();
         let netns = sandbox.netns.clone().ok_or_else(|| {
             SandboxError::Config(format!("{label}: ADD needs a network namespace path"))
@@ -109,10 +152,23 @@ impl SandboxService {
             })
             .await?;
         let spec = self.spec_for(&allocation, &netns);
-        before_setup(&spec);
+        let expected = match crate::dataplane::plan(&spec) {
+            Ok(expected) => expected,
+            Err(source) => {
+                if !existed {
+                    self.release_after_failure(&key, &label).await;
+                }
+                return Err(SandboxError::Dataplane {
+                    sandbox: label,
+                    source,
+                });
+            }
+        };
+        self.observer.planned(sandbox, &expected);
         let (setup, verified) = match self.dataplane.setup_and_check(&spec).await {
             Ok(setup) => setup,
             Err(source) => {
+                self.observer.rolled_back(sandbox);
                 // A rollback that left something behind may leave the address routed: keep
                 // the allocation so it is not handed out again; DEL or reconciliation frees it.
                 let clean_rollback = !matches!(
@@ -129,6 +185,7 @@ impl SandboxService {
             }
         };
         if let Err(source) = verified {
+            self.observer.rolled_back(sandbox);
             if let Err(err) = self
                 .dataplane
                 .teardown(&sandbox.container_id, &sandbox.ifname, Some(&netns))
@@ -143,18 +200,41 @@ impl SandboxService {
                 source,
             });
         }
+        self.observer.set_up(sandbox, &expected);
         Ok(AddOutcome {
             allocation,
             spec,
+            expected,
             setup,
         })
     }
 
-    /// Removes the wiring, then releases the addresses. Idempotent. When teardown fails the
-    /// allocation is kept (its address may still be routed) and the error returned, so the
-    /// runtime's retry can finish the job.
+    /// The runtime's DEL: removes the wiring, then releases the addresses. Idempotent.
     pub async fn del(&self, sandbox: &SandboxRef) -> Result<DelOutcome, SandboxError> {
+        let _serialised = self
+            .locks
+            .lock(&sandbox.container_id, &sandbox.ifname)
+            .await;
+        self.remove(sandbox, Removal::Del).await
+    }
+
+    /// Removes a sandbox whose namespace is gone (reconciliation).
+    pub async fn release_gone(&self, key: &AllocationKey) -> Result<DelOutcome, SandboxError> {
+        let sandbox = SandboxRef::of(key, None);
+        let _serialised = self.locks.lock(&key.container_id, &key.ifname).await;
+        self.remove(&sandbox, Removal::NetnsGone).await
+    }
+
+    /// Removes the wiring, then releases the addresses (the caller holds the key's lock). When
+    /// teardown fails the allocation is kept (its address may still be routed) and the error
+    /// returned, so the runtime's retry can finish the job.
+    async fn remove(
+        &self,
+        sandbox: &SandboxRef,
+        cause: Removal,
+    ) -> Result<DelOutcome, SandboxError> {
         let label = sandbox.label();
+        self.observer.removing(sandbox, cause);
         let teardown = self
             .dataplane
             .teardown(
@@ -171,11 +251,21 @@ impl SandboxService {
         let released = self
             .blocking(&label, move |allocator| allocator.release(&key))
             .await?;
+        self.observer.removed(sandbox, cause, released.as_ref());
         Ok(DelOutcome { teardown, released })
     }
 
-    /// Verifies that the kernel holds everything the allocation implies.
-    pub async fn check(&self, sandbox: &SandboxRef) -> Result<Allocation, SandboxError> {
+    /// Verifies that the kernel holds everything the allocation implies and, with `claimed`
+    /// (the addresses of the runtime's prevResult), that they are the allocation's.
+    pub async fn check(
+        &self,
+        sandbox: &SandboxRef,
+        claimed: Option<&[IpNetwork]>,
+    ) -> Result<Allocation, SandboxError> {
+        let _serialised = self
+            .locks
+            .lock(&sandbox.container_id, &sandbox.ifname)
+            .await;
         let label = sandbox.label();
         let netns = sandbox.netns.clone().ok_or_else(|| {
             SandboxError::Config(format!("{label}: CHECK needs a network namespace path"))
@@ -192,10 +282,82 @@ impl SandboxService {
             .check(&spec)
             .await
             .map_err(|source| SandboxError::Check {
-                sandbox: label,
+                sandbox: label.clone(),
                 source,
             })?;
+        if let Some(claimed) = claimed {
+            let sorted = |nets: &mut dyn Iterator<Item = IpNetwork>| {
+                let mut all: Vec<String> = nets.map(|n| n.to_string()).collect();
+                all.sort();
+                all
+            };
+            let allocated = sorted(&mut allocation.ips.iter().map(|ip| ip.address));
+            let claimed = sorted(&mut claimed.iter().copied());
+            if allocated != claimed {
+                return Err(SandboxError::PrevResultMismatch {
+                    sandbox: label,
+                    claimed: claimed.join(","),
+                    allocated: allocated.join(","),
+                });
+            }
+        }
         Ok(allocation)
+    }
+
+    /// The runtime's GC: removes every sandbox of this network not in `valid`. A sandbox with
+    /// an operation in flight (an ADD the runtime lists no attachment for yet) is left alone.
+    pub async fn gc(&self, valid: &[AllocationKey]) -> Result<GcOutcome, SandboxError> {
+        let mut outcome = GcOutcome::default();
+        for allocation in self.list().await? {
+            let key = allocation.key;
+            if valid.contains(&key) {
+                continue;
+            }
+            let Some(_serialised) = self.locks.try_lock(&key.container_id, &key.ifname) else {
+                tracing::info!(key = %key, "GC: operation in flight, skipped");
+                outcome.in_flight.push(key);
+                continue;
+            };
+            match self.remove(&SandboxRef::of(&key, None), Removal::Gc).await {
+                Ok(_) => outcome.released.push(key),
+                Err(err) => outcome.errors.push(err),
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Tells the observer of every sandbox this network holds an allocation for, with its
+    /// namespace found from the kernel (the peer of its host veth) and what it must have: the
+    /// audit at start.
+    pub async fn announce_existing(&self) -> Result<usize, SandboxError> {
+        let allocations = self.list().await?;
+        let host_links: Vec<String> = allocations
+            .iter()
+            .map(|a| host_ifname(&a.key.container_id, &a.key.ifname))
+            .collect();
+        let located: HashMap<String, PathBuf> = self
+            .dataplane
+            .sandbox_netns_of(&host_links)
+            .await
+            .map_err(|source| SandboxError::Dataplane {
+                sandbox: "sandboxes found at start".to_owned(),
+                source,
+            })?;
+        for (allocation, host_link) in allocations.iter().zip(&host_links) {
+            let netns = located.get(host_link);
+            let sandbox = SandboxRef::of(&allocation.key, netns.cloned());
+            let spec = self.spec_for(allocation, netns.map_or(Path::new(""), PathBuf::as_path));
+            match crate::dataplane::plan(&spec) {
+                Ok(expected) => {
+                    self.observer
+                        .found(&sandbox, netns.map(PathBuf::as_path), &expected)
+                }
+                Err(err) => {
+                    tracing::warn!(sandbox = %sandbox.label(), error = %err, "allocation found at start does not make a valid sandbox");
+                }
+            }
+        }
+        Ok(allocations.len())
     }
 
     /// The wiring an allocation implies in `netns`.

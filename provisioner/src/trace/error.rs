@@ -37,4 +37,6 @@ pub enum TraceError {
     },
     #[error("write trace output: {0}")]
     Output(std::io::Error),
+    #[error("the task loading the eBPF programs failed: {0}")]
+    Worker(String),
 }

@@ -4,25 +4,31 @@ use std::collections::BTreeMap;
 
 use provisioner_common::kind;
 
-use super::correlator::CorrelatorMetrics;
+use super::correlator::{CorrelatorMetrics, IntentCounts};
 use super::loader::LossCounters;
 use super::verdict::Verdict;
 
 /// A snapshot of the tracer's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TraceMetrics {
-    /// Sandbox setups by verdict (`networked`, `skipped`, `partial`, `failed`, `gone`); every
-    /// verdict name is present.
+    /// Sandbox setups by verdict (`networked`, `skipped`, ...); every verdict name is present.
+    /// A revised verdict counts again under its new name.
     pub setups_by_verdict: BTreeMap<&'static str, u64>,
+    /// Alarms revised to `networked` (the network arrived after the deadline), by the alarm.
+    pub revised_by_alarm: BTreeMap<&'static str, u64>,
     /// Events correlated, by kind.
     pub events_by_kind: BTreeMap<&'static str, u64>,
     /// Records the kernel could not reserve in the ring buffer, by kind.
     pub lost_by_kind: BTreeMap<&'static str, u64>,
     /// Records userspace could not decode, by kind.
     pub undecodable_by_kind: BTreeMap<&'static str, u64>,
-    pub intents_confirmed: u64,
-    pub intents_unconfirmed: u64,
-    pub drifts: u64,
+    pub intents: IntentCounts,
+    /// Namespace states read from the kernel, and reads that failed.
+    pub snapshots_taken: u64,
+    pub snapshots_failed: u64,
+    /// Namespaces and request pairings dropped to keep the correlator's memory bounded.
+    pub evicted_namespaces: u64,
+    pub dropped_requests: u64,
     pub tracked_namespaces: usize,
 }
 
@@ -42,22 +48,27 @@ impl TraceMetrics {
         };
         Self {
             setups_by_verdict,
+            revised_by_alarm: correlator.revised.clone(),
             events_by_kind: correlator.events.clone(),
             lost_by_kind: by_kind(&loss.reserve_failures),
             undecodable_by_kind: by_kind(&loss.decode_failures),
-            intents_confirmed: correlator.intents_confirmed,
-            intents_unconfirmed: correlator.intents_unconfirmed,
-            drifts: correlator.drifts,
+            intents: correlator.intents.clone(),
+            snapshots_taken: correlator.snapshots_taken,
+            snapshots_failed: correlator.snapshots_failed,
+            evicted_namespaces: correlator.evicted_namespaces,
+            dropped_requests: correlator.dropped_requests,
             tracked_namespaces: correlator.tracked_namespaces,
         }
     }
 
-    /// Events lost in the kernel or in decoding, all kinds.
+    /// Events lost in the kernel, in decoding, or dropped to keep memory bounded.
     pub fn lost_total(&self) -> u64 {
         self.lost_by_kind
             .values()
             .chain(self.undecodable_by_kind.values())
-            .sum()
+            .sum::<u64>()
+            + self.evicted_namespaces
+            + self.dropped_requests
     }
 }
 
@@ -76,7 +87,7 @@ mod tests {
             decode_failures: vec![(kind::EXEC, 1)],
         };
         let m = TraceMetrics::collect(&correlator, &loss);
-        assert_eq!(m.setups_by_verdict.len(), 5);
+        assert_eq!(m.setups_by_verdict.len(), Verdict::ALL.len());
         assert_eq!(m.setups_by_verdict["skipped"], 2);
         assert_eq!(m.setups_by_verdict["networked"], 0);
         assert_eq!(m.lost_by_kind["netlink_request"], 3);

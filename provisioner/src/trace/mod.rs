@@ -2,6 +2,7 @@
 
 mod btf_offsets;
 pub mod correlator;
+pub mod driver;
 mod error;
 mod events;
 mod kernel_fs;
@@ -15,7 +16,9 @@ pub mod session;
 pub mod verdict;
 
 pub use btf_offsets::KernelOffsets;
-pub use correlator::{Correlator, CorrelatorConfig, CorrelatorMetrics, NetnsKey};
+pub use correlator::{
+    Correlator, CorrelatorConfig, CorrelatorMetrics, IntentCounts, SNAPSHOT_WAIT, SnapshotRequest,
+};
 pub use error::TraceError;
 pub use events::{
     BindMount, DevChange, EventKind, Exec, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
@@ -27,6 +30,6 @@ pub use netns_id::netns_of_path;
 pub use sandbox_rules::{SandboxReason, SandboxRules};
 pub use session::{SessionOptions, SessionSummary};
 pub use verdict::{
-    Creator, Drift, Intent, IntentId, IntentStatus, IntentVerdict, NetnsVerdict, Report,
-    RouteIntent, SkipSummary, Step, TimelineEntry, Verdict,
+    Creator, Drift, Evidence, Intent, IntentKey, IntentOrigin, IntentStatus, IntentVerdict,
+    NetnsVerdict, Report, RouteIntent, SkipSummary, Step, TimelineEntry, Verdict,
 };

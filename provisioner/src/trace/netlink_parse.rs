@@ -169,6 +169,20 @@ impl RtRequest {
     }
 }
 
+/// True for the message types that change links, addresses or routes.
+pub fn is_change_type(msg_type: u16) -> bool {
+    matches!(
+        msg_type,
+        RTM_NEWLINK
+            | RTM_DELLINK
+            | RTM_SETLINK
+            | RTM_NEWADDR
+            | RTM_DELADDR
+            | RTM_NEWROUTE
+            | RTM_DELROUTE
+    )
+}
+
 /// Name of an rtnetlink message type.
 pub fn op_name(msg_type: u16) -> &'static str {
     match msg_type {

@@ -1,7 +1,7 @@
 //! Naming a network namespace from a path (`/run/netns/x`, `/proc/<pid>/ns/net`).
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -34,20 +34,5 @@ pub fn current_netns_cookie() -> std::io::Result<u64> {
         None,
     )
     .map_err(std::io::Error::from)?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, a valid u64.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(cookie)
+    crate::dataplane::socket_netns_cookie(sock.as_fd())
 }

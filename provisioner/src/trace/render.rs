@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::events::{EventKind, TraceEvent};
 use super::netlink_parse::op_name;
-use super::verdict::{Report, errno_text, format_time};
+use super::verdict::{IntentStatus, Report, errno_text, format_time};
 
 /// `HH:MM:SS.mmm comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
@@ -158,7 +158,14 @@ pub fn report_lines(report: &Report) -> String {
             if let Some(why) = &v.sandbox {
                 let _ = write!(s, " sandbox: {why}");
             }
-            let _ = write!(s, ": {}", v.reason);
+            if let Some(old) = v.revises {
+                let _ = write!(s, " (revises {}", old.as_str().to_uppercase());
+                if let Some(ms) = v.late_ms {
+                    let _ = write!(s, ", late by {ms} ms");
+                }
+                s.push(')');
+            }
+            let _ = write!(s, ": {} [evidence: {}]", v.reason, v.evidence);
             if let Some(r) = &v.repeat
                 && r.count > 1
             {
@@ -178,17 +185,35 @@ pub fn report_lines(report: &Report) -> String {
         }
         Report::Intent(i) => {
             let mut s = format!(
-                "INTENT {:?} #{} netns cookie={} {}",
-                i.status, i.id, i.intent.netns_cookie, i.intent.ifname
+                "INTENT {} {} netns cookie={} {} [evidence: {}]",
+                intent_status(i.status),
+                i.intent.key,
+                i.intent.netns_cookie,
+                i.intent.ifname,
+                i.evidence
             );
             if !i.missing.is_empty() {
                 let _ = write!(s, " missing: {}", i.missing.join(", "));
             }
             s
         }
-        Report::Drift(d) => format!(
-            "DRIFT intent #{} netns cookie={}: {} by {}",
-            d.id, d.netns_cookie, d.what, d.by
-        ),
+        Report::Drift(d) => {
+            let mut s = format!(
+                "DRIFT {} netns cookie={}: {}",
+                d.key, d.netns_cookie, d.what
+            );
+            if let Some(by) = &d.by {
+                let _ = write!(s, " by {by}");
+            }
+            s
+        }
+    }
+}
+
+fn intent_status(status: IntentStatus) -> &'static str {
+    match status {
+        IntentStatus::Confirmed => "CONFIRMED",
+        IntentStatus::Unconfirmed => "UNCONFIRMED",
+        IntentStatus::Drifted => "DRIFTED",
     }
 }

@@ -3,12 +3,15 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
 
 use super::TraceError;
-use super::correlator::{Correlator, CorrelatorConfig, NetnsKey};
+use super::correlator::CorrelatorConfig;
+use super::driver::{self, Command, DriverOptions, Sink};
 use super::events::TraceEvent;
-use super::loader::{KernelTracer, LossCounters};
+use super::loader::LossCounters;
 use super::metrics::TraceMetrics;
 use super::netns_id::netns_of_path;
 use super::render::{event_line, report_lines};
@@ -88,124 +91,135 @@ impl Filter {
     }
 }
 
+struct Printer<'a> {
+    opts: &'a SessionOptions,
+    filter: Filter,
+    summary: SessionSummary,
+    out: &'a mut dyn Write,
+    /// The first write error; the session stops printing after it.
+    error: Option<std::io::Error>,
+}
+
+impl Printer<'_> {
+    fn write(&mut self, line: &str) {
+        if self.error.is_none()
+            && let Err(err) = writeln!(self.out, "{line}").and_then(|()| self.out.flush())
+        {
+            self.error = Some(err);
+        }
+    }
+}
+
+impl Sink for Printer<'_> {
+    fn attached(&mut self) {
+        let line = if self.opts.json {
+            serde_json::json!({ "report": "started" }).to_string()
+        } else {
+            format!("tracing started (deadline {:?})", self.opts.deadline)
+        };
+        self.write(&line);
+    }
+
+    fn event(&mut self, event: &TraceEvent) {
+        self.summary.events += 1;
+        if self.opts.verdicts_only || !self.filter.event(event) {
+            return;
+        }
+        self.summary.printed_events += 1;
+        let line = if self.opts.json {
+            serde_json::to_string(event).unwrap_or_default()
+        } else {
+            event_line(event)
+        };
+        self.write(&line);
+    }
+
+    fn reports(&mut self, reports: Vec<Report>) {
+        for report in reports {
+            if !self.filter.report(&report) {
+                continue;
+            }
+            if let Report::Verdict(v) = &report {
+                *self.summary.verdicts.entry(v.verdict.as_str()).or_default() += 1;
+            }
+            let text = if self.opts.json {
+                serde_json::to_string(&report).unwrap_or_default()
+            } else {
+                report_lines(&report)
+            };
+            self.write(&text);
+        }
+    }
+}
+
 /// Traces until `opts.duration` passes or Ctrl-C, writing one line per event and per verdict.
+/// Sandbox namespaces pinned when it starts are judged from their state.
 pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSummary, TraceError> {
-    let (tracer, mut rx) = KernelTracer::start(65_536)?;
-    let mut correlator = Correlator::new(CorrelatorConfig {
-        deadline: opts.deadline,
-        rules: opts.rules.clone(),
-    });
+    let (commands, rx) = mpsc::unbounded_channel();
     let cookie = match &opts.netns {
         Some(path) => {
             let netns = netns_of_path(path).map_err(|source| TraceError::Netns {
                 path: path.clone(),
                 source,
             })?;
-            correlator.expect_sandbox(NetnsKey::Cookie(netns.cookie), SystemTime::now());
+            let _ = commands.send(Command::Expect(path.clone()));
             Some(netns.cookie)
         }
         None => None,
     };
-    let filter = Filter {
-        cookie,
-        comm: opts.comm.clone(),
+    let mut printer = Printer {
+        opts: &opts,
+        filter: Filter {
+            cookie,
+            comm: opts.comm.clone(),
+        },
+        summary: SessionSummary::default(),
+        out,
+        error: None,
     };
-    let mut summary = SessionSummary::default();
-    if opts.json {
-        writeln!(out, "{}", serde_json::json!({ "report": "started" }))
-    } else {
-        writeln!(out, "tracing started (deadline {:?})", opts.deadline)
-    }
-    .and_then(|()| out.flush())
-    .map_err(TraceError::Output)?;
-    let end = opts.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut ticker = tokio::time::interval(Duration::from_millis(50));
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    loop {
-        tokio::select! {
-            event = rx.recv() => {
-                let Some(event) = event else { break };
-                handle_event(&opts, &filter, &mut correlator, &mut summary, &event, out)?;
+    let stop = async {
+        let ctrl_c = tokio::signal::ctrl_c();
+        match opts.duration {
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep(d) => {}
+                    _ = ctrl_c => {}
+                }
             }
-            _ = ticker.tick() => {
-                let reports = correlator.tick(SystemTime::now());
-                write_reports(&opts, &filter, &reports, &mut summary, out)?;
+            None => {
+                let _ = ctrl_c.await;
             }
-            () = sleep_until(end) => break,
-            _ = &mut ctrl_c => break,
         }
+    };
+    let driver_opts = DriverOptions {
+        correlator: CorrelatorConfig {
+            deadline: opts.deadline,
+            rules: opts.rules.clone(),
+        },
+        scan_pins: true,
+    };
+    let run = driver::run(driver_opts, rx, &mut printer, stop).await?;
+    drop(commands);
+    if let Some(err) = printer.error.take() {
+        return Err(TraceError::Output(err));
     }
-    while let Ok(event) = rx.try_recv() {
-        handle_event(&opts, &filter, &mut correlator, &mut summary, &event, out)?;
-    }
-    let reports = correlator.tick(SystemTime::now());
-    write_reports(&opts, &filter, &reports, &mut summary, out)?;
-    summary.loss = tracer.loss_counters();
-    summary.metrics = TraceMetrics::collect(&correlator.metrics(), &summary.loss);
-    if opts.json {
-        let line = serde_json::json!({ "report": "summary", "summary": &summary });
-        writeln!(out, "{line}").map_err(TraceError::Output)?;
+    let mut summary = std::mem::take(&mut printer.summary);
+    summary.loss = run.loss;
+    summary.metrics = run.metrics;
+    let line = if opts.json {
+        serde_json::json!({ "report": "summary", "summary": &summary }).to_string()
     } else {
-        writeln!(
-            out,
+        format!(
             "SUMMARY events={} verdicts={:?} lost-in-kernel={:?} undecodable={:?}",
             summary.events,
             summary.verdicts,
             summary.metrics.lost_by_kind,
             summary.metrics.undecodable_by_kind
         )
-        .map_err(TraceError::Output)?;
-    }
-    Ok(summary)
-}
-
-async fn sleep_until(end: Option<tokio::time::Instant>) {
-    match end {
-        Some(end) => tokio::time::sleep_until(end).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn handle_event(
-    opts: &SessionOptions,
-    filter: &Filter,
-    correlator: &mut Correlator,
-    summary: &mut SessionSummary,
-    event: &TraceEvent,
-    out: &mut dyn Write,
-) -> Result<(), TraceError> {
-    summary.events += 1;
-    let reports = correlator.feed(event);
-    if !opts.verdicts_only && filter.event(event) {
-        summary.printed_events += 1;
-        let line = if opts.json {
-            serde_json::to_string(event).unwrap_or_default()
-        } else {
-            event_line(event)
-        };
-        writeln!(out, "{line}").map_err(TraceError::Output)?;
-    }
-    write_reports(opts, filter, &reports, summary, out)
-}
-
-fn write_reports(
-    opts: &SessionOptions,
-    filter: &Filter,
-    reports: &[Report],
-    summary: &mut SessionSummary,
-    out: &mut dyn Write,
-) -> Result<(), TraceError> {
-    for report in reports.iter().filter(|r| filter.report(r)) {
-        if let Report::Verdict(v) = report {
-            *summary.verdicts.entry(v.verdict.as_str()).or_default() += 1;
-        }
-        let text = if opts.json {
-            serde_json::to_string(report).unwrap_or_default()
-        } else {
-            report_lines(report)
-        };
-        writeln!(out, "{text}").map_err(TraceError::Output)?;
-    }
-    out.flush().map_err(TraceError::Output)
+    };
+    printer.write(&line);
+    printer
+        .error
+        .take()
+        .map_or(Ok(summary), |err| Err(TraceError::Output(err)))
 }

@@ -22,17 +22,21 @@ pub enum Verdict {
     Partial,
     /// The kernel rejected a step.
     Failed,
-    /// Not a sandbox, destroyed before the deadline.
+    /// Not a sandbox, destroyed before the deadline; or a sandbox destroyed before its state
+    /// could be read when its history was not seen.
     Gone,
+    /// Alive, but neither its history was seen nor its state could be read: no judgement.
+    Unknown,
 }
 
 impl Verdict {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Networked,
         Self::Skipped,
         Self::Partial,
         Self::Failed,
         Self::Gone,
+        Self::Unknown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,6 +46,38 @@ impl Verdict {
             Self::Partial => "partial",
             Self::Failed => "failed",
             Self::Gone => "gone",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// A verdict that raises an alarm (and may be revised when the network arrives later).
+    pub fn is_alarm(self) -> bool {
+        matches!(self, Self::Skipped | Self::Partial | Self::Failed)
+    }
+}
+
+/// What a verdict or an intent check rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub enum Evidence {
+    /// The kernel trace: seen being set up (or, for an alarm, traced since its creation).
+    Trace,
+    /// The namespace's state read from the kernel at `at` (its history was not, or not
+    /// fully, seen).
+    Snapshot {
+        #[serde(serialize_with = "serialize_time")]
+        at: SystemTime,
+    },
+    /// Nothing: its history was not seen and its state could not be read.
+    Nothing,
+}
+
+impl std::fmt::Display for Evidence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Trace => write!(f, "the kernel trace"),
+            Self::Snapshot { at } => write!(f, "its state read at {}", format_time(*at)),
+            Self::Nothing => write!(f, "nothing (history not seen, state unreadable)"),
         }
     }
 }
@@ -114,6 +150,19 @@ pub enum Step {
         ifname: String,
         ifindex: u32,
     },
+    /// The namespace's state read from the kernel (its history before was not, or not fully,
+    /// seen).
+    Snapshot {
+        summary: String,
+    },
+    /// Reading the namespace's state failed.
+    SnapshotFailed {
+        error: String,
+    },
+    /// A verdict was given (a later one revises it).
+    Verdict {
+        verdict: Verdict,
+    },
     Destroyed,
 }
 
@@ -146,6 +195,9 @@ impl std::fmt::Display for Step {
             }
             Self::DevUp { ifname, ifindex } => write!(f, "device {ifname} (#{ifindex}) up"),
             Self::DevGone { ifname, ifindex } => write!(f, "device {ifname} (#{ifindex}) gone"),
+            Self::Snapshot { summary } => write!(f, "state read from the kernel: {summary}"),
+            Self::SnapshotFailed { error } => write!(f, "state could not be read: {error}"),
+            Self::Verdict { verdict } => write!(f, "verdict {}", verdict.as_str()),
             Self::Destroyed => write!(f, "netns destroyed"),
         }
     }
@@ -208,6 +260,12 @@ pub struct NetnsVerdict {
     pub destroyed_at: Option<SystemTime>,
     /// What was (not) seen, in words.
     pub reason: String,
+    /// What the verdict rests on.
+    pub evidence: Evidence,
+    /// The alarm this verdict revises (the network arrived after the deadline).
+    pub revises: Option<Verdict>,
+    /// For a revised verdict: how long after the deadline the network arrived.
+    pub late_ms: Option<u64>,
     pub timeline: Vec<TimelineEntry>,
     /// For `skipped`: all skips from the same creator so far.
     pub repeat: Option<SkipSummary>,
@@ -221,9 +279,35 @@ pub struct RouteIntent {
     pub gateway: Option<IpAddr>,
 }
 
-/// What the daemon intends to configure in one sandbox namespace.
+/// Which sandbox interface an intent is for: the CNI container id and interface name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct IntentKey {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl std::fmt::Display for IntentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "container {} ({})", self.container_id, self.ifname)
+    }
+}
+
+/// Why the daemon expects what an intent says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentOrigin {
+    /// An ADD is setting it up now.
+    Add,
+    /// An allocation found at start (the ADD was answered before): checked against the
+    /// kernel's state at once.
+    Audit,
+}
+
+/// What the daemon configures (or configured) in one sandbox namespace.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Intent {
+    pub key: IntentKey,
+    pub origin: IntentOrigin,
     pub netns_cookie: u64,
     pub ifname: String,
     #[serde(serialize_with = "serialize_display_list")]
@@ -231,33 +315,34 @@ pub struct Intent {
     pub routes: Vec<RouteIntent>,
 }
 
-/// Handle of a registered intent.
-pub type IntentId = u64;
-
-/// Whether the kernel timeline shows every step of an intent.
+/// Whether the kernel shows every step of an intent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IntentStatus {
     Confirmed,
+    /// An ADD's setup that the kernel did not show complete by the deadline.
     Unconfirmed,
+    /// A sandbox found at start that lacks some of what its ADD configured.
+    Drifted,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct IntentVerdict {
-    pub id: IntentId,
     pub intent: Intent,
     pub status: IntentStatus,
-    /// Steps not seen in the kernel timeline (empty when confirmed).
+    /// What the kernel does not show (empty when confirmed).
     pub missing: Vec<String>,
+    pub evidence: Evidence,
 }
 
-/// A confirmed intent's interface, address or route was removed later.
+/// A confirmed intent's interface, address or route went missing.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Drift {
-    pub id: IntentId,
+    pub key: IntentKey,
     pub netns_cookie: u64,
     pub what: String,
-    pub by: TimelineEntry,
+    /// The timeline entry that removed it, when the trace saw one.
+    pub by: Option<TimelineEntry>,
 }
 
 /// Everything the correlator reports.

@@ -3,13 +3,16 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::*;
+use crate::dataplane::{SnapshotAddress, SnapshotLink, SnapshotRoute};
 use crate::trace::events::{
     BindMount, DevChange, Exec, Extack, NetlinkIo, NetnsCreated, NetnsOrigin, TaskInfo,
 };
 use crate::trace::netlink_parse::{
-    AddrMsg, LinkMsg, NlHeader, NlReply, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE, RouteMsg,
+    AddrMsg, LinkMsg, NlHeader, NlReply, NlRequest, RTM_DELADDR, RTM_DELLINK, RTM_DELROUTE,
+    RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE, RTM_SETLINK, RouteMsg, RtRequest,
 };
-use crate::trace::verdict::RouteIntent;
+use crate::trace::sandbox_rules::SandboxReason;
+use crate::trace::verdict::{IntentOrigin, IntentStatus, IntentVerdict, RouteIntent};
 
 const SANDBOX: u64 = 100;
 const SANDBOX_INODE: u32 = 4_026_532_100;
@@ -82,10 +85,10 @@ fn request(ms: u64, pid: u32, cookie: u64, seq: u32, body: RtRequest) -> TraceEv
         RtRequest::NewLink(_) => RTM_NEWLINK,
         RtRequest::NewAddr(_) => RTM_NEWADDR,
         RtRequest::NewRoute(_) => RTM_NEWROUTE,
-        RtRequest::DelAddr(_) => 21,
-        RtRequest::DelRoute(_) => 25,
-        RtRequest::DelLink(_) => 17,
-        RtRequest::SetLink(_) => 19,
+        RtRequest::DelAddr(_) => RTM_DELADDR,
+        RtRequest::DelRoute(_) => RTM_DELROUTE,
+        RtRequest::DelLink(_) => RTM_DELLINK,
+        RtRequest::SetLink(_) => RTM_SETLINK,
         RtRequest::Other { msg_type } => *msg_type,
     };
     ev(
@@ -217,14 +220,97 @@ fn wire(c: &mut Correlator, cookie: u64) {
     c.feed(&reply(41, 500, cookie, 4, RTM_NEWROUTE, 0));
 }
 
+/// A state read: `lo` up, and `eth0` (index 3) with what is given.
+fn state(cookie: u64, eth0: Option<(bool, Option<&str>, Option<&str>)>) -> NetnsSnapshot {
+    let mut links = vec![SnapshotLink {
+        index: 1,
+        name: "lo".into(),
+        up: true,
+    }];
+    let mut addresses = Vec::new();
+    let mut routes = Vec::new();
+    if let Some((up, addr, gw)) = eth0 {
+        links.push(SnapshotLink {
+            index: 3,
+            name: "eth0".into(),
+            up,
+        });
+        if let Some(addr) = addr {
+            addresses.push(SnapshotAddress {
+                ifindex: 3,
+                net: addr.parse().expect("net"),
+                link_local: false,
+            });
+        }
+        if let Some(gw) = gw {
+            routes.push(SnapshotRoute {
+                dst: "0.0.0.0/0".parse().expect("net"),
+                gateway: Some(gw.parse().expect("ip")),
+                oif: Some(3),
+            });
+        }
+    }
+    NetnsSnapshot {
+        cookie,
+        inode: u64::from(SANDBOX_INODE),
+        links,
+        addresses,
+        routes,
+    }
+}
+
+fn networked_state(cookie: u64) -> NetnsSnapshot {
+    state(
+        cookie,
+        Some((true, Some("10.244.1.2/24"), Some("10.244.1.1"))),
+    )
+}
+
+/// Ticks at `ms` and answers every read the correlator asks for with `answer`.
+fn tick_reading(
+    c: &mut Correlator,
+    ms: u64,
+    answer: impl Fn(u64) -> Result<NetnsSnapshot, String>,
+) -> Vec<Report> {
+    let mut reports = c.tick(t(ms));
+    for request in c.take_snapshot_requests(t(ms)) {
+        let read = answer(request.cookie);
+        reports.extend(c.snapshot_taken(
+            request.cookie,
+            read.as_ref().map_err(Clone::clone),
+            t(ms),
+            t(ms),
+        ));
+    }
+    reports
+}
+
+fn lo_only(cookie: u64) -> Result<NetnsSnapshot, String> {
+    Ok(state(cookie, None))
+}
+
 #[test]
-fn runtime_sandbox_with_nothing_is_skipped_at_the_deadline_naming_its_creator() {
+fn runtime_sandbox_with_nothing_is_skipped_after_its_state_is_read() {
     let mut c = correlator();
     assert!(c.feed(&created(0, 42, "containerd", SANDBOX)).is_empty());
     assert!(c.tick(t(999)).is_empty(), "not before the deadline");
-    let v = verdicts(c.tick(t(1_000)));
+    assert!(
+        c.tick(t(1_000)).is_empty(),
+        "no alarm before the state is read"
+    );
+    let requests = c.take_snapshot_requests(t(1_000));
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].cookie, SANDBOX);
+    assert!(
+        requests[0]
+            .paths
+            .contains(&PathBuf::from("/proc/42/ns/net")),
+        "{requests:?}"
+    );
+    let v = verdicts(c.snapshot_taken(SANDBOX, Ok(&state(SANDBOX, None)), t(1_001), t(1_002)));
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].verdict, Verdict::Skipped);
+    assert_eq!(v[0].evidence, Evidence::Snapshot { at: t(1_001) });
     assert_eq!(v[0].creator.comm, "containerd");
     assert_eq!(v[0].creator.pid, 42);
     assert!(matches!(
@@ -232,7 +318,30 @@ fn runtime_sandbox_with_nothing_is_skipped_at_the_deadline_naming_its_creator() 
         Some(SandboxReason::RuntimeCreator { .. })
     ));
     assert!(v[0].reason.contains("no interface"), "{}", v[0].reason);
-    assert!(c.tick(t(5_000)).is_empty(), "decided once");
+    assert!(
+        v[0].timeline
+            .iter()
+            .any(|e| matches!(&e.step, Step::Snapshot { summary } if summary.contains("lo up"))),
+        "{:?}",
+        v[0].timeline
+    );
+    assert!(
+        verdicts(tick_reading(&mut c, 1_500, lo_only)).is_empty(),
+        "decided once"
+    );
+}
+
+#[test]
+fn a_sandbox_the_trace_missed_but_the_kernel_shows_networked_is_networked() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    // Its setup was not seen (e.g. one sendmsg carried it all, or events were lost).
+    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
+        Ok(networked_state(cookie))
+    }));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].verdict, Verdict::Networked, "{}", v[0].reason);
+    assert!(v[0].reason.contains("found set up"), "{}", v[0].reason);
 }
 
 #[test]
@@ -241,7 +350,7 @@ fn repeated_skips_from_one_creator_are_summarised() {
     for i in 0..3 {
         c.feed(&created(i * 100, 42, "containerd", SANDBOX + i));
     }
-    let v = verdicts(c.tick(t(5_000)));
+    let v = verdicts(tick_reading(&mut c, 5_000, lo_only));
     assert_eq!(v.len(), 3);
     let max = v
         .iter()
@@ -257,13 +366,16 @@ fn repeated_skips_from_one_creator_are_summarised() {
 }
 
 #[test]
-fn full_setup_is_networked() {
+fn full_setup_is_networked_without_reading_its_state() {
     let mut c = correlator();
     c.feed(&created(0, 42, "containerd", SANDBOX));
     wire(&mut c, SANDBOX);
     let v = verdicts(c.tick(t(1_000)));
     assert_eq!(v[0].verdict, Verdict::Networked, "{}", v[0].reason);
+    assert_eq!(v[0].evidence, Evidence::Trace);
+    assert!(v[0].reason.contains("seen being set up"), "{}", v[0].reason);
     assert!(v[0].reason.contains("eth0"));
+    assert!(c.take_snapshot_requests(t(1_000)).is_empty());
 }
 
 #[test]
@@ -272,7 +384,7 @@ fn loopback_only_is_skipped_and_shows_lo() {
     c.feed(&created(0, 42, "containerd", SANDBOX));
     c.feed(&request(10, 500, SANDBOX, 1, link_up(1)));
     c.feed(&dev(11, SANDBOX, 1, "lo", true, false));
-    let v = verdicts(c.tick(t(1_000)));
+    let v = verdicts(tick_reading(&mut c, 1_000, lo_only));
     assert_eq!(v[0].verdict, Verdict::Skipped);
     assert!(
         v[0].timeline
@@ -287,7 +399,9 @@ fn interface_without_address_is_partial() {
     c.feed(&created(0, 42, "runc:[1:CHILD]", SANDBOX));
     c.feed(&request(20, 500, SANDBOX, 2, link_up(3)));
     c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
-    let v = verdicts(c.tick(t(1_000)));
+    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
+        Ok(state(cookie, Some((true, None, None))))
+    }));
     assert_eq!(v[0].verdict, Verdict::Partial);
     assert!(v[0].reason.contains("an address"), "{}", v[0].reason);
 }
@@ -322,7 +436,9 @@ fn rejected_route_is_failed_with_errno_and_extack() {
         RtRequest::NewRoute(default_via("10.10.0.1")),
     ));
     c.feed(&reply(41, 500, SANDBOX, 4, RTM_NEWROUTE, -101));
-    let v = verdicts(c.tick(t(1_000)));
+    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
+        Ok(state(cookie, Some((true, Some("10.9.0.2/24"), None))))
+    }));
     assert_eq!(v[0].verdict, Verdict::Failed);
     assert!(v[0].reason.contains("ENETUNREACH"), "{}", v[0].reason);
     assert!(
@@ -359,14 +475,15 @@ fn non_runtime_namespace_destroyed_early_is_gone_never_skipped() {
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].verdict, Verdict::Gone);
     assert!(v[0].sandbox.is_none());
-    // And a live one is silently dropped at its deadline.
+    // And a live one is silently dropped at its deadline, without reading its state.
     c.feed(&created(200, 77, "stress", SANDBOX + 1));
     assert!(verdicts(c.tick(t(2_000))).is_empty());
+    assert!(c.take_snapshot_requests(t(2_000)).is_empty());
     assert!(!c.is_tracked(SANDBOX + 1));
 }
 
 #[test]
-fn sandbox_destroyed_early_is_skipped_at_once() {
+fn sandbox_destroyed_early_is_skipped_at_once_on_its_trace() {
     let mut c = correlator();
     c.feed(&created(0, 42, "containerd", SANDBOX));
     c.feed(&request(5, 42, SANDBOX, 1, link_up(1)));
@@ -374,6 +491,7 @@ fn sandbox_destroyed_early_is_skipped_at_once() {
     let v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].verdict, Verdict::Skipped);
+    assert_eq!(v[0].evidence, Evidence::Trace);
     assert_eq!(v[0].destroyed_at, Some(t(30)));
     assert!(
         v[0].timeline
@@ -403,7 +521,20 @@ fn pinned_with_sandbox_prefix_is_a_sandbox_other_pins_are_not() {
     c.feed(&pin(1, SANDBOX, "/run/netns/cni-abc"));
     c.feed(&created(0, 77, "ip", SANDBOX + 1));
     c.feed(&pin(1, SANDBOX + 1, "/run/netns/node"));
-    let v = verdicts(c.tick(t(1_000)));
+    let mut asked = Vec::new();
+    let mut reports = c.tick(t(1_000));
+    for request in c.take_snapshot_requests(t(1_000)) {
+        asked.push(request.clone());
+        reports.extend(c.snapshot_taken(
+            request.cookie,
+            Ok(&state(request.cookie, None)),
+            t(1_000),
+            t(1_000),
+        ));
+    }
+    assert_eq!(asked.len(), 1, "only the sandbox is read: {asked:?}");
+    assert_eq!(asked[0].paths[0], PathBuf::from("/run/netns/cni-abc"));
+    let v = verdicts(reports);
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].netns.cookie, SANDBOX);
     assert_eq!(v[0].verdict, Verdict::Skipped);
@@ -413,9 +544,13 @@ fn pinned_with_sandbox_prefix_is_a_sandbox_other_pins_are_not() {
 #[test]
 fn expected_namespace_is_judged_whoever_created_it() {
     let mut c = correlator();
-    c.expect_sandbox(NetnsKey::Inode(SANDBOX_INODE), t(0));
     c.feed(&created(0, 77, "myruntime", SANDBOX));
-    let v = verdicts(c.tick(t(1_000)));
+    c.expect_sandbox(ns(SANDBOX), PathBuf::from("/run/netns/x"), t(0));
+    assert!(
+        c.take_snapshot_requests(t(0)).is_empty(),
+        "its history is known: no read needed yet"
+    );
+    let v = verdicts(tick_reading(&mut c, 1_000, lo_only));
     assert_eq!(v[0].sandbox, Some(SandboxReason::Expected));
 }
 
@@ -458,8 +593,230 @@ fn plugin_execs_show_in_the_timeline() {
     assert_eq!(execs, ["/usr/lib/cni/ptp", "/usr/lib/cni/host-local"]);
 }
 
-fn intent() -> Intent {
+/// Wires `cookie` like ptp, then tears it down like a DEL, then destroys it.
+fn wire_and_tear_down(c: &mut Correlator, cookie: u64) -> Vec<Report> {
+    let mut reports = Vec::new();
+    wire(c, cookie);
+    for event in [
+        request(
+            60,
+            600,
+            cookie,
+            10,
+            RtRequest::DelAddr(new_addr(3, "10.244.1.2", 24)),
+        ),
+        reply(61, 600, cookie, 10, RTM_DELADDR, 0),
+        request(
+            62,
+            600,
+            cookie,
+            11,
+            RtRequest::SetLink(LinkMsg {
+                ifindex: 3,
+                change: 1,
+                ..LinkMsg::default()
+            }),
+        ),
+        // The reaper deleted the pair meanwhile: the rename is refused.
+        request(
+            63,
+            600,
+            cookie,
+            12,
+            RtRequest::SetLink(LinkMsg {
+                ifindex: 3,
+                ifname: Some("pvx000000000003".into()),
+                ..LinkMsg::default()
+            }),
+        ),
+        reply(64, 600, cookie, 12, RTM_SETLINK, -19),
+        dev(90, cookie, 1, "lo", false, true),
+    ] {
+        reports.extend(c.feed(&event));
+    }
+    reports
+}
+
+#[test]
+fn wired_then_torn_down_and_destroyed_is_networked_with_its_teardown() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "conmon", SANDBOX));
+    let v = verdicts(wire_and_tear_down(&mut c, SANDBOX));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].verdict, Verdict::Networked, "{}", v[0].reason);
+    assert!(v[0].reason.contains("torn down from"), "{}", v[0].reason);
+    assert!(
+        v[0].reason.contains("10.244.1.2/24"),
+        "judged on what it reached: {}",
+        v[0].reason
+    );
+    assert!(
+        v[0].timeline
+            .iter()
+            .any(|e| matches!(&e.step, Step::Request { op: "deladdr", .. }))
+    );
+}
+
+#[test]
+fn fifty_short_lived_sandboxes_back_to_back_are_all_networked() {
+    let mut c = correlator();
+    let mut all = Vec::new();
+    for i in 0..50 {
+        c.feed(&created(0, 42, "conmon", SANDBOX + i));
+        all.extend(verdicts(wire_and_tear_down(&mut c, SANDBOX + i)));
+    }
+    assert_eq!(all.len(), 50);
+    assert!(all.iter().all(|v| v.verdict == Verdict::Networked));
+}
+
+#[test]
+fn network_after_the_deadline_revises_the_alarm() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    let first = verdicts(tick_reading(&mut c, 1_000, lo_only));
+    assert_eq!(first[0].verdict, Verdict::Skipped);
+    // The plugin comes 300 ms late.
+    let mut late = Vec::new();
+    for event in [
+        request(1_290, 500, SANDBOX, 2, link_up(3)),
+        dev(1_291, SANDBOX, 3, "eth0", true, false),
+        request(
+            1_295,
+            500,
+            SANDBOX,
+            3,
+            RtRequest::NewAddr(new_addr(3, "10.244.1.2", 24)),
+        ),
+        request(
+            1_300,
+            500,
+            SANDBOX,
+            4,
+            RtRequest::NewRoute(default_via("10.244.1.1")),
+        ),
+    ] {
+        late.extend(verdicts(c.feed(&event)));
+    }
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert_eq!(late[0].verdict, Verdict::Networked);
+    assert_eq!(late[0].revises, Some(Verdict::Skipped));
+    assert_eq!(late[0].late_ms, Some(300));
+    let steps: Vec<&Step> = late[0].timeline.iter().map(|e| &e.step).collect();
+    assert!(
+        steps.iter().any(|s| matches!(
+            s,
+            Step::Verdict {
+                verdict: Verdict::Skipped
+            }
+        )),
+        "both verdicts in the timeline: {steps:?}"
+    );
+    let m = c.metrics();
+    assert_eq!(m.revised.get("skipped"), Some(&1));
+    assert_eq!(m.verdicts.get("networked"), Some(&1));
+}
+
+#[test]
+fn an_alarm_is_read_again_and_revised_when_the_network_came_unseen() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    assert_eq!(
+        verdicts(tick_reading(&mut c, 1_000, lo_only))[0].verdict,
+        Verdict::Skipped
+    );
+    // Nothing traced; the next read (one deadline later) shows the network.
+    assert!(tick_reading(&mut c, 1_500, |cookie| Ok(networked_state(cookie))).is_empty());
+    let v = verdicts(tick_reading(&mut c, 2_100, |cookie| {
+        Ok(networked_state(cookie))
+    }));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].verdict, Verdict::Networked);
+    assert_eq!(v[0].revises, Some(Verdict::Skipped));
+}
+
+#[test]
+fn pinned_sandboxes_found_at_start_are_judged_from_their_state() {
+    let mut c = correlator();
+    let path = |n: &str| PathBuf::from(format!("/run/netns/cni-{n}"));
+    // Found networked: said at once.
+    let v = verdicts(c.found(path("a"), &networked_state(SANDBOX), t(0), t(0)));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].verdict, Verdict::Networked);
+    assert_eq!(v[0].evidence, Evidence::Snapshot { at: t(0) });
+    assert!(v[0].reason.contains("found set up at"), "{}", v[0].reason);
+    // Found with nothing: judged only after a deadline and a second read.
+    assert!(verdicts(c.found(path("b"), &state(SANDBOX + 1, None), t(0), t(0))).is_empty());
+    assert!(
+        verdicts(c.found(
+            path("c"),
+            &state(SANDBOX + 2, Some((true, None, None))),
+            t(0),
+            t(0)
+        ))
+        .is_empty()
+    );
+    assert!(verdicts(c.tick(t(500))).is_empty());
+    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
+        Ok(if cookie == SANDBOX + 1 {
+            state(cookie, None)
+        } else {
+            state(cookie, Some((true, None, None)))
+        })
+    }));
+    let by_cookie = |cookie| {
+        v.iter()
+            .find(|v| v.netns.cookie == cookie)
+            .map(|v| v.verdict)
+    };
+    assert_eq!(by_cookie(SANDBOX + 1), Some(Verdict::Skipped));
+    assert_eq!(by_cookie(SANDBOX + 2), Some(Verdict::Partial));
+    let skipped = v
+        .iter()
+        .find(|v| v.netns.cookie == SANDBOX + 1)
+        .expect("verdict");
+    assert!(
+        skipped.reason.contains("created before tracing"),
+        "{}",
+        skipped.reason
+    );
+}
+
+#[test]
+fn an_unseen_namespace_that_cannot_be_read_is_never_skipped() {
+    let mut c = correlator();
+    c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/x"),
+        t(0),
+    );
+    let v = verdicts(tick_reading(&mut c, 1_000, |_| Err("gone".into())));
+    assert!(v.iter().all(|v| v.verdict != Verdict::Skipped), "{v:?}");
+    let v2 = verdicts(tick_reading(&mut c, 1_200, |_| Err("gone".into())));
+    let all: Vec<Verdict> = v.iter().chain(&v2).map(|v| v.verdict).collect();
+    assert!(all.contains(&Verdict::Unknown), "{all:?}");
+}
+
+#[test]
+fn a_read_that_never_answers_does_not_hold_the_verdict_forever() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    assert!(c.tick(t(1_000)).is_empty());
+    assert_eq!(c.take_snapshot_requests(t(1_000)).len(), 1);
+    let wait = u64::try_from(SNAPSHOT_WAIT.as_millis()).expect("small");
+    let v = verdicts(c.tick(t(1_000 + wait)));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].verdict, Verdict::Skipped);
+    assert_eq!(v[0].evidence, Evidence::Trace);
+    assert!(v[0].reason.contains("could not be read"), "{}", v[0].reason);
+}
+
+fn intent(origin: IntentOrigin) -> Intent {
     Intent {
+        key: IntentKey {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        },
+        origin,
         netns_cookie: SANDBOX,
         ifname: "eth0".into(),
         addresses: vec!["10.244.1.2/24".parse().expect("net")],
@@ -470,12 +827,30 @@ fn intent() -> Intent {
     }
 }
 
+fn intent_verdicts(reports: &[Report]) -> Vec<&IntentVerdict> {
+    reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Intent(i) => Some(i),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn intent_confirmed_then_drift_reported() {
     let mut c = correlator();
     c.feed(&created(0, 42, "provisioner", SANDBOX));
-    let (id, reports) = c.register_intent(intent(), t(1));
+    let reports = c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/x"),
+        t(1),
+    );
     assert!(reports.is_empty());
+    assert!(
+        c.take_snapshot_requests(t(1)).is_empty(),
+        "history seen: nothing to read"
+    );
     let mut all = Vec::new();
     for event in [
         dev(21, SANDBOX, 3, "eth0", true, false),
@@ -499,7 +874,11 @@ fn intent_confirmed_then_drift_reported() {
     assert!(
         matches!(
             all.as_slice(),
-            [Report::Intent(IntentVerdict { status: IntentStatus::Confirmed, id: got, .. })] if *got == id
+            [Report::Intent(IntentVerdict {
+                status: IntentStatus::Confirmed,
+                evidence: Evidence::Trace,
+                ..
+            })]
         ),
         "{all:?}"
     );
@@ -511,34 +890,162 @@ fn intent_confirmed_then_drift_reported() {
         RtRequest::DelRoute(default_via("10.244.1.1")),
     ));
     assert!(
-        matches!(drift.as_slice(), [Report::Drift(d)] if d.what.contains("route 0.0.0.0/0")),
+        matches!(drift.as_slice(), [Report::Drift(d)] if d.what.contains("route 0.0.0.0/0 via 10.244.1.1")),
         "{drift:?}"
     );
-    assert_eq!(c.metrics().drifts, 1);
+    assert_eq!(c.metrics().intents.drifts, 1);
 }
 
 #[test]
-fn intent_unconfirmed_at_deadline_lists_missing_steps() {
+fn a_teardown_announced_first_is_not_drift() {
     let mut c = correlator();
     c.feed(&created(0, 42, "provisioner", SANDBOX));
-    c.register_intent(intent(), t(0));
-    c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
-    let reports = c.tick(t(1_000));
-    let unconfirmed = reports.iter().find_map(|r| match r {
-        Report::Intent(i) => Some(i),
-        _ => None,
-    });
-    let unconfirmed = unconfirmed.expect("intent verdict");
-    assert_eq!(unconfirmed.status, IntentStatus::Unconfirmed);
-    assert_eq!(unconfirmed.missing.len(), 2, "{:?}", unconfirmed.missing);
+    c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/x"),
+        t(1),
+    );
+    wire(&mut c, SANDBOX);
+    c.remove_intent(&intent(IntentOrigin::Add).key);
+    let own = c.feed(&request(
+        500,
+        600,
+        SANDBOX,
+        9,
+        RtRequest::DelAddr(new_addr(3, "10.244.1.2", 24)),
+    ));
+    assert!(own.is_empty(), "{own:?}");
+    assert_eq!(c.metrics().intents.drifts, 0);
 }
 
 #[test]
-fn metrics_count_events_and_verdicts() {
+fn intent_for_a_namespace_whose_history_was_not_seen_is_confirmed_from_its_state() {
+    let mut c = correlator();
+    // Registered before the programs attached: no creation, no setup seen.
+    assert!(
+        c.register_intent(
+            intent(IntentOrigin::Add),
+            PathBuf::from("/run/netns/x"),
+            t(0)
+        )
+        .is_empty()
+    );
+    let requests = c.take_snapshot_requests(t(0));
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].paths, [PathBuf::from("/run/netns/x")]);
+    let reports = c.snapshot_taken(SANDBOX, Ok(&networked_state(SANDBOX)), t(5), t(6));
+    let intents = intent_verdicts(&reports);
+    assert_eq!(intents.len(), 1);
+    assert_eq!(intents[0].status, IntentStatus::Confirmed);
+    assert_eq!(intents[0].evidence, Evidence::Snapshot { at: t(5) });
+    let v = verdicts(reports);
+    assert_eq!(v.len(), 1, "found set up: said at once");
+    assert_eq!(v[0].verdict, Verdict::Networked);
+    assert_eq!(v[0].sandbox, Some(SandboxReason::Expected));
+}
+
+#[test]
+fn intent_unconfirmed_at_deadline_lists_missing_steps_after_a_read() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "provisioner", SANDBOX));
+    c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/x"),
+        t(0),
+    );
+    c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
+    let reports = tick_reading(&mut c, 1_000, |cookie| {
+        Ok(state(cookie, Some((true, None, None))))
+    });
+    let unconfirmed = intent_verdicts(&reports);
+    assert_eq!(unconfirmed.len(), 1);
+    assert_eq!(unconfirmed[0].status, IntentStatus::Unconfirmed);
+    assert_eq!(
+        unconfirmed[0].missing.len(),
+        2,
+        "{:?}",
+        unconfirmed[0].missing
+    );
+}
+
+#[test]
+fn audit_confirms_from_the_state_or_names_what_is_missing() {
+    let mut c = correlator();
+    c.register_intent(
+        intent(IntentOrigin::Audit),
+        PathBuf::from("/run/netns/x"),
+        t(0),
+    );
+    let requests = c.take_snapshot_requests(t(0));
+    assert_eq!(requests.len(), 1);
+    let reports = c.snapshot_taken(
+        SANDBOX,
+        Ok(&state(SANDBOX, Some((true, Some("10.244.1.2/24"), None)))),
+        t(1),
+        t(1),
+    );
+    let intents = intent_verdicts(&reports);
+    assert_eq!(intents.len(), 1, "{reports:?}");
+    assert_eq!(intents[0].status, IntentStatus::Drifted);
+    assert!(
+        reports.iter().any(
+            |r| matches!(r, Report::Drift(d) if d.what.contains("route 0.0.0.0/0 via 10.244.1.1"))
+        ),
+        "{reports:?}"
+    );
+    let mut other = intent(IntentOrigin::Audit);
+    other.key.container_id = "c2".into();
+    other.netns_cookie = SANDBOX + 1;
+    c.register_intent(other, PathBuf::from("/run/netns/y"), t(2));
+    c.take_snapshot_requests(t(2));
+    let reports = c.snapshot_taken(SANDBOX + 1, Ok(&networked_state(SANDBOX + 1)), t(3), t(3));
+    assert_eq!(intent_verdicts(&reports)[0].status, IntentStatus::Confirmed);
+}
+
+#[test]
+fn metrics_count_events_verdicts_and_reads() {
     let mut c = correlator();
     c.feed(&created(0, 42, "containerd", SANDBOX));
-    c.tick(t(1_000));
+    tick_reading(&mut c, 1_000, lo_only);
     let m = c.metrics();
     assert_eq!(m.events.get("netns_created"), Some(&1));
     assert_eq!(m.verdicts.get("skipped"), Some(&1));
+    assert_eq!(m.snapshots_taken, 1);
+}
+
+#[test]
+fn a_flood_of_namespaces_costs_bounded_memory_and_is_counted() {
+    let mut c = correlator();
+    let n = u64::try_from(MAX_NAMESPACES).expect("small") + 100;
+    for i in 0..n {
+        c.feed(&created(0, 77, "flood", 1_000 + i));
+    }
+    let m = c.metrics();
+    assert!(m.tracked_namespaces <= MAX_NAMESPACES);
+    assert_eq!(m.evicted_namespaces, 100);
+}
+
+#[test]
+fn a_namespace_found_twice_is_judged_once() {
+    let mut c = correlator();
+    let path = PathBuf::from("/run/netns/cni-a");
+    let v = verdicts(c.found(path.clone(), &networked_state(SANDBOX), t(0), t(0)));
+    assert_eq!(v.len(), 1);
+    c.expect_sandbox(ns(SANDBOX), path, t(1));
+    let again = verdicts(tick_reading(&mut c, 2_000, |cookie| {
+        Ok(networked_state(cookie))
+    }));
+    assert!(again.is_empty(), "{again:?}");
+    // An ADD naming it later is still checked against the kernel (from the state read).
+    let reports = c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/cni-a"),
+        t(3),
+    );
+    assert!(
+        matches!(intent_verdicts(&reports).as_slice(),
+            [i] if i.status == IntentStatus::Confirmed && i.evidence == Evidence::Snapshot { at: t(2_000) }),
+        "{reports:?}"
+    );
+    assert!(verdicts(reports).is_empty(), "judged once");
 }

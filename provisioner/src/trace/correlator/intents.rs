@@ -1,0 +1,246 @@
+//! The daemon's intents (what it configures in a sandbox) checked against the kernel, and the
+//! drift of a confirmed one.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+use crate::trace::verdict::{
+    Drift, Evidence, Intent, IntentKey, IntentOrigin, IntentStatus, IntentVerdict, Report,
+    TimelineEntry,
+};
+
+use super::judge::missing_steps;
+use super::state::Progress;
+
+struct Registered {
+    intent: Intent,
+    registered_at: SystemTime,
+    status: Option<IntentStatus>,
+    /// What was reported missing since it was confirmed.
+    drifted: HashSet<String>,
+}
+
+/// Counters of intent outcomes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IntentCounts {
+    pub confirmed: u64,
+    pub unconfirmed: u64,
+    /// Found at start lacking something.
+    pub drifted: u64,
+    /// Something went missing after confirmation.
+    pub drifts: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Intents {
+    by_key: HashMap<IntentKey, Registered>,
+    pub counts: IntentCounts,
+}
+
+impl Intents {
+    /// Registers `intent`, replacing an earlier one for the same key.
+    pub(super) fn register(&mut self, intent: Intent, now: SystemTime) {
+        self.by_key.insert(
+            intent.key.clone(),
+            Registered {
+                intent,
+                registered_at: now,
+                status: None,
+                drifted: HashSet::new(),
+            },
+        );
+    }
+
+    pub(super) fn remove(&mut self, key: &IntentKey) {
+        self.by_key.remove(key);
+    }
+
+    /// Forgets every intent on namespace `cookie`; the confirmed ones report the namespace
+    /// destroyed as drift.
+    pub(super) fn destroyed(&mut self, cookie: u64, by: &TimelineEntry) -> Vec<Report> {
+        let mut reports = Vec::new();
+        self.by_key.retain(|_, r| {
+            if r.intent.netns_cookie != cookie {
+                return true;
+            }
+            if r.status == Some(IntentStatus::Confirmed) {
+                self.counts.drifts += 1;
+                reports.push(Report::Drift(Drift {
+                    key: r.intent.key.clone(),
+                    netns_cookie: cookie,
+                    what: "namespace destroyed".into(),
+                    by: Some(by.clone()),
+                }));
+            }
+            false
+        });
+        reports
+    }
+
+    /// Intents on `cookie` not decided yet whose deadline passed by `now`, or audits (decided
+    /// on the first state read).
+    pub(super) fn due(
+        &self,
+        cookie: u64,
+        now: SystemTime,
+        deadline: Duration,
+    ) -> Option<SystemTime> {
+        self.by_key
+            .values()
+            .filter(|r| r.intent.netns_cookie == cookie && r.status.is_none())
+            .map(|r| match r.intent.origin {
+                IntentOrigin::Audit => r.registered_at,
+                IntentOrigin::Add => r.registered_at + deadline,
+            })
+            .filter(|due| *due <= now)
+            .min()
+    }
+
+    /// Whether an intent names namespace `cookie`.
+    pub(super) fn on(&self, cookie: u64) -> bool {
+        self.by_key
+            .values()
+            .any(|r| r.intent.netns_cookie == cookie)
+    }
+
+    /// Cookies with an undecided intent.
+    pub(super) fn undecided_cookies(&self) -> HashSet<u64> {
+        self.by_key
+            .values()
+            .filter(|r| r.status.is_none())
+            .map(|r| r.intent.netns_cookie)
+            .collect()
+    }
+
+    /// Checks the intents on `cookie` after a change: confirms those the state now shows in
+    /// full; reports what went missing from confirmed ones.
+    pub(super) fn check(
+        &mut self,
+        cookie: u64,
+        progress: &Progress,
+        trigger: Evidence,
+        by: Option<&TimelineEntry>,
+    ) -> Vec<Report> {
+        let mut reports = Vec::new();
+        for r in self
+            .by_key
+            .values_mut()
+            .filter(|r| r.intent.netns_cookie == cookie)
+        {
+            let missing = missing_steps(&r.intent, &progress.now);
+            match r.status {
+                None | Some(IntentStatus::Unconfirmed | IntentStatus::Drifted)
+                    if missing.is_empty() =>
+                {
+                    r.status = Some(IntentStatus::Confirmed);
+                    r.drifted.clear();
+                    self.counts.confirmed += 1;
+                    reports.push(Report::Intent(IntentVerdict {
+                        intent: r.intent.clone(),
+                        status: IntentStatus::Confirmed,
+                        missing,
+                        evidence: trigger,
+                    }));
+                }
+                Some(IntentStatus::Confirmed) => {
+                    for what in missing {
+                        if r.drifted.insert(what.clone()) {
+                            self.counts.drifts += 1;
+                            tracing::warn!(
+                                netns_cookie = cookie,
+                                sandbox = %r.intent.key,
+                                what = %what,
+                                by = ?by.map(ToString::to_string),
+                                "sandbox network drifted"
+                            );
+                            reports.push(Report::Drift(Drift {
+                                key: r.intent.key.clone(),
+                                netns_cookie: cookie,
+                                what: format!("{what} removed"),
+                                by: by.cloned(),
+                            }));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        reports
+    }
+
+    /// Decides the intents on `cookie` that are due (their deadline passed and the state was
+    /// read after it): `unconfirmed` for an ADD, `drifted` (each missing part a drift) for an
+    /// audit.
+    pub(super) fn conclude(
+        &mut self,
+        cookie: u64,
+        progress: &Progress,
+        evidence: Evidence,
+        read_failed: Option<&str>,
+        now: SystemTime,
+        deadline: Duration,
+    ) -> Vec<Report> {
+        let mut reports = Vec::new();
+        for r in self
+            .by_key
+            .values_mut()
+            .filter(|r| r.intent.netns_cookie == cookie && r.status.is_none())
+        {
+            let due = match r.intent.origin {
+                IntentOrigin::Audit => r.registered_at,
+                IntentOrigin::Add => r.registered_at + deadline,
+            };
+            if due > now {
+                continue;
+            }
+            let mut missing = missing_steps(&r.intent, &progress.now);
+            if missing.is_empty() {
+                continue;
+            }
+            if let Some(err) = read_failed {
+                missing.push(format!("(its state could not be read: {err})"));
+            }
+            let status = match r.intent.origin {
+                IntentOrigin::Add => IntentStatus::Unconfirmed,
+                IntentOrigin::Audit => IntentStatus::Drifted,
+            };
+            r.status = Some(status);
+            match status {
+                IntentStatus::Drifted => {
+                    self.counts.drifted += 1;
+                    tracing::warn!(
+                        netns_cookie = cookie,
+                        sandbox = %r.intent.key,
+                        missing = ?missing,
+                        "sandbox found at start lacks part of its network"
+                    );
+                    for what in &missing {
+                        r.drifted.insert(what.clone());
+                        reports.push(Report::Drift(Drift {
+                            key: r.intent.key.clone(),
+                            netns_cookie: cookie,
+                            what: format!("{what} missing (found at start)"),
+                            by: None,
+                        }));
+                    }
+                }
+                _ => {
+                    self.counts.unconfirmed += 1;
+                    tracing::warn!(
+                        netns_cookie = cookie,
+                        sandbox = %r.intent.key,
+                        missing = ?missing,
+                        "kernel did not show the whole sandbox setup within the deadline"
+                    );
+                }
+            }
+            reports.push(Report::Intent(IntentVerdict {
+                intent: r.intent.clone(),
+                status,
+                missing,
+                evidence,
+            }));
+        }
+        reports
+    }
+}

@@ -1,0 +1,256 @@
+//! The timeline of one network namespace: what happened to it, in time order, bounded.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use crate::trace::events::{NetnsRef, TraceEvent};
+use crate::trace::verdict::{Creator, Step, TimelineEntry, Verdict};
+
+use super::effects::Effect;
+use super::state::Progress;
+
+/// Entries kept per namespace; older ones are folded into its [`Progress`] so that a flood of
+/// requests costs bounded memory and loses no fact.
+pub(super) const MAX_ENTRIES: usize = 256;
+/// Namespace files remembered per namespace to read its state from.
+const MAX_HANDLES: usize = 8;
+/// Processes whose execs were added to a timeline.
+const MAX_ATTRIBUTED_PIDS: usize = 64;
+
+/// One timeline entry with what it does.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    /// Unique within its namespace (replies find their request by it).
+    pub id: u64,
+    pub public: TimelineEntry,
+    pub effect: Option<Effect>,
+    /// An extack seen while the kernel processed this request.
+    pub extack: Option<String>,
+}
+
+/// Reading a namespace's state: asked for, and the last answer.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SnapshotState {
+    /// A read is under way (asked for at that time).
+    pub pending_since: Option<SystemTime>,
+    /// Start of the last read that answered (success or failure).
+    pub answered_at: Option<SystemTime>,
+    /// Why the last read failed.
+    pub error: Option<String>,
+}
+
+/// What the correlator knows of one network namespace.
+pub(super) struct Ns {
+    pub netns: NetnsRef,
+    /// Creation time when seen, else when it became known.
+    pub created_at: SystemTime,
+    /// Its deadline runs from here: creation, or the latest ADD naming it.
+    pub deadline_from: SystemTime,
+    pub creator: Creator,
+    /// Its creation was seen: the timeline is its whole history.
+    pub origin_known: bool,
+    pub pins: Vec<PathBuf>,
+    /// Namespace files that may be it (pins, an ADD's netns path, `/proc/<pid>/ns/net`).
+    pub handles: Vec<PathBuf>,
+    /// Named by an ADD, `--netns`, or found pinned as a sandbox.
+    pub expected: bool,
+    pub entries: Vec<Entry>,
+    /// What the entries folded away added up to.
+    base: Progress,
+    /// Number of entries folded away.
+    pub folded: usize,
+    next_id: u64,
+    pub ifnames: HashMap<u32, String>,
+    pub destroyed_at: Option<SystemTime>,
+    /// The last verdict given.
+    pub verdict: Option<Verdict>,
+    pub snapshot: SnapshotState,
+    /// When to read the state of a sandbox judged an alarm again (its network may come late
+    /// by a path the trace does not see).
+    pub recheck: Option<(SystemTime, std::time::Duration)>,
+    pub attributed_pids: HashSet<u32>,
+}
+
+impl Ns {
+    pub(super) fn new(netns: NetnsRef, at: SystemTime) -> Self {
+        Self {
+            netns,
+            created_at: at,
+            deadline_from: at,
+            creator: Creator::default(),
+            origin_known: false,
+            pins: Vec::new(),
+            handles: Vec::new(),
+            expected: false,
+            entries: Vec::new(),
+            base: Progress::default(),
+            folded: 0,
+            next_id: 0,
+            ifnames: HashMap::new(),
+            destroyed_at: None,
+            verdict: None,
+            snapshot: SnapshotState::default(),
+            recheck: None,
+            attributed_pids: HashSet::new(),
+        }
+    }
+
+    /// Remembers a namespace file that may be this namespace.
+    pub(super) fn add_handle(&mut self, path: PathBuf) {
+        if !self.handles.contains(&path) {
+            if self.handles.len() >= MAX_HANDLES {
+                self.handles.remove(0);
+            }
+            self.handles.push(path);
+        }
+    }
+
+    /// Whether the execs of `pid` were already added; marks them added.
+    pub(super) fn attribute(&mut self, pid: u32) -> bool {
+        if self.attributed_pids.contains(&pid) || self.attributed_pids.len() >= MAX_ATTRIBUTED_PIDS
+        {
+            return false;
+        }
+        self.attributed_pids.insert(pid)
+    }
+
+    /// Appends a step caused by `event`; returns its id.
+    pub(super) fn push(&mut self, event: &TraceEvent, step: Step, effect: Option<Effect>) -> u64 {
+        self.push_at(
+            TimelineEntry {
+                at: event.at,
+                pid: event.task.pid,
+                comm: event.task.comm.clone(),
+                step,
+            },
+            effect,
+        )
+    }
+
+    /// Appends an entry; returns its id.
+    pub(super) fn push_at(&mut self, public: TimelineEntry, effect: Option<Effect>) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.push(Entry {
+            id,
+            public,
+            effect,
+            extack: None,
+        });
+        if self.entries.len() > MAX_ENTRIES {
+            self.compact();
+        }
+        id
+    }
+
+    pub(super) fn entry_mut(&mut self, id: u64) -> Option<&mut Entry> {
+        self.entries.iter_mut().rev().find(|e| e.id == id)
+    }
+
+    /// Entries in time order (they arrive in processing order: a state read is dated when it
+    /// started, and events from the ring buffer may arrive after it).
+    fn sorted(&self) -> Vec<&Entry> {
+        let mut sorted: Vec<&Entry> = self.entries.iter().collect();
+        sorted.sort_by_key(|e| e.public.at);
+        sorted
+    }
+
+    /// The whole timeline folded.
+    pub(super) fn progress(&self) -> Progress {
+        self.base.clone().fold(self.sorted(), &self.ifnames)
+    }
+
+    /// The timeline in time order, for a verdict.
+    pub(super) fn timeline(&self) -> Vec<TimelineEntry> {
+        self.sorted()
+            .into_iter()
+            .map(|e| e.public.clone())
+            .collect()
+    }
+
+    pub(super) fn last_entry(&self) -> Option<&TimelineEntry> {
+        self.entries.iter().map(|e| &e.public).max_by_key(|e| e.at)
+    }
+
+    /// Folds the older half of the entries into the base.
+    fn compact(&mut self) {
+        self.entries.sort_by_key(|e| e.public.at);
+        let keep = self.entries.split_off(self.entries.len() / 2);
+        let old = std::mem::replace(&mut self.entries, keep);
+        self.folded += old.len();
+        self.base = std::mem::take(&mut self.base).fold(&old, &self.ifnames);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::events::DevChange;
+    use crate::trace::events::{EventKind, TaskInfo};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn dev_up(ms: u64, ifindex: u32) -> TraceEvent {
+        TraceEvent {
+            at: UNIX_EPOCH + Duration::from_millis(ms),
+            task: TaskInfo {
+                pid: 1,
+                tid: 1,
+                comm: "ip".into(),
+                cgroup_id: 0,
+            },
+            kind: EventKind::DevUp(DevChange {
+                netns: NetnsRef::default(),
+                ifindex,
+                ifname: format!("d{ifindex}"),
+                dev_flags: 1,
+                netns_dying: false,
+                qdisc: "noqueue".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_flood_is_folded_without_losing_facts() {
+        let mut ns = Ns::new(NetnsRef::default(), UNIX_EPOCH);
+        for i in 0..(3 * MAX_ENTRIES as u64) {
+            let ifindex = u32::try_from(i).expect("small") + 2;
+            let event = dev_up(i, ifindex);
+            ns.push(
+                &event,
+                Step::DevUp {
+                    ifname: format!("d{ifindex}"),
+                    ifindex,
+                },
+                Some(Effect::DevUp {
+                    ifindex,
+                    ifname: format!("d{ifindex}"),
+                }),
+            );
+        }
+        assert!(ns.entries.len() <= MAX_ENTRIES);
+        assert_eq!(ns.folded + ns.entries.len(), 3 * MAX_ENTRIES);
+        assert_eq!(ns.progress().now.up.len(), 3 * MAX_ENTRIES);
+    }
+
+    #[test]
+    fn entries_are_folded_in_time_order() {
+        let mut ns = Ns::new(NetnsRef::default(), UNIX_EPOCH);
+        for ms in [5, 1, 3] {
+            ns.push(&dev_up(ms, 2), Step::Destroyed, None);
+        }
+        let at: Vec<u64> = ns
+            .timeline()
+            .iter()
+            .map(|e| {
+                u64::try_from(
+                    e.at.duration_since(UNIX_EPOCH)
+                        .expect("after epoch")
+                        .as_millis(),
+                )
+                .expect("small")
+            })
+            .collect();
+        assert_eq!(at, [1, 3, 5]);
+    }
+}

@@ -1,0 +1,361 @@
+//! The one loop that drives the tracer: kernel events, commands (the daemon's intents, a
+//! namespace to watch), reads of namespace states the correlator asks for, and the clock, into
+//! the correlator; its reports out to a [`Sink`]. `provisioner trace` and the daemon's kernel
+//! watch both run it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::dataplane::NetnsSnapshot;
+
+use super::TraceError;
+use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
+use super::events::{NetnsRef, TraceEvent};
+use super::loader::{KernelTracer, LossCounters};
+use super::metrics::TraceMetrics;
+use super::netns_id::netns_of_path;
+use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent};
+
+/// Kernel events buffered between the ring buffer reader and the correlator.
+const EVENT_CHANNEL: usize = 65_536;
+/// How often verdicts that came due are given.
+const TICK: Duration = Duration::from_millis(100);
+/// Namespace states read at once.
+const CONCURRENT_READS: usize = 4;
+
+/// What the sandbox must show for an intent (the namespace is named by its file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntentSpec {
+    pub key: IntentKey,
+    pub origin: IntentOrigin,
+    pub netns: PathBuf,
+    pub ifname: String,
+    pub addresses: Vec<ipnetwork::IpNetwork>,
+    pub routes: Vec<RouteIntent>,
+}
+
+impl IntentSpec {
+    /// What `expected` (the dataplane's plan of the sandbox) shows inside the sandbox.
+    pub fn new(
+        key: IntentKey,
+        origin: IntentOrigin,
+        netns: PathBuf,
+        expected: &crate::dataplane::ExpectedState,
+    ) -> Self {
+        Self {
+            key,
+            origin,
+            netns,
+            ifname: expected.ifname.clone(),
+            addresses: expected.sandbox_addresses().collect(),
+            routes: expected
+                .sandbox_routes
+                .iter()
+                .map(|r| RouteIntent {
+                    dst: r.dst,
+                    gateway: r.gw,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the driver is asked to do besides tracing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Check that the kernel shows this sandbox's setup.
+    Intent(IntentSpec),
+    /// Forget the intent (the sandbox is being torn down on purpose).
+    Forget(IntentKey),
+    /// Treat the namespace at this path as a sandbox, whoever created it.
+    Expect(PathBuf),
+}
+
+/// Where the driver's output goes.
+pub trait Sink {
+    /// The programs are attached: events flow from now on.
+    fn attached(&mut self) {}
+    /// A kernel event, after the correlator saw it.
+    fn event(&mut self, _event: &TraceEvent) {}
+    fn reports(&mut self, reports: Vec<Report>);
+    /// The counters, refreshed every tick.
+    fn metrics(&mut self, _metrics: TraceMetrics) {}
+}
+
+/// Options of one tracing run.
+#[derive(Clone, Debug)]
+pub struct DriverOptions {
+    pub correlator: CorrelatorConfig,
+    /// Judge the sandbox namespaces pinned when tracing starts (from their state).
+    pub scan_pins: bool,
+}
+
+/// What a run ends with.
+#[derive(Clone, Debug, Default)]
+pub struct RunSummary {
+    pub loss: LossCounters,
+    pub metrics: TraceMetrics,
+}
+
+/// An intent whose namespace is being identified (its cookie read from its file).
+struct Identified {
+    seq: u64,
+    spec: IntentSpec,
+    netns: std::io::Result<NetnsRef>,
+}
+
+enum Done {
+    Identified(Identified),
+    Expected(PathBuf, std::io::Result<NetnsRef>),
+    Read(u64, SystemTime, Result<NetnsSnapshot, String>),
+    Found(PathBuf, SystemTime, Result<NetnsSnapshot, String>),
+}
+
+/// Loads the programs (off the async workers) and runs until `stop` completes or the event
+/// stream ends. Fails only when the programs cannot be loaded.
+pub async fn run<S: Sink>(
+    opts: DriverOptions,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    sink: &mut S,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<RunSummary, TraceError> {
+    let (tracer, mut events) = tokio::task::spawn_blocking(|| KernelTracer::start(EVENT_CHANNEL))
+        .await
+        .map_err(|e| TraceError::Worker(e.to_string()))??;
+    sink.attached();
+    let mut correlator = Correlator::new(opts.correlator.clone());
+    let mut work: JoinSet<Done> = JoinSet::new();
+    let mut reads_in_flight = 0usize;
+    let mut queued_reads: Vec<SnapshotRequest> = Vec::new();
+    // The latest intent command per key: an identification that finishes after a newer
+    // command (or a forget) for its key is dropped.
+    let mut latest: HashMap<IntentKey, u64> = HashMap::new();
+    let mut seq = 0u64;
+    if opts.scan_pins {
+        let rules = opts.correlator.rules.clone();
+        let pins = tokio::task::spawn_blocking(move || sandbox_pins(&rules))
+            .await
+            .unwrap_or_default();
+        for path in pins {
+            work.spawn(async move {
+                let at = SystemTime::now();
+                let read = read_state(&path).await;
+                Done::Found(path, at, read)
+            });
+        }
+    }
+    let mut ticker = tokio::time::interval(TICK);
+    tokio::pin!(stop);
+    let mut commands_open = true;
+    loop {
+        let reports = tokio::select! {
+            biased;
+            () = &mut stop => break,
+            // Commands first: a forget sent before a teardown is in effect before the
+            // teardown's events are fed.
+            command = commands.recv(), if commands_open => match command {
+                Some(Command::Intent(spec)) => {
+                    seq += 1;
+                    latest.insert(spec.key.clone(), seq);
+                    let this = seq;
+                    work.spawn(async move {
+                        let netns = identify(spec.netns.clone()).await;
+                        Done::Identified(Identified { seq: this, spec, netns })
+                    });
+                    Vec::new()
+                }
+                Some(Command::Forget(key)) => {
+                    latest.remove(&key);
+                    correlator.remove_intent(&key);
+                    Vec::new()
+                }
+                Some(Command::Expect(path)) => {
+                    work.spawn(async move {
+                        let netns = identify(path.clone()).await;
+                        Done::Expected(path, netns)
+                    });
+                    Vec::new()
+                }
+                None => {
+                    commands_open = false;
+                    Vec::new()
+                }
+            },
+            Some(done) = work.join_next(), if !work.is_empty() => match done {
+                Ok(done) => {
+                    let (reports, was_read) =
+                        finish(&mut correlator, &mut latest, done, &opts.correlator.rules);
+                    reads_in_flight = reads_in_flight.saturating_sub(usize::from(was_read));
+                    reports
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "tracer helper task failed");
+                    Vec::new()
+                }
+            },
+            event = events.recv() => match event {
+                Some(event) => {
+                    let reports = correlator.feed(&event);
+                    sink.event(&event);
+                    reports
+                }
+                None => {
+                    tracing::error!("kernel event stream ended; tracing stopped");
+                    break;
+                }
+            },
+            _ = ticker.tick() => {
+                let reports = correlator.tick(SystemTime::now());
+                sink.metrics(TraceMetrics::collect(&correlator.metrics(), &tracer.loss_counters()));
+                reports
+            }
+        };
+        if !reports.is_empty() {
+            sink.reports(reports);
+        }
+        queued_reads.extend(correlator.take_snapshot_requests(SystemTime::now()));
+        while reads_in_flight < CONCURRENT_READS && !queued_reads.is_empty() {
+            let request = queued_reads.remove(0);
+            reads_in_flight += 1;
+            work.spawn(async move {
+                let at = SystemTime::now();
+                let read = read_cookie(&request).await;
+                Done::Read(request.cookie, at, read)
+            });
+        }
+    }
+    while let Ok(event) = events.try_recv() {
+        let reports = correlator.feed(&event);
+        sink.event(&event);
+        if !reports.is_empty() {
+            sink.reports(reports);
+        }
+    }
+    let reports = correlator.tick(SystemTime::now());
+    if !reports.is_empty() {
+        sink.reports(reports);
+    }
+    let loss = tracer.loss_counters();
+    let metrics = TraceMetrics::collect(&correlator.metrics(), &loss);
+    sink.metrics(metrics.clone());
+    Ok(RunSummary { loss, metrics })
+}
+
+/// Feeds a finished helper task to the correlator; whether it was a read of a state asked for.
+fn finish(
+    correlator: &mut Correlator,
+    latest: &mut HashMap<IntentKey, u64>,
+    done: Done,
+    rules: &super::SandboxRules,
+) -> (Vec<Report>, bool) {
+    let now = SystemTime::now();
+    match done {
+        Done::Identified(Identified { seq, spec, netns }) => {
+            if latest.get(&spec.key) != Some(&seq) {
+                return (Vec::new(), false);
+            }
+            latest.remove(&spec.key);
+            match netns {
+                Ok(netns) => {
+                    let intent = Intent {
+                        key: spec.key,
+                        origin: spec.origin,
+                        netns_cookie: netns.cookie,
+                        ifname: spec.ifname,
+                        addresses: spec.addresses,
+                        routes: spec.routes,
+                    };
+                    (correlator.register_intent(intent, spec.netns, now), false)
+                }
+                Err(err) => {
+                    tracing::warn!(sandbox = %spec.key, netns = %spec.netns.display(), error = %err, "cannot identify the sandbox netns for tracing");
+                    (Vec::new(), false)
+                }
+            }
+        }
+        Done::Expected(path, netns) => {
+            match netns {
+                Ok(netns) => correlator.expect_sandbox(netns, path, now),
+                Err(err) => {
+                    tracing::warn!(netns = %path.display(), error = %err, "cannot identify the netns to watch");
+                }
+            }
+            (Vec::new(), false)
+        }
+        Done::Read(cookie, at, read) => (
+            correlator.snapshot_taken(cookie, read.as_ref().map_err(Clone::clone), at, now),
+            true,
+        ),
+        Done::Found(path, at, read) => match read {
+            Ok(snapshot) if rules.is_sandbox_pin(&path) => {
+                (correlator.found(path, &snapshot, at, now), false)
+            }
+            Ok(_) => (Vec::new(), false),
+            Err(err) => {
+                tracing::debug!(pin = %path.display(), error = %err, "pinned namespace could not be read");
+                (Vec::new(), false)
+            }
+        },
+    }
+}
+
+async fn identify(path: PathBuf) -> std::io::Result<NetnsRef> {
+    tokio::task::spawn_blocking(move || netns_of_path(&path))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+/// Reads the state of the namespace at `path`, bounded in time.
+async fn read_state(path: &Path) -> Result<NetnsSnapshot, String> {
+    match tokio::time::timeout(SNAPSHOT_WAIT, crate::dataplane::snapshot(path)).await {
+        Ok(Ok(snapshot)) => Ok(snapshot),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!(
+            "reading {} took longer than {} ms",
+            path.display(),
+            SNAPSHOT_WAIT.as_millis()
+        )),
+    }
+}
+
+/// Reads the state of namespace `request.cookie` from the first of its files that still is it.
+async fn read_cookie(request: &SnapshotRequest) -> Result<NetnsSnapshot, String> {
+    let mut tried = Vec::new();
+    for path in &request.paths {
+        match read_state(path).await {
+            Ok(snapshot) if snapshot.cookie == request.cookie => return Ok(snapshot),
+            Ok(_) => tried.push(format!("{} is another namespace now", path.display())),
+            Err(err) => tried.push(err),
+        }
+    }
+    if tried.is_empty() {
+        return Err("no file of the namespace is known".to_owned());
+    }
+    Err(tried.join("; "))
+}
+
+/// The sandbox pins present now under the rules' pin directories (`/var/run` is usually a link
+/// to `/run`: each directory is listed once).
+fn sandbox_pins(rules: &super::SandboxRules) -> Vec<PathBuf> {
+    let mut pins = Vec::new();
+    let mut listed = std::collections::HashSet::new();
+    for dir in &rules.pin_dirs {
+        if !listed.insert(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone())) {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if rules.is_sandbox_pin(&path) {
+                pins.push(path);
+            }
+        }
+    }
+    pins
+}

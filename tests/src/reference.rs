@@ -1,0 +1,69 @@
+//! The reference CNI plugins (Debian's containernetworking-plugins), run as a runtime runs
+//! them, with their host side in a "node" namespace.
+
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Result, bail};
+
+use crate::Netns;
+use crate::daemon_harness::{PluginRun, run_with_stdin};
+
+/// Where Debian installs the reference plugins.
+pub const REFERENCE_DIR: &str = "/usr/lib/cni";
+
+/// The reference `ptp` plugin with `host-local` IPAM on `subnet`, state in `data_dir`.
+pub struct Ptp<'a> {
+    pub node: &'a Netns,
+    pub subnet: String,
+    pub data_dir: PathBuf,
+}
+
+impl Ptp<'_> {
+    /// Runs `command` (ADD, DEL) for `container_id` in the netns at `netns`; the plugin enters
+    /// the node namespace (setns on the net namespace only) before exec.
+    pub fn run(&self, command: &str, container_id: &str, netns: &Path) -> Result<PluginRun> {
+        let plugin = Path::new(REFERENCE_DIR).join("ptp");
+        if !plugin.exists() {
+            bail!(
+                "{} is missing: `cargo xtask test` installs containernetworking-plugins",
+                plugin.display()
+            );
+        }
+        let config = serde_json::json!({
+            "cniVersion": "0.4.0", "name": "reference-ptp", "type": "ptp", "mtu": 1460,
+            "ipam": {"type": "host-local", "subnet": self.subnet,
+                     "routes": [{"dst": "0.0.0.0/0"}], "dataDir": self.data_dir},
+        });
+        let node_fd = std::fs::File::open(self.node.path())?;
+        let mut cmd = Command::new(&plugin);
+        cmd.env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container_id)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", REFERENCE_DIR)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: setns is async-signal-safe; the fd stays open until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sched::setns(node_fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let run = run_with_stdin(cmd, config.to_string().as_bytes())?;
+        if run.code != 0 {
+            bail!(
+                "ptp {command} {container_id}: exit {}: {} {}",
+                run.code,
+                run.stdout,
+                run.stderr
+            );
+        }
+        Ok(run)
+    }
+}

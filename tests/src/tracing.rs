@@ -1,0 +1,186 @@
+//! The product's trace driver run in the background of a test, collecting its reports.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use provisioner::trace::driver::{self, Command, DriverOptions, RunSummary, Sink};
+use provisioner::trace::{
+    CorrelatorConfig, IntentVerdict, NetnsVerdict, Report, SandboxRules, netns_of_path,
+};
+use tokio::sync::{mpsc, oneshot};
+
+/// What the driver said, in order.
+enum Said {
+    Attached,
+    Report(Box<Report>),
+}
+
+struct Forward(mpsc::UnboundedSender<Said>);
+
+impl Sink for Forward {
+    fn attached(&mut self) {
+        let _ = self.0.send(Said::Attached);
+    }
+
+    fn reports(&mut self, reports: Vec<Report>) {
+        for report in reports {
+            let _ = self.0.send(Said::Report(Box::new(report)));
+        }
+    }
+}
+
+/// A running trace driver; stopped when dropped.
+pub struct Tracing {
+    said: mpsc::UnboundedReceiver<Said>,
+    commands: mpsc::UnboundedSender<Command>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<RunSummary>>>,
+    /// Every verdict so far, with when it arrived.
+    pub verdicts: Vec<(Instant, NetnsVerdict)>,
+    pub intents: Vec<IntentVerdict>,
+}
+
+impl Tracing {
+    /// Starts the driver (judging the sandbox pins already there) and waits until its programs
+    /// are attached.
+    pub async fn start(rules: SandboxRules, deadline: Duration) -> Result<Self> {
+        crate::require_root();
+        let (tx, said) = mpsc::unbounded_channel();
+        let (commands, rx) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let opts = DriverOptions {
+            correlator: CorrelatorConfig { deadline, rules },
+            scan_pins: true,
+        };
+        let task = tokio::spawn(async move {
+            let mut sink = Forward(tx);
+            let stop = async {
+                let _ = stopped.await;
+            };
+            driver::run(opts, rx, &mut sink, stop)
+                .await
+                .context("trace driver")
+        });
+        let mut tracing = Self {
+            said,
+            commands,
+            stop: Some(stop),
+            task: Some(task),
+            verdicts: Vec::new(),
+            intents: Vec::new(),
+        };
+        match tokio::time::timeout(Duration::from_secs(30), tracing.said.recv()).await {
+            Ok(Some(Said::Attached)) => Ok(tracing),
+            Ok(_) => {
+                let task = tracing.task.take().context("driver task")?;
+                match task.await? {
+                    Err(err) => Err(err),
+                    Ok(_) => bail!("the trace driver stopped before attaching"),
+                }
+            }
+            Err(_) => bail!("the trace driver did not attach within 30 s"),
+        }
+    }
+
+    /// Treats the namespace at `path` as a sandbox.
+    pub fn expect(&self, path: &Path) {
+        let _ = self.commands.send(Command::Expect(path.to_path_buf()));
+    }
+
+    /// Collects what the driver says for `span`.
+    pub async fn collect(&mut self, span: Duration) {
+        let end = tokio::time::Instant::now() + span;
+        while let Ok(Some(said)) = tokio::time::timeout_at(end, self.said.recv()).await {
+            self.keep(said);
+        }
+    }
+
+    fn keep(&mut self, said: Said) {
+        let Said::Report(report) = said else {
+            return;
+        };
+        match *report {
+            Report::Verdict(v) => self.verdicts.push((Instant::now(), v)),
+            Report::Intent(i) => self.intents.push(i),
+            Report::Drift(_) => {}
+        }
+    }
+
+    /// The first verdict on namespace `cookie` matching `wanted`, waiting at most `within`.
+    pub async fn verdict_where(
+        &mut self,
+        cookie: u64,
+        within: Duration,
+        wanted: impl Fn(&NetnsVerdict) -> bool,
+    ) -> Result<(Instant, NetnsVerdict)> {
+        let end = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(found) = self
+                .verdicts
+                .iter()
+                .find(|(_, v)| v.netns.cookie == cookie && wanted(v))
+            {
+                return Ok(found.clone());
+            }
+            match tokio::time::timeout_at(end, self.said.recv()).await {
+                Ok(Some(said)) => self.keep(said),
+                Ok(None) => bail!("the trace driver stopped"),
+                Err(_) => bail!(
+                    "no verdict for netns cookie {cookie} within {within:?}; verdicts so far: {:?}",
+                    self.verdicts_on(cookie)
+                        .iter()
+                        .map(|v| (v.verdict, v.reason.clone()))
+                        .collect::<Vec<_>>()
+                ),
+            }
+        }
+    }
+
+    /// The first verdict on namespace `cookie`, waiting at most `within`.
+    pub async fn verdict(
+        &mut self,
+        cookie: u64,
+        within: Duration,
+    ) -> Result<(Instant, NetnsVerdict)> {
+        self.verdict_where(cookie, within, |_| true).await
+    }
+
+    /// Every verdict on namespace `cookie` so far.
+    pub fn verdicts_on(&self, cookie: u64) -> Vec<&NetnsVerdict> {
+        self.verdicts
+            .iter()
+            .map(|(_, v)| v)
+            .filter(|v| v.netns.cookie == cookie)
+            .collect()
+    }
+
+    /// Stops the driver; what it ran with.
+    pub async fn stop(mut self) -> Result<RunSummary> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = self.task.take().context("driver task")?;
+        task.await?
+    }
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The cookie of the namespace at `path` (its identity; inodes are recycled).
+pub fn cookie_of(path: &Path) -> Result<u64> {
+    netns_of_path(path)
+        .map(|n| n.cookie)
+        .with_context(|| format!("identify netns {}", path.display()))
+}
+
+/// `/run/netns/<name>`
+pub fn pin_path(name: &str) -> PathBuf {
+    PathBuf::from(format!("/run/netns/{name}"))
+}
