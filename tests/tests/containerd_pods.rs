@@ -26,12 +26,9 @@ struct RunningPod {
 #[test]
 fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
-    let network = conflist("ctrdnet", "1.0.0", &daemon.socket, SUBNET, None);
-    std::fs::write(
-        daemon.conf_dir.join("10-provisioner.conflist"),
-        serde_json::to_vec_pretty(&network)?,
-    )?;
+    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "2"], |socket| {
+        conflist("ctrdnet", "1.0.0", socket, SUBNET, None)
+    })?;
     daemon.wait_ready(Duration::from_secs(10))?;
     daemon.wait_tracing(Duration::from_secs(30))?;
 

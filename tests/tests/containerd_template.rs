@@ -31,10 +31,8 @@ fn wait_rendered(containerd: &mut Containerd) -> Result<Vec<u8>> {
         .with_context(|| format!("read what containerd rendered, {}", path.display()))
 }
 
-/// `provisioner render-config` of `template` for `pod_cidrs`: the bytes it writes.
-fn render_with_provisioner(template: &Path, pod_cidrs: &str) -> Result<Vec<u8>> {
-    let dir = tempfile::tempdir()?;
-    let output = dir.path().join(RENDERED);
+/// `provisioner render-config` of `template` for `pod_cidrs` into `output`.
+fn render_config(template: &Path, pod_cidrs: &str, output: &Path) -> Result<()> {
     run(
         &provisioner_bin().display().to_string(),
         &[
@@ -46,7 +44,15 @@ fn render_with_provisioner(template: &Path, pod_cidrs: &str) -> Result<Vec<u8>> 
             "--output",
             &output.display().to_string(),
         ],
-    )?;
+    )
+    .map(|_| ())
+}
+
+/// What `provisioner render-config` writes for `template` and `pod_cidrs`.
+fn render_with_provisioner(template: &Path, pod_cidrs: &str) -> Result<Vec<u8>> {
+    let dir = tempfile::tempdir()?;
+    let output = dir.path().join(RENDERED);
+    render_config(template, pod_cidrs, &output)?;
     Ok(std::fs::read(&output)?)
 }
 
@@ -258,21 +264,10 @@ fn containerd_loads_what_render_config_writes() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let template = dir.path().join("cni.template");
     std::fs::write(&template, deploy::cni_template()?)?;
-    run(
-        &provisioner_bin().display().to_string(),
-        &[
-            "render-config",
-            "--template",
-            &template.display().to_string(),
-            "--pod-cidr",
-            "10.244.7.0/24",
-            "--output",
-            &containerd
-                .conf_dir
-                .join("10-provisioner.conflist")
-                .display()
-                .to_string(),
-        ],
+    render_config(
+        &template,
+        "10.244.7.0/24",
+        &containerd.conf_dir.join("10-provisioner.conflist"),
     )?;
     containerd
         .cri()

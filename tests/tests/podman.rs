@@ -17,12 +17,9 @@ const SUBNET: &str = "10.249.0.0/24";
 #[test]
 fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
-    let network = conflist(NETWORK, "1.0.0", &daemon.socket, SUBNET, None);
-    std::fs::write(
-        daemon.conf_dir.join("10-provisioner.conflist"),
-        serde_json::to_vec_pretty(&network)?,
-    )?;
+    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "2"], |socket| {
+        conflist(NETWORK, "1.0.0", socket, SUBNET, None)
+    })?;
     daemon.wait_ready(Duration::from_secs(10))?;
     daemon.wait_tracing(Duration::from_secs(30))?;
     let mut podman = Podman::new(&node, &daemon.conf_dir)?;
@@ -94,12 +91,9 @@ fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
 #[test]
 fn podman_container_exit_releases_its_address() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with(&node, None, &["--no-trace"])?;
-    let network = conflist(NETWORK, "1.0.0", &daemon.socket, SUBNET, None);
-    std::fs::write(
-        daemon.conf_dir.join("10-provisioner.conflist"),
-        serde_json::to_vec_pretty(&network)?,
-    )?;
+    let daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
+        conflist(NETWORK, "1.0.0", socket, SUBNET, None)
+    })?;
     daemon.wait_ready(Duration::from_secs(10))?;
     let mut podman = Podman::new(&node, &daemon.conf_dir)?;
     podman.run(&[
