@@ -210,8 +210,8 @@ fn templates_render_byte_for_byte_like_containerd() -> Result<()> {
   ]
 }
 "#;
-    // Go template features beyond field access, those both renderers implement alike:
-    // functions, pipelines, comparisons, with, if/else, variables, trim markers, comments.
+    // Go template features beyond field access: functions (printf with %q, widths and %%),
+    // pipelines, comparisons, with, if/else, variables, trim markers, comments.
     const FEATURES: &str = r#"{{- /* comment */ -}}
 {"cniVersion": "1.0.0", "name": "features",
  "plugins": [{"type": "ptp", "ipam": {"type": "host-local", "subnet": "{{printf "%s" .PodCIDR}}"}}],
@@ -222,7 +222,9 @@ fn templates_render_byte_for_byte_like_containerd() -> Result<()> {
  "routes": "{{range .Routes}}{{.}} {{end}}",
  "joined": "{{- range $i, $r := .PodCIDRRanges}}{{if gt $i 0}},{{end}}{{$r}}{{end -}}",
  "logic": "{{if and .PodCIDR (not (eq .PodCIDR "x"))}}yes{{end}}",
- "piped": "{{.PodCIDR | print "cidr="}}"
+ "piped": "{{.PodCIDR | print "cidr="}}",
+ "quoted": {{printf "%q" .PodCIDR}},
+ "padded": "{{printf "%-20s|%d%%" .PodCIDR 100}}"
 }
 "#;
     let node = Netns::new("node")?;
