@@ -176,9 +176,10 @@ impl Collector for TraceCollector {
             MetricType::Gauge,
             u64::from(up),
         )?;
-        let Some(m) = &export.0 else {
+        let Some(trace) = &export.0 else {
             return Ok(());
         };
+        let m = &trace.correlator;
         let c = MetricType::Counter;
         family(
             &mut encoder,
@@ -186,7 +187,7 @@ impl Collector for TraceCollector {
             "Verdicts on sandbox network setups (a revised verdict counts again)",
             c,
             "verdict",
-            m.setups_by_verdict.iter().map(|(k, v)| (*k, *v)),
+            m.verdicts.iter().map(|(k, v)| (*k, *v)),
         )?;
         family(
             &mut encoder,
@@ -194,7 +195,7 @@ impl Collector for TraceCollector {
             "Alarms revised to networked because the network arrived after the deadline",
             c,
             "alarm",
-            m.revised_by_alarm.iter().map(|(k, v)| (*k, *v)),
+            m.revised.iter().map(|(k, v)| (*k, *v)),
         )?;
         family(
             &mut encoder,
@@ -221,7 +222,7 @@ impl Collector for TraceCollector {
             "Kernel events correlated, by kind",
             c,
             "kind",
-            m.events_by_kind.iter().map(|(k, v)| (*k, *v)),
+            m.events.iter().map(|(k, v)| (*k, *v)),
         )?;
         let mut lost = encoder.encode_descriptor(
             "trace_lost_events",
@@ -230,8 +231,8 @@ impl Collector for TraceCollector {
             c,
         )?;
         let causes = [
-            ("ring_buffer_full", &m.lost_by_kind),
-            ("undecodable", &m.undecodable_by_kind),
+            ("ring_buffer_full", &trace.lost_by_kind),
+            ("undecodable", &trace.undecodable_by_kind),
         ];
         for (cause, by_kind) in causes {
             for (kind, n) in by_kind {
@@ -319,12 +320,10 @@ mod tests {
         let metrics = Metrics::new();
         metrics.observe(Operation::Add, "ok", Duration::from_millis(2));
         metrics.observe(Operation::Add, "101", Duration::from_millis(1));
-        let mut trace = TraceMetrics {
-            setups_by_verdict: BTreeMap::from([("skipped", 3), ("networked", 0)]),
-            events_by_kind: BTreeMap::from([("netns_created", 7)]),
-            ..TraceMetrics::default()
-        };
-        trace.intents.confirmed = 2;
+        let mut trace = TraceMetrics::default();
+        trace.correlator.verdicts = BTreeMap::from([("skipped", 3), ("networked", 0)]);
+        trace.correlator.events = BTreeMap::from([("netns_created", 7)]);
+        trace.correlator.intents.confirmed = 2;
         metrics.set_trace(Some(trace));
         let text = metrics.encode();
         for line in [

@@ -11,7 +11,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 
+pub mod containerd;
+pub mod cri;
 pub mod daemon_harness;
+pub mod daemon_queries;
+pub mod deploy;
+pub mod oci_image;
+pub mod pod_net;
+pub mod podman;
+pub mod process;
 pub mod reference;
 pub mod tracing;
 

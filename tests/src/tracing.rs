@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use provisioner::trace::diagnosis::CniSetup;
 use provisioner::trace::driver::{self, Command, DriverOptions, RunSummary, Sink};
 use provisioner::trace::{
     CorrelatorConfig, IntentVerdict, NetnsVerdict, Report, SandboxRules, netns_of_path,
@@ -52,6 +53,7 @@ impl Tracing {
         let opts = DriverOptions {
             correlator: CorrelatorConfig { deadline, rules },
             scan_pins: true,
+            cni_fallback: CniSetup::default(),
         };
         let task = tokio::spawn(async move {
             let mut sink = Forward(tx);

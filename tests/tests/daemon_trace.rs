@@ -366,7 +366,17 @@ fn network_after_the_deadline_revises_the_skip_in_the_timeline_and_the_log() -> 
     let path = sandbox.path();
     let cookie = sandbox.cookie()?;
     let cookies = HashSet::from([cookie]);
-    wait_views(&daemon, &cookies, "the skip", |v| verdict(v) == "skipped")?;
+    let skipped = wait_views(&daemon, &cookies, "the skip", |v| verdict(v) == "skipped")?;
+    let diagnosis = skipped[&cookie]["verdict"]["diagnosis"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        diagnosis.contains("no CNI plugin binary was executed for it")
+            && diagnosis.contains(&daemon.conf_dir.display().to_string())
+            && diagnosis.contains("network trlate from 10-provisioner.conflist (type provisioner)"),
+        "the skip says why: {diagnosis}"
+    );
     add("late-1", &path, &stdin)?;
     let views = wait_views(
         &daemon,

@@ -469,7 +469,8 @@ async fn del_then_immediate_re_add_of_the_same_key() -> Result<()> {
     let (node, dp) = node()?;
     let sb = Netns::new("ra")?;
     let s = spec("readd", &sb, &[("10.244.10.2/24", "10.244.10.1")]);
-    for round in 0..3 {
+    // Enough rounds for the reaper (deleting the previous pair) to race the teardown.
+    for round in 0..20 {
         let out = dp
             .setup(&s)
             .await

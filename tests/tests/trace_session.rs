@@ -81,8 +81,24 @@ async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::
     );
     assert_eq!(lines[0]["report"], "started");
     assert!(lines.last().is_some_and(|l| l["report"] == "summary"));
-    assert_eq!(summary.verdicts.get("skipped"), Some(&1));
-    assert_eq!(summary.loss.total(), 0);
+    // Other tests' stand-in runtimes may be skipped meanwhile: the summary counts what the
+    // session printed, and the namespace of this test has exactly one verdict.
+    let printed_skips = lines
+        .iter()
+        .filter(|l| l["report"] == "verdict" && l["verdict"] == "skipped")
+        .count() as u64;
+    assert_eq!(summary.verdicts.get("skipped"), Some(&printed_skips));
+    let ours = lines
+        .iter()
+        .filter(|l| {
+            l["report"] == "verdict"
+                && l["timeline"].as_array().is_some_and(|t| {
+                    t.iter()
+                        .any(|e| e["path"] == path.to_string_lossy().as_ref())
+                })
+        })
+        .count();
+    assert_eq!(ours, 1, "one verdict for {}:\n{text}", path.display());
     Ok(())
 }
 
@@ -159,7 +175,14 @@ fn trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_thei
         assert!(line.contains("VERDICT NETWORKED"), "{line}");
         assert!(line.contains("found set up at"), "{line}");
     }
-    assert!(!human.contains("VERDICT SKIPPED"), "{human}");
+    for cookie in &cookies {
+        assert!(
+            !human
+                .lines()
+                .any(|l| l.contains("VERDICT SKIPPED") && l.contains(&format!("cookie={cookie} "))),
+            "{human}"
+        );
+    }
     assert!(
         !human.lines().any(|l| l.contains("rtnl-request")),
         "--verdicts-only prints no events:\n{human}"

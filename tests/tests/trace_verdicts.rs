@@ -104,6 +104,7 @@ async fn loopback_only_sandbox_is_skipped_and_its_timeline_shows_lo() -> Result<
     .await?;
     let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
     assert_eq!(v.verdict, Verdict::Skipped, "{}", v.reason);
+    assert!(v.reason.contains("lo up"), "{}", v.reason);
     assert!(
         v.timeline
             .iter()
@@ -205,6 +206,7 @@ async fn runtime_sandbox_with_only_lo_destroyed_after_30ms_is_skipped_within_1s(
     .await?;
     let (at, v) = t.verdict(cookie, Duration::from_secs(5)).await?;
     assert_eq!(v.verdict, Verdict::Skipped, "{}", v.reason);
+    assert!(v.reason.contains("lo up"), "{}", v.reason);
     assert!(
         v.destroyed_at.is_some(),
         "decided at destruction, not deadline"

@@ -19,12 +19,23 @@ pub struct EbpfToolchain {
     pub needs_bootstrap_env: bool,
 }
 
-/// Debian packages the tests use, with a binary that tells whether each is installed.
+/// Debian packages the tests use, with a file that tells whether each is installed.
 const TEST_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "/usr/sbin/ip"),
     ("iputils-ping", "/usr/bin/ping"),
     ("containernetworking-plugins", "/usr/lib/cni/ptp"),
     ("bpftool", "/usr/sbin/bpftool"),
+    // The real runtimes of tests/tests/containerd_*.rs and podman.rs (runc: crun 1.8 fails on
+    // this kind of cgroup hybrid setup). Each test runs its own instance on a temp dir.
+    ("containerd", "/usr/bin/containerd"),
+    ("runc", "/usr/sbin/runc"),
+    // Installs /etc/cni/net.d/87-podman-bridge.conflist; the tests never read /etc/cni/net.d.
+    ("podman", "/usr/bin/podman"),
+    // The tests' pause and busybox images (no registry). Probed by its doc dir: the dynamic
+    // `busybox` package also provides /bin/busybox, which cannot run alone in an image.
+    ("busybox-static", "/usr/share/doc/busybox-static"),
+    // protoc, for the build of the CRI client (k8s-cri).
+    ("protobuf-compiler", "/usr/bin/protoc"),
 ];
 
 /// Installs the Debian packages the tests need (root only).

@@ -224,9 +224,11 @@ fn tracing_part(env: &DemoEnv, daemon: &Daemon) -> Result<()> {
                 .iter()
                 .find(|v| {
                     v["verdict"]["verdict"] == "skipped"
-                        && v["verdict"]["sandbox"]["path"]
-                            .as_str()
-                            .is_some_and(|p| p.ends_with(&name))
+                        && v["verdict"]["timeline"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|e| e["path"].as_str().is_some_and(|p| p.ends_with(&name)))
                 })
                 .cloned()
         });

@@ -90,6 +90,6 @@ fn main() -> Result<()> {
             no_trace,
         }),
         Command::Demo => demo::run(),
-        Command::BuildRelease => bench::build_release().map(|bin| println!("{}", bin.display())),
+        Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
     }
 }

@@ -46,7 +46,27 @@ fn call(socket: &Path, request: &api::Request) -> Result<serde_json::Value, CniE
         Err(err @ ClientError::Unreachable { .. }) => Err(CniError::try_again_later(format!(
             "{err} (is `provisioner daemon` running?)"
         ))),
+        Err(err) if daemon_went_away(&err) => Err(CniError::try_again_later(format!(
+            "{err} (the daemon stopped while serving this request: try again once it is back)"
+        ))),
         Err(err) => Err(CniError::new(CniError::IO_FAILURE, err.to_string())),
+    }
+}
+
+/// Did the daemon die (crash, kill, restart) with this request in flight? That is as
+/// transient as a daemon not running yet: the runtime should retry.
+fn daemon_went_away(err: &ClientError) -> bool {
+    use std::io::ErrorKind;
+    match err {
+        // Closed with our request unread (reset), or while we were still writing it.
+        ClientError::Io { source, .. } => matches!(
+            source.kind(),
+            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::UnexpectedEof
+        ),
+        // Closed after reading our request, before answering. The client has no variant of
+        // its own for this; its reason text is the only mark.
+        ClientError::Protocol { reason, .. } => reason == "connection closed without an answer",
+        ClientError::Unreachable { .. } => false,
     }
 }
 
@@ -123,4 +143,49 @@ pub fn main() -> ExitCode {
     let _ = stdout.write_all(&output.stdout);
     let _ = stdout.flush();
     ExitCode::from(u8::try_from(output.exit_code).unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    /// A daemon that accepts one request and dies: reading it first (clean close) or not
+    /// (reset). Both are "try again later", as a daemon that is not running.
+    #[test]
+    fn daemon_dying_mid_request_is_try_again_later() {
+        for read_first in [true, false] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let socket = dir.path().join("d.sock");
+            let listener = UnixListener::bind(&socket).expect("bind");
+            let server = std::thread::spawn(move || {
+                let (stream, _) = listener.accept().expect("accept");
+                if read_first {
+                    let mut line = String::new();
+                    BufReader::new(&stream).read_line(&mut line).expect("read");
+                } else {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+            let err = call(&socket, &api::Request::Status).expect_err("no answer");
+            server.join().expect("server thread");
+            assert_eq!(
+                err.code,
+                CniError::TRY_AGAIN_LATER,
+                "read_first={read_first}: {}",
+                err.msg
+            );
+            assert!(err.msg.contains("try again"), "{}", err.msg);
+        }
+    }
+
+    #[test]
+    fn no_daemon_is_try_again_later() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err =
+            call(&dir.path().join("none.sock"), &api::Request::Status).expect_err("no daemon");
+        assert_eq!(err.code, CniError::TRY_AGAIN_LATER, "{}", err.msg);
+    }
 }

@@ -36,6 +36,9 @@ pub struct TraceArgs {
     /// Name prefix of pinned sandbox namespaces under /run/netns (repeatable; default cni-, netns-).
     #[arg(long = "pin-prefix", value_name = "PREFIX")]
     pin_prefixes: Vec<String>,
+    /// CNI conf dir assumed when a runtime's own cannot be read (to explain its skips).
+    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration> {
@@ -62,6 +65,7 @@ pub fn run(args: TraceArgs) -> Result<()> {
         deadline: seconds(args.deadline, "--deadline")?,
         rules,
         verdicts_only: args.verdicts_only,
+        cni_conf_dir: args.cni_conf_dir,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

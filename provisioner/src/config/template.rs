@@ -120,10 +120,125 @@ pub fn render_template(text: &str, pod_cidrs: &[IpNetwork]) -> Result<String, Co
 
     let template_err = |reason: String| ConfigError::Template { path: None, reason };
     let mut tmpl = gtmpl::Template::default();
+    tmpl.add_func("printf", go_printf);
     tmpl.parse(text)
         .map_err(|e| template_err(format!("parse: {e}")))?;
     tmpl.render(&gtmpl::Context::from(gtmpl::Value::Object(data)))
         .map_err(|e| template_err(format!("execute: {e}")))
+}
+
+/// `printf` as Go's where gtmpl's differs: `%%` is a literal `%` (gtmpl prints `%%`), and a
+/// plain `%q` of a string quotes it as `strconv.Quote` does (gtmpl leaves the quotes out), so
+/// `"subnet": {{printf "%q" .PodCIDR}}` renders the same JSON as with containerd. Each other
+/// verb is formatted by gtmpl, one at a time; formats this cannot split (see [`format_pieces`])
+/// or with too few or too many values go to gtmpl as they are.
+fn go_printf(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
+    let Some((gtmpl::Value::String(format), values)) = args.split_first() else {
+        return gtmpl::funcs::printf(args);
+    };
+    let Some(pieces) = format_pieces(format) else {
+        return gtmpl::funcs::printf(args);
+    };
+    let verbs = pieces
+        .iter()
+        .filter(|p| matches!(p, FormatPiece::Verb(_)))
+        .count();
+    if verbs != values.len() {
+        return gtmpl::funcs::printf(args);
+    }
+    let mut out = String::new();
+    let mut values = values.iter();
+    for piece in pieces {
+        match piece {
+            FormatPiece::Text(text) => out.push_str(&text),
+            FormatPiece::Verb(verb) => {
+                let Some(value) = values.next() else {
+                    return gtmpl::funcs::printf(args);
+                };
+                match value {
+                    gtmpl::Value::String(text) if verb == "%q" => out.push_str(&go_quote(text)),
+                    _ => {
+                        let one =
+                            gtmpl::funcs::printf(&[gtmpl::Value::String(verb), value.clone()])?;
+                        out.push_str(&one.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Ok(gtmpl::Value::String(out))
+}
+
+#[derive(Debug, PartialEq)]
+enum FormatPiece {
+    /// Literal text (`%%` already turned into `%`).
+    Text(String),
+    /// One verb with its flags, width and precision, e.g. `%-8.3s`.
+    Verb(String),
+}
+
+/// Splits a printf format into literal text and verbs; `None` when it is not one this can
+/// split (a `*` width or precision, an explicit argument index `[n]`, a `%` without a verb).
+fn format_pieces(format: &str) -> Option<Vec<FormatPiece>> {
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            text.push(c);
+            continue;
+        }
+        if chars.next_if_eq(&'%').is_some() {
+            text.push('%');
+            continue;
+        }
+        let mut verb = String::from("%");
+        loop {
+            let next = chars.next()?;
+            if next == '*' || next == '[' {
+                return None;
+            }
+            verb.push(next);
+            if next.is_ascii_alphabetic() {
+                break;
+            }
+        }
+        if !text.is_empty() {
+            pieces.push(FormatPiece::Text(std::mem::take(&mut text)));
+        }
+        pieces.push(FormatPiece::Verb(verb));
+    }
+    if !text.is_empty() {
+        pieces.push(FormatPiece::Text(text));
+    }
+    Some(pieces)
+}
+
+/// Go's `strconv.Quote`: double quotes, with `"`, `\` and control characters escaped as Go
+/// escapes them (other characters Go deems unprintable, e.g. U+00A0, are kept as they are).
+fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{b}' => out.push_str("\\v"),
+            c if u32::from(c) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Checks rendered text before it becomes `output`: it must be JSON, and if it holds our
@@ -456,6 +571,39 @@ mod tests {
             assert!(e.starts_with(want), "{input}: {e}");
         }
         assert!(render_template(GCE_TEMPLATE, &[]).is_err());
+    }
+
+    #[test]
+    fn printf_q_quotes_like_go() {
+        let out = render_template(
+            r#"{{printf "%q" .PodCIDR}} {{printf "%q|%s|%d%%" .PodCIDR .PodCIDR 7}} {{printf "%v" 1}}"#,
+            &cidrs("10.244.1.0/24"),
+        )
+        .unwrap();
+        assert_eq!(out, r#""10.244.1.0/24" "10.244.1.0/24"|10.244.1.0/24|7% 1"#);
+        assert_eq!(go_quote("a\"b\\c\n\u{1}\u{7}"), r#""a\"b\\c\n\x01\a""#);
+        let out = render_template(
+            r#"[{{printf "%-6s|%5.1f" "ab" 2.25}}]"#,
+            &cidrs("10.0.0.0/8"),
+        );
+        assert_eq!(out.unwrap(), "[ab    |  2.2]");
+    }
+
+    #[test]
+    fn printf_formats_are_split_into_text_and_verbs() {
+        use FormatPiece::{Text, Verb};
+        assert_eq!(
+            format_pieces("a%%b%-8.2fc%q"),
+            Some(vec![
+                Text("a%b".into()),
+                Verb("%-8.2f".into()),
+                Text("c".into()),
+                Verb("%q".into())
+            ])
+        );
+        assert_eq!(format_pieces("100%"), None);
+        assert_eq!(format_pieces("%*d"), None);
+        assert_eq!(format_pieces("%[1]d"), None);
     }
 
     #[test]

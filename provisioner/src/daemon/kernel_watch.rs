@@ -16,12 +16,13 @@ use tokio::sync::mpsc;
 use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef};
+use crate::trace::diagnosis::CniSetup;
 use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
 use crate::trace::render::report_lines;
 use crate::trace::verdict::format_time;
 use crate::trace::{
-    CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentVerdict, NetnsVerdict, Report,
-    SandboxRules, TraceMetrics,
+    CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentStatus, IntentVerdict, NetnsVerdict,
+    Report, SandboxRules, TraceMetrics, Verdict,
 };
 
 /// Sandboxes kept for `provisioner sandboxes` (oldest dropped first).
@@ -162,6 +163,9 @@ impl Sink for WatchSink {
     }
 
     fn reports(&mut self, reports: Vec<Report>) {
+        for report in &reports {
+            log(report);
+        }
         lock(&self.shared).record(reports);
     }
 
@@ -180,7 +184,8 @@ pub struct KernelWatch {
 impl KernelWatch {
     /// Starts the tracer on the current runtime; never fails (see [`SandboxesAnswer`]). Intents
     /// sent before the programs are attached wait for them.
-    pub fn start(deadline: Duration, rules: SandboxRules) -> Self {
+    pub fn start(deadline: Duration, rules: SandboxRules, cni_conf_dir: &Path) -> Self {
+        let cni_fallback = CniSetup::assumed(cni_conf_dir);
         let (commands, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Mutex::new(Shared {
             unavailable: Some(STARTING.to_owned()),
@@ -197,6 +202,7 @@ impl KernelWatch {
                 let opts = DriverOptions {
                     correlator: CorrelatorConfig { deadline, rules },
                     scan_pins: true,
+                    cni_fallback,
                 };
                 let why = match driver::run(opts, rx, &mut sink, std::future::pending()).await {
                     Ok(_) => "kernel event stream ended".to_owned(),
@@ -303,6 +309,73 @@ impl SandboxObserver for KernelWatch {
                 );
             }
         }
+    }
+}
+
+/// The daemon's log line for a report worth an operator's attention; repeated skips from one
+/// creator are logged at the 1st, 2nd, 4th, 8th... (each line says how many so far).
+fn log(report: &Report) {
+    match report {
+        Report::Verdict(v) => {
+            if let Some(old) = v.revises {
+                tracing::info!(
+                    netns_cookie = v.netns.cookie,
+                    creator = %v.creator,
+                    late_ms = ?v.late_ms,
+                    "sandbox network arrived after the deadline: {} now, resolving the earlier {} \
+                     warning: {}",
+                    v.verdict.as_str(),
+                    old.as_str().to_uppercase(),
+                    v.reason
+                );
+                return;
+            }
+            let count = v.repeat.as_ref().map_or(1, |r| r.count);
+            match v.verdict {
+                Verdict::Skipped if count.is_power_of_two() => tracing::warn!(
+                    netns_cookie = v.netns.cookie,
+                    netns_inode = v.netns.inode,
+                    creator = %v.creator,
+                    why_sandbox = ?v.sandbox.as_ref().map(ToString::to_string),
+                    evidence = %v.evidence,
+                    skips_from_creator = count,
+                    diagnosis = v.diagnosis.as_deref().unwrap_or_default(),
+                    "sandbox network setup SKIPPED: {}",
+                    v.reason
+                ),
+                Verdict::Failed | Verdict::Partial | Verdict::Unknown => tracing::warn!(
+                    netns_cookie = v.netns.cookie,
+                    creator = %v.creator,
+                    evidence = %v.evidence,
+                    "sandbox network setup {}: {}",
+                    v.verdict.as_str(),
+                    v.reason
+                ),
+                _ => {}
+            }
+        }
+        Report::Intent(i) => match i.status {
+            IntentStatus::Unconfirmed => tracing::warn!(
+                netns_cookie = i.intent.netns_cookie,
+                sandbox = %i.intent.key,
+                missing = ?i.missing,
+                "kernel did not show the whole sandbox setup within the deadline"
+            ),
+            IntentStatus::Drifted => tracing::warn!(
+                netns_cookie = i.intent.netns_cookie,
+                sandbox = %i.intent.key,
+                missing = ?i.missing,
+                "sandbox found at start lacks part of its network"
+            ),
+            IntentStatus::Confirmed => {}
+        },
+        Report::Drift(d) => tracing::warn!(
+            netns_cookie = d.netns_cookie,
+            sandbox = %d.key,
+            what = %d.what,
+            by = ?d.by.as_ref().map(ToString::to_string),
+            "sandbox network drifted"
+        ),
     }
 }
 

@@ -77,10 +77,18 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         None => Dataplane::new(),
     }
     .context("open netlink in the host network namespace")?;
+    // A runtime whose own CNI setup cannot be read is assumed to read the conf dir we watch.
+    let cni_conf_dir = if opts.config_source.is_dir() {
+        opts.config_source.clone()
+    } else {
+        opts.config_source
+            .parent()
+            .map_or_else(|| opts.config_source.clone(), Path::to_path_buf)
+    };
     let kernel = opts
         .trace
         .as_ref()
-        .map(|t| KernelWatch::start(t.deadline, t.rules.clone()));
+        .map(|t| KernelWatch::start(t.deadline, t.rules.clone(), &cni_conf_dir));
     let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
         .with_context(|| format!("watch {}", opts.config_source.display()))?;
     let state = Arc::new(DaemonState::new(

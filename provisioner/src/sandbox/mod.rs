@@ -9,6 +9,7 @@ mod error;
 mod key_locks;
 mod network;
 mod observer;
+mod ports;
 mod queries;
 mod service;
 
@@ -16,4 +17,5 @@ pub use error::SandboxError;
 pub use key_locks::{KeyGuard, KeyLocks};
 pub use network::Network;
 pub use observer::{NoObserver, Removal, SandboxObserver};
+pub use ports::{AllocationStore, SandboxDataplane};
 pub use service::{AddOutcome, DelOutcome, GcOutcome, SandboxRef, SandboxService};

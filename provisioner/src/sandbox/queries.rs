@@ -2,9 +2,10 @@
 
 use crate::ipam::Allocation;
 
+use super::ports::{AllocationStore, SandboxDataplane};
 use super::{SandboxError, SandboxService};
 
-impl SandboxService {
+impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
     /// Every allocation of this network.
     pub async fn list(&self) -> Result<Vec<Allocation>, SandboxError> {
         self.blocking("allocation store", |allocator| allocator.list())

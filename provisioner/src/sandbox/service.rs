@@ -15,6 +15,7 @@ use crate::ipam::{Allocation, AllocationKey, Allocator};
 
 use super::key_locks::KeyLocks;
 use super::observer::{NoObserver, Removal, SandboxObserver};
+use super::ports::{AllocationStore, SandboxDataplane};
 use super::{Network, SandboxError};
 
 /// Which sandbox interface an operation is about.
@@ -79,21 +80,33 @@ pub struct GcOutcome {
     pub errors: Vec<SandboxError>,
 }
 
-/// Provisions sandboxes of one network. Cheap to clone.
-#[derive(Clone)]
-pub struct SandboxService {
+/// Provisions sandboxes of one network over a dataplane and an allocation store (the real ones
+/// by default). Cheap to clone.
+pub struct SandboxService<D = Dataplane, A = Allocator> {
     network: Arc<Network>,
-    allocator: Arc<Allocator>,
-    dataplane: Dataplane,
+    allocator: Arc<A>,
+    dataplane: D,
     /// Shared by the services of successive configs, so one sandbox is never worked on twice
     /// at once across a config change.
     locks: Arc<KeyLocks>,
     observer: Arc<dyn SandboxObserver>,
 }
 
-impl SandboxService {
+impl<D: Clone, A> Clone for SandboxService<D, A> {
+    fn clone(&self) -> Self {
+        Self {
+            network: Arc::clone(&self.network),
+            allocator: Arc::clone(&self.allocator),
+            dataplane: self.dataplane.clone(),
+            locks: Arc::clone(&self.locks),
+            observer: Arc::clone(&self.observer),
+        }
+    }
+}
+
+impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
     /// A service with its own locks and no observer (the in-process CLI mode).
-    pub fn new(network: Network, allocator: Arc<Allocator>, dataplane: Dataplane) -> Self {
+    pub fn new(network: Network, allocator: Arc<A>, dataplane: D) -> Self {
         Self::with_observer(
             network,
             allocator,
@@ -105,8 +118,8 @@ impl SandboxService {
 
     pub fn with_observer(
         network: Network,
-        allocator: Arc<Allocator>,
-        dataplane: Dataplane,
+        allocator: Arc<A>,
+        dataplane: D,
         locks: Arc<KeyLocks>,
         observer: Arc<dyn SandboxObserver>,
     ) -> Self {
@@ -123,11 +136,11 @@ impl SandboxService {
         &self.network
     }
 
-    pub fn allocator(&self) -> &Arc<Allocator> {
+    pub fn allocator(&self) -> &Arc<A> {
         &self.allocator
     }
 
-    pub fn dataplane(&self) -> &Dataplane {
+    pub fn dataplane(&self) -> &D {
         &self.dataplane
     }
 
@@ -401,7 +414,7 @@ impl SandboxService {
     pub(super) async fn blocking<T: Send + 'static>(
         &self,
         label: &str,
-        op: impl FnOnce(&Allocator) -> Result<T, crate::ipam::IpamError> + Send + 'static,
+        op: impl FnOnce(&A) -> Result<T, crate::ipam::IpamError> + Send + 'static,
     ) -> Result<T, SandboxError> {
         let allocator = Arc::clone(&self.allocator);
         tokio::task::spawn_blocking(move || op(&allocator))
@@ -416,3 +429,7 @@ impl SandboxService {
             })
     }
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

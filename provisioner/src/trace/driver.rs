@@ -14,11 +14,12 @@ use crate::dataplane::NetnsSnapshot;
 
 use super::TraceError;
 use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
+use super::diagnosis::{CniSetup, diagnose};
 use super::events::{NetnsRef, TraceEvent};
 use super::loader::{KernelTracer, LossCounters};
 use super::metrics::TraceMetrics;
 use super::netns_id::netns_of_path;
-use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent};
+use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent, Verdict};
 
 /// Kernel events buffered between the ring buffer reader and the correlator.
 const EVENT_CHANNEL: usize = 65_536;
@@ -92,6 +93,8 @@ pub struct DriverOptions {
     pub correlator: CorrelatorConfig,
     /// Judge the sandbox namespaces pinned when tracing starts (from their state).
     pub scan_pins: bool,
+    /// The CNI setup assumed for a runtime whose own cannot be read (skip diagnoses).
+    pub cni_fallback: CniSetup,
 }
 
 /// What a run ends with.
@@ -215,7 +218,7 @@ pub async fn run<S: Sink>(
             }
         };
         if !reports.is_empty() {
-            sink.reports(reports);
+            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
         }
         queued_reads.extend(correlator.take_snapshot_requests(SystemTime::now()));
         while reads_in_flight < CONCURRENT_READS && !queued_reads.is_empty() {
@@ -232,17 +235,36 @@ pub async fn run<S: Sink>(
         let reports = correlator.feed(&event);
         sink.event(&event);
         if !reports.is_empty() {
-            sink.reports(reports);
+            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
         }
     }
     let reports = correlator.tick(SystemTime::now());
     if !reports.is_empty() {
-        sink.reports(reports);
+        sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
     }
     let loss = tracer.loss_counters();
     let metrics = TraceMetrics::collect(&correlator.metrics(), &loss);
     sink.metrics(metrics.clone());
     Ok(RunSummary { loss, metrics })
+}
+
+/// `reports` with a diagnosis on each skip of a sandbox whose creator is known: the runtime's
+/// CNI conf dir and what it holds, and whether a plugin binary ran since the sandbox's creation.
+fn diagnosed(
+    correlator: &Correlator,
+    mut reports: Vec<Report>,
+    fallback: &CniSetup,
+) -> Vec<Report> {
+    for report in &mut reports {
+        if let Report::Verdict(v) = report
+            && v.verdict == Verdict::Skipped
+            && !v.creator.comm.is_empty()
+        {
+            let ran = correlator.execs_since(v.created_at);
+            v.diagnosis = Some(diagnose(v.creator.pid, &v.creator.comm, fallback, &ran));
+        }
+    }
+    reports
 }
 
 /// Feeds a finished helper task to the correlator; whether it was a read of a state asked for.

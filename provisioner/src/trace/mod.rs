@@ -2,6 +2,7 @@
 
 mod btf_offsets;
 pub mod correlator;
+pub mod diagnosis;
 pub mod driver;
 mod error;
 mod events;

@@ -1,9 +1,10 @@
 //! One-line human renderings of events and reports for `provisioner trace`.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::events::{EventKind, TraceEvent};
-use super::netlink_parse::op_name;
+use super::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, Report, errno_text, format_time};
 
 /// `HH:MM:SS.mmm comm[pid] <what>`
@@ -26,7 +27,10 @@ pub fn event_line(event: &TraceEvent) -> String {
                 let _ = write!(line, " (task netns={})", r.io.task_netns.cookie);
             }
             for m in &r.messages {
-                let _ = write!(line, " {} {}", m.body.op(), body_summary(&m.body));
+                let _ = write!(line, " {}", m.body.op());
+                if let Some(detail) = request_detail(&m.body, &HashMap::new()) {
+                    let _ = write!(line, " {detail}");
+                }
                 if m.truncated {
                     line.push_str(" [truncated]");
                 }
@@ -87,59 +91,69 @@ pub fn event_line(event: &TraceEvent) -> String {
     line
 }
 
-fn body_summary(body: &super::netlink_parse::RtRequest) -> String {
-    use super::netlink_parse::RtRequest;
+/// What a change request does, in words (`eth0 up`, `10.0.0.2/24 dev eth0`,
+/// `default via 10.0.0.1 dev eth0`), interfaces named from `ifnames` when the request gives only
+/// an index; `None` for dumps, gets and empty probes.
+pub fn request_detail(body: &RtRequest, ifnames: &HashMap<u32, String>) -> Option<String> {
+    let name_of = |idx: i32, name: &Option<String>| -> String {
+        name.clone()
+            .or_else(|| ifnames.get(&idx.unsigned_abs()).cloned())
+            .unwrap_or_else(|| format!("#{idx}"))
+    };
     match body {
-        RtRequest::NewLink(l) | RtRequest::DelLink(l) | RtRequest::SetLink(l) => {
-            let mut s = l
-                .ifname
-                .clone()
-                .unwrap_or_else(|| format!("#{}", l.ifindex));
-            if let Some(k) = &l.kind {
-                let _ = write!(s, " type {k}");
+        RtRequest::NewLink(link) | RtRequest::SetLink(link) => {
+            if link.ifindex == 0 && link.ifname.is_none() {
+                return None;
             }
-            if let Some(p) = &l.peer {
-                let _ = write!(s, " peer {}", p.ifname.as_deref().unwrap_or("?"));
-                if let Some(n) = p.netns {
-                    let _ = write!(s, " peer-netns {n:?}");
+            let mut detail = name_of(link.ifindex, &link.ifname);
+            if let Some(kind) = &link.kind {
+                let _ = write!(detail, " type {kind}");
+            }
+            if let Some(peer) = &link.peer {
+                let _ = write!(detail, " peer {}", peer.ifname.as_deref().unwrap_or("?"));
+                if let Some(target) = peer.netns {
+                    let _ = write!(detail, " (peer netns {target:?})");
                 }
             }
-            if let Some(n) = l.netns {
-                let _ = write!(s, " netns {n:?}");
+            if let Some(target) = link.netns {
+                let _ = write!(detail, " -> netns {target:?}");
             }
-            if l.sets_up() {
-                s.push_str(" up");
-            } else if l.sets_down() {
-                s.push_str(" down");
+            if link.sets_up() {
+                detail.push_str(" up");
+            } else if link.sets_down() {
+                detail.push_str(" down");
             }
-            s
+            Some(detail)
         }
-        RtRequest::NewAddr(a) | RtRequest::DelAddr(a) => format!(
-            "{}/{} dev #{}",
-            a.addr().map_or_else(|| "?".into(), |x| x.to_string()),
-            a.prefix_len,
-            a.ifindex
-        ),
-        RtRequest::NewRoute(r) | RtRequest::DelRoute(r) => {
-            let mut s = r.dst.map_or_else(
-                || {
-                    if r.dst_len == 0 {
-                        "default".to_string()
-                    } else {
-                        format!("?/{}", r.dst_len)
-                    }
-                },
-                |d| format!("{d}/{}", r.dst_len),
-            );
-            if let Some(g) = r.gateway {
-                let _ = write!(s, " via {g}");
-            }
-            if let Some(o) = r.oif {
-                let _ = write!(s, " dev #{o}");
-            }
-            s
+        RtRequest::DelLink(link) => Some(name_of(link.ifindex, &link.ifname)),
+        RtRequest::NewAddr(addr) | RtRequest::DelAddr(addr) => {
+            let idx = i32::try_from(addr.ifindex).unwrap_or(0);
+            Some(format!(
+                "{}/{} dev {}",
+                addr.addr()?,
+                addr.prefix_len,
+                name_of(idx, &None)
+            ))
         }
-        RtRequest::Other { .. } => String::new(),
+        RtRequest::NewRoute(route) | RtRequest::DelRoute(route) => {
+            let mut detail = match route.dst {
+                Some(dst) => format!("{dst}/{}", route.dst_len),
+                None if route.dst_len == 0 => "default".to_string(),
+                None => format!("?/{}", route.dst_len),
+            };
+            if let Some(gw) = route.gateway {
+                let _ = write!(detail, " via {gw}");
+            }
+            if let Some(oif) = route.oif {
+                let idx = i32::try_from(oif).unwrap_or(0);
+                let _ = write!(detail, " dev {}", name_of(idx, &None));
+            }
+            if !matches!(route.table, 0 | 254) {
+                let _ = write!(detail, " table {}", route.table);
+            }
+            Some(detail)
+        }
+        RtRequest::Other { .. } => None,
     }
 }
 
@@ -166,6 +180,9 @@ pub fn report_lines(report: &Report) -> String {
                 s.push(')');
             }
             let _ = write!(s, ": {} [evidence: {}]", v.reason, v.evidence);
+            if let Some(why) = &v.diagnosis {
+                let _ = write!(s, "\n  why: {why}");
+            }
             if let Some(r) = &v.repeat
                 && r.count > 1
             {

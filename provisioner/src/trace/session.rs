@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::TraceError;
 use super::correlator::CorrelatorConfig;
+use super::diagnosis::CniSetup;
 use super::driver::{self, Command, DriverOptions, Sink};
 use super::events::TraceEvent;
 use super::loader::LossCounters;
@@ -34,6 +35,8 @@ pub struct SessionOptions {
     pub rules: SandboxRules,
     /// Print verdicts only, not every event.
     pub verdicts_only: bool,
+    /// The CNI conf dir assumed for a runtime whose own cannot be read (skip diagnoses).
+    pub cni_conf_dir: PathBuf,
 }
 
 impl Default for SessionOptions {
@@ -46,6 +49,7 @@ impl Default for SessionOptions {
             deadline: Duration::from_secs(10),
             rules: SandboxRules::default(),
             verdicts_only: false,
+            cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
         }
     }
 }
@@ -197,6 +201,7 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
             rules: opts.rules.clone(),
         },
         scan_pins: true,
+        cni_fallback: CniSetup::assumed(&opts.cni_conf_dir),
     };
     let run = driver::run(driver_opts, rx, &mut printer, stop).await?;
     drop(commands);

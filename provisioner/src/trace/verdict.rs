@@ -266,6 +266,9 @@ pub struct NetnsVerdict {
     pub revises: Option<Verdict>,
     /// For a revised verdict: how long after the deadline the network arrived.
     pub late_ms: Option<u64>,
+    /// For `skipped`: why, as far as the node can tell (the runtime's CNI conf dir and what it
+    /// holds, whether a plugin ran).
+    pub diagnosis: Option<String>,
     pub timeline: Vec<TimelineEntry>,
     /// For `skipped`: all skips from the same creator so far.
     pub repeat: Option<SkipSummary>,

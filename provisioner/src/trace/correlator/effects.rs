@@ -2,10 +2,10 @@
 //! for the timeline.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::trace::netlink_parse::{NlRequest, RtRequest};
+use crate::trace::render::request_detail;
 
 /// The effect of one request (or device event, or state read) on a namespace's network.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,70 +76,41 @@ pub(super) fn describe(
     message: &NlRequest,
     ifnames: &HashMap<u32, String>,
 ) -> Option<(String, Option<Effect>)> {
-    let name_of = |idx: i32, name: &Option<String>| -> String {
-        name.clone()
-            .or_else(|| ifnames.get(&idx.unsigned_abs()).cloned())
-            .unwrap_or_else(|| format!("#{idx}"))
-    };
-    match &message.body {
+    let detail = request_detail(&message.body, ifnames)?;
+    let effect = match &message.body {
         RtRequest::NewLink(link) | RtRequest::SetLink(link) => {
-            if link.ifindex == 0 && link.ifname.is_none() {
-                return None;
-            }
             let ifindex = link.ifindex.unsigned_abs();
-            let mut detail = name_of(link.ifindex, &link.ifname);
-            if let Some(kind) = &link.kind {
-                let _ = write!(detail, " type {kind}");
-            }
-            if let Some(peer) = &link.peer {
-                let _ = write!(detail, " peer {}", peer.ifname.as_deref().unwrap_or("?"));
-                if let Some(target) = peer.netns {
-                    let _ = write!(detail, " (peer netns {target:?})");
-                }
-            }
-            if let Some(target) = link.netns {
-                let _ = write!(detail, " -> netns {target:?}");
-            }
             let ifname = link.ifname.clone();
-            let effect = if link.sets_up() {
-                detail.push_str(" up");
+            if link.sets_up() {
                 Effect::LinkUp { ifindex, ifname }
             } else if link.sets_down() {
-                detail.push_str(" down");
                 Effect::LinkDown { ifindex, ifname }
             } else if link.netns.is_some() {
+                // Moved out of this namespace.
                 Effect::LinkDel { ifindex, ifname }
             } else {
                 Effect::LinkNew { ifname }
-            };
-            Some((detail, Some(effect)))
+            }
         }
-        RtRequest::DelLink(link) => Some((
-            name_of(link.ifindex, &link.ifname),
-            Some(Effect::LinkDel {
-                ifindex: link.ifindex.unsigned_abs(),
-                ifname: link.ifname.clone(),
-            }),
-        )),
+        RtRequest::DelLink(link) => Effect::LinkDel {
+            ifindex: link.ifindex.unsigned_abs(),
+            ifname: link.ifname.clone(),
+        },
         RtRequest::NewAddr(addr) | RtRequest::DelAddr(addr) => {
-            let ip = addr.addr()?;
-            let idx = i32::try_from(addr.ifindex).unwrap_or(0);
-            let detail = format!("{ip}/{} dev {}", addr.prefix_len, name_of(idx, &None));
-            let (ifindex, prefix) = (addr.ifindex, addr.prefix_len);
-            let effect = if matches!(message.body, RtRequest::NewAddr(_)) {
+            let (ifindex, addr_ip, prefix) = (addr.ifindex, addr.addr()?, addr.prefix_len);
+            if matches!(message.body, RtRequest::NewAddr(_)) {
                 Effect::AddrAdd {
                     ifindex,
-                    addr: ip,
+                    addr: addr_ip,
                     prefix,
                 }
             } else {
                 Effect::AddrDel {
                     ifindex,
-                    addr: ip,
+                    addr: addr_ip,
                     prefix,
                 }
-            };
-            Some((detail, Some(effect)))
+            }
         }
         RtRequest::NewRoute(route) | RtRequest::DelRoute(route) => {
             let key = RouteKey {
@@ -149,30 +120,15 @@ pub(super) fn describe(
                 oif: route.oif,
                 default: route.is_default(),
             };
-            let mut detail = match route.dst {
-                Some(dst) => format!("{dst}/{}", route.dst_len),
-                None if route.dst_len == 0 => "default".to_string(),
-                None => format!("?/{}", route.dst_len),
-            };
-            if let Some(gw) = route.gateway {
-                let _ = write!(detail, " via {gw}");
-            }
-            if let Some(oif) = route.oif {
-                let idx = i32::try_from(oif).unwrap_or(0);
-                let _ = write!(detail, " dev {}", name_of(idx, &None));
-            }
-            if !matches!(route.table, 0 | 254) {
-                let _ = write!(detail, " table {}", route.table);
-            }
-            let effect = if matches!(message.body, RtRequest::NewRoute(_)) {
+            if matches!(message.body, RtRequest::NewRoute(_)) {
                 Effect::RouteAdd(key)
             } else {
                 Effect::RouteDel(key)
-            };
-            Some((detail, Some(effect)))
+            }
         }
-        RtRequest::Other { .. } => None,
-    }
+        RtRequest::Other { .. } => return None,
+    };
+    Some((detail, Some(effect)))
 }
 
 #[cfg(test)]

@@ -27,6 +27,15 @@ impl RecentExecs {
         self.ring.push_back(exec);
     }
 
+    /// The binaries executed since `since`.
+    pub(super) fn since(&self, since: SystemTime) -> Vec<String> {
+        self.ring
+            .iter()
+            .filter(|e| e.at >= since)
+            .map(|e| e.filename.clone())
+            .collect()
+    }
+
     /// The execs of `pid` and of its children.
     pub(super) fn leading_to(&self, pid: u32) -> impl Iterator<Item = &RecentExec> {
         self.ring

@@ -146,13 +146,6 @@ impl Intents {
                     for what in missing {
                         if r.drifted.insert(what.clone()) {
                             self.counts.drifts += 1;
-                            tracing::warn!(
-                                netns_cookie = cookie,
-                                sandbox = %r.intent.key,
-                                what = %what,
-                                by = ?by.map(ToString::to_string),
-                                "sandbox network drifted"
-                            );
                             reports.push(Report::Drift(Drift {
                                 key: r.intent.key.clone(),
                                 netns_cookie: cookie,
@@ -208,12 +201,6 @@ impl Intents {
             match status {
                 IntentStatus::Drifted => {
                     self.counts.drifted += 1;
-                    tracing::warn!(
-                        netns_cookie = cookie,
-                        sandbox = %r.intent.key,
-                        missing = ?missing,
-                        "sandbox found at start lacks part of its network"
-                    );
                     for what in &missing {
                         r.drifted.insert(what.clone());
                         reports.push(Report::Drift(Drift {
@@ -224,15 +211,7 @@ impl Intents {
                         }));
                     }
                 }
-                _ => {
-                    self.counts.unconfirmed += 1;
-                    tracing::warn!(
-                        netns_cookie = cookie,
-                        sandbox = %r.intent.key,
-                        missing = ?missing,
-                        "kernel did not show the whole sandbox setup within the deadline"
-                    );
-                }
+                _ => self.counts.unconfirmed += 1,
             }
             reports.push(Report::Intent(IntentVerdict {
                 intent: r.intent.clone(),

@@ -164,6 +164,11 @@ impl Correlator {
         all
     }
 
+    /// The binaries executed since `since` (as far as the recent ones are kept).
+    pub fn execs_since(&self, since: SystemTime) -> Vec<String> {
+        self.execs.since(since)
+    }
+
     /// Whether the namespace is tracked.
     pub fn is_tracked(&self, cookie: u64) -> bool {
         self.namespaces.contains_key(&cookie)
@@ -876,6 +881,7 @@ impl Correlator {
             evidence: judgement.evidence,
             revises,
             late_ms,
+            diagnosis: None,
             timeline: ns.timeline(),
             repeat: None,
         };
@@ -886,45 +892,9 @@ impl Correlator {
             .or_default() += 1;
         if let Some(old) = revises {
             *self.metrics.revised.entry(old.as_str()).or_default() += 1;
-            tracing::info!(
-                netns_cookie = verdict.netns.cookie,
-                creator = %verdict.creator,
-                late_ms = ?verdict.late_ms,
-                "sandbox network arrived after the deadline: {} now, resolving the earlier {} \
-                 warning: {}",
-                verdict.verdict.as_str(),
-                old.as_str().to_uppercase(),
-                verdict.reason
-            );
         }
-        match verdict.verdict {
-            Verdict::Skipped => {
-                let summary = self.summarise_skip(&verdict);
-                if summary.count.is_power_of_two() {
-                    tracing::warn!(
-                        netns_cookie = verdict.netns.cookie,
-                        netns_inode = verdict.netns.inode,
-                        creator = %verdict.creator,
-                        why_sandbox = ?verdict.sandbox.as_ref().map(ToString::to_string),
-                        evidence = %verdict.evidence,
-                        skips_from_creator = summary.count,
-                        "sandbox network setup SKIPPED: {}",
-                        verdict.reason
-                    );
-                }
-                verdict.repeat = Some(summary);
-            }
-            Verdict::Failed | Verdict::Partial | Verdict::Unknown => {
-                tracing::warn!(
-                    netns_cookie = verdict.netns.cookie,
-                    creator = %verdict.creator,
-                    evidence = %verdict.evidence,
-                    "sandbox network setup {}: {}",
-                    verdict.verdict.as_str(),
-                    verdict.reason
-                );
-            }
-            Verdict::Networked | Verdict::Gone => {}
+        if verdict.verdict == Verdict::Skipped {
+            verdict.repeat = Some(self.summarise_skip(&verdict));
         }
         if !verdict.verdict.is_alarm() && !self.intents.on(cookie) {
             // Said and final: nothing more to follow (its destruction is not always seen).

@@ -182,11 +182,20 @@ impl State {
                 ifindex,
                 addr,
                 prefix,
-            } => self.addrs.push((*ifindex, *addr, *prefix)),
+            } => {
+                let added = (*ifindex, *addr, *prefix);
+                if !self.addrs.contains(&added) {
+                    self.addrs.push(added);
+                }
+            }
             Effect::AddrDel { addr, prefix, .. } => {
                 self.addrs.retain(|(_, a, p)| !(a == addr && p == prefix));
             }
-            Effect::RouteAdd(route) => self.routes.push(route.clone()),
+            Effect::RouteAdd(route) => {
+                if !self.routes.contains(route) {
+                    self.routes.push(route.clone());
+                }
+            }
             Effect::RouteDel(route) => self.routes.retain(|r| !r.deleted_by(route)),
             Effect::Snapshot(state) => *self = (**state).clone(),
         }
@@ -215,7 +224,7 @@ pub(crate) struct Reached {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Progress {
     pub now: State,
-    /// The most complete state reached (the first one, on a tie).
+    /// The most complete state reached (the latest one, on a tie).
     pub best: State,
     pub networked: Option<Reached>,
     /// When it stopped being networked (its teardown began).
@@ -269,7 +278,7 @@ impl Progress {
             }
         };
         self.now.apply(effect, names);
-        if self.now.score() > self.best.score() {
+        if self.now.score() >= self.best.score() {
             self.best = self.now.clone();
         }
         if self.now.is_networked() {
@@ -488,6 +497,24 @@ mod tests {
     }
 
     #[test]
+    fn a_state_read_and_the_same_steps_traced_count_once() {
+        let mut entries = wired();
+        let mut state = State::default();
+        state.apply(
+            &Effect::AddrAdd {
+                ifindex: 2,
+                addr: ip("10.0.0.2"),
+                prefix: 24,
+            },
+            &HashMap::new(),
+        );
+        entries.insert(0, entry(0, Effect::Snapshot(Box::new(state))));
+        let names = HashMap::from([(2, "eth0".to_owned())]);
+        let p = Progress::default().fold(&entries, &names);
+        assert_eq!(p.now.addrs.len(), 1, "{:?}", p.now.addrs);
+    }
+
+    #[test]
     fn loopback_only_configures_nothing() {
         let entries = [entry(
             1,
@@ -499,6 +526,7 @@ mod tests {
         let p = Progress::default().fold(&entries, &HashMap::new());
         assert_eq!(p.config_steps, 0);
         assert!(p.now.lo_up);
+        assert!(p.best.lo_up, "what it reached shows lo up");
         assert!(p.networked.is_none());
     }
 }

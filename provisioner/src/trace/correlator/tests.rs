@@ -386,6 +386,7 @@ fn loopback_only_is_skipped_and_shows_lo() {
     c.feed(&dev(11, SANDBOX, 1, "lo", true, false));
     let v = verdicts(tick_reading(&mut c, 1_000, lo_only));
     assert_eq!(v[0].verdict, Verdict::Skipped);
+    assert!(v[0].reason.contains("lo up"), "{}", v[0].reason);
     assert!(
         v[0].timeline
             .iter()

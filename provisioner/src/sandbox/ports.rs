@@ -1,0 +1,102 @@
+//! What the sandbox service needs of the kernel and of the allocation store: two small traits,
+//! implemented by [`Dataplane`] and [`Allocator`], so that the service's rollback and release
+//! rules are unit-tested with recording fakes (no root).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use crate::dataplane::{
+    CheckFailure, Dataplane, DataplaneError, SandboxSpec, SetupOutcome, TeardownOutcome,
+};
+use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError};
+
+/// The kernel side of a sandbox.
+pub trait SandboxDataplane: Clone + Send + Sync + 'static {
+    /// Wires `spec` and checks it; see [`Dataplane::setup_and_check`].
+    fn setup_and_check(
+        &self,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError>> + Send;
+
+    /// Removes what setup created; idempotent. See [`Dataplane::teardown`].
+    fn teardown(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Path>,
+    ) -> impl Future<Output = Result<TeardownOutcome, DataplaneError>> + Send;
+
+    /// Verifies every resource of `spec`.
+    fn check(&self, spec: &SandboxSpec) -> impl Future<Output = Result<(), CheckFailure>> + Send;
+
+    /// The sandbox netns of each host veth named in `host_links` that has one.
+    fn sandbox_netns_of(
+        &self,
+        host_links: &[String],
+    ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send;
+}
+
+impl SandboxDataplane for Dataplane {
+    fn setup_and_check(
+        &self,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError>> + Send
+    {
+        Dataplane::setup_and_check(self, spec)
+    }
+
+    fn teardown(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        netns: Option<&Path>,
+    ) -> impl Future<Output = Result<TeardownOutcome, DataplaneError>> + Send {
+        Dataplane::teardown(self, container_id, ifname, netns)
+    }
+
+    fn check(&self, spec: &SandboxSpec) -> impl Future<Output = Result<(), CheckFailure>> + Send {
+        Dataplane::check(self, spec)
+    }
+
+    fn sandbox_netns_of(
+        &self,
+        host_links: &[String],
+    ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send {
+        Dataplane::sandbox_netns_of(self, host_links)
+    }
+}
+
+/// The durable allocations of one network (calls may block on fsync: the service runs them off
+/// the async workers).
+pub trait AllocationStore: Send + Sync + 'static {
+    fn get(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
+    /// The key's allocation, made (and durable) when it has none.
+    fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError>;
+    /// Frees the key's addresses; the allocation released, if there was one.
+    fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
+    fn list(&self) -> Result<Vec<Allocation>, IpamError>;
+    fn count(&self) -> Result<u64, IpamError>;
+}
+
+impl AllocationStore for Allocator {
+    fn get(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
+        Allocator::get(self, key)
+    }
+
+    fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError> {
+        Allocator::allocate(self, key)
+    }
+
+    fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
+        Allocator::release(self, key)
+    }
+
+    fn list(&self) -> Result<Vec<Allocation>, IpamError> {
+        Allocator::list(self)
+    }
+
+    fn count(&self) -> Result<u64, IpamError> {
+        Allocator::count(self)
+    }
+}

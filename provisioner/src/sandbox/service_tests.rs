@@ -1,0 +1,495 @@
+//! The service's rules over recording fakes of the dataplane and the store (no root): what is
+//! released after which failure, what the observer is told and when, GC and CHECK.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::dataplane::{CheckFailure, DataplaneError, SetupStep};
+use crate::ipam::{AllocatedIp, IpamConfig, IpamError};
+
+use super::*;
+
+/// What the fake kernel does with the next calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Setup {
+    #[default]
+    Works,
+    /// Fails and rolls back cleanly.
+    FailsCleanly,
+    /// Fails and its rollback leaves something behind.
+    FailsDirty,
+    /// Wires, but the check afterwards finds something missing.
+    Unverified,
+}
+
+#[derive(Default)]
+struct Kernel {
+    setup: Setup,
+    teardown_fails: bool,
+    /// Sandboxes wired now, by container id.
+    wired: Vec<String>,
+}
+
+/// Records every call in `log`, shared with the store and the observer: one sequence.
+#[derive(Clone)]
+struct FakeDataplane {
+    kernel: Arc<Mutex<Kernel>>,
+    log: Log,
+}
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn say(log: &Log, what: String) {
+    log.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(what);
+}
+
+fn io_error() -> DataplaneError {
+    DataplaneError::Netlink {
+        op: "fake".into(),
+        netns: "fake".into(),
+        source: std::io::Error::from_raw_os_error(libc::EBUSY),
+    }
+}
+
+impl FakeDataplane {
+    fn kernel(&self) -> std::sync::MutexGuard<'_, Kernel> {
+        self.kernel.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl SandboxDataplane for FakeDataplane {
+    async fn setup_and_check(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+        say(&self.log, format!("setup {}", spec.container_id));
+        let mut kernel = self.kernel();
+        let failed = |rollback_errors| DataplaneError::Setup {
+            container_id: spec.container_id.clone(),
+            step: SetupStep::SandboxRoutes,
+            source: Box::new(io_error()),
+            rollback_errors,
+        };
+        match kernel.setup {
+            Setup::FailsCleanly => return Err(failed(Vec::new())),
+            Setup::FailsDirty => return Err(failed(vec![io_error()])),
+            Setup::Works | Setup::Unverified => {}
+        }
+        kernel.wired.push(spec.container_id.clone());
+        let verified = if kernel.setup == Setup::Unverified {
+            Err(CheckFailure {
+                problems: vec!["route 0.0.0.0/0 missing".into()],
+            })
+        } else {
+            Ok(())
+        };
+        Ok((
+            SetupOutcome {
+                host_ifname: host_ifname(&spec.container_id, &spec.ifname),
+                host_mac: String::new(),
+                sandbox_ifname: spec.ifname.clone(),
+                sandbox_mac: String::new(),
+                sandbox_ifindex: 2,
+            },
+            verified,
+        ))
+    }
+
+    async fn teardown(
+        &self,
+        container_id: &str,
+        _ifname: &str,
+        _netns: Option<&Path>,
+    ) -> Result<TeardownOutcome, DataplaneError> {
+        say(&self.log, format!("teardown {container_id}"));
+        let mut kernel = self.kernel();
+        if kernel.teardown_fails {
+            return Err(DataplaneError::Teardown {
+                container_id: container_id.to_owned(),
+                errors: vec![io_error()],
+            });
+        }
+        kernel.wired.retain(|c| c != container_id);
+        Ok(TeardownOutcome::default())
+    }
+
+    async fn check(&self, spec: &SandboxSpec) -> Result<(), CheckFailure> {
+        say(&self.log, format!("check {}", spec.container_id));
+        if self.kernel().wired.contains(&spec.container_id) {
+            Ok(())
+        } else {
+            Err(CheckFailure {
+                problems: vec![format!("link {} missing", spec.ifname)],
+            })
+        }
+    }
+
+    async fn sandbox_netns_of(
+        &self,
+        host_links: &[String],
+    ) -> Result<HashMap<String, PathBuf>, DataplaneError> {
+        Ok(host_links
+            .iter()
+            .map(|l| (l.clone(), PathBuf::from(format!("/run/netns/{l}"))))
+            .collect())
+    }
+}
+
+/// Allocations in memory; `10.0.0.<n>/24` in order.
+struct FakeStore {
+    allocations: Mutex<BTreeMap<AllocationKey, Allocation>>,
+    next: Mutex<u8>,
+    log: Log,
+}
+
+impl FakeStore {
+    fn holds(&self, container_id: &str) -> bool {
+        self.allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&AllocationKey::new(container_id, "eth0"))
+    }
+}
+
+impl AllocationStore for FakeStore {
+    fn get(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
+        Ok(self
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned())
+    }
+
+    fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError> {
+        say(&self.log, format!("allocate {}", key.container_id));
+        let mut all = self
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(existing) = all.get(key) {
+            return Ok(existing.clone());
+        }
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        *next += 1;
+        let address = IpNetwork::new([10, 0, 0, *next + 1].into(), 24).expect("a /24");
+        let allocation = Allocation {
+            key: key.clone(),
+            ips: vec![AllocatedIp {
+                address,
+                gateway: [10, 0, 0, 1].into(),
+            }],
+        };
+        all.insert(key.clone(), allocation.clone());
+        Ok(allocation)
+    }
+
+    fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
+        say(&self.log, format!("release {}", key.container_id));
+        Ok(self
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key))
+    }
+
+    fn list(&self) -> Result<Vec<Allocation>, IpamError> {
+        Ok(self
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect())
+    }
+
+    fn count(&self) -> Result<u64, IpamError> {
+        Ok(self.list()?.len() as u64)
+    }
+}
+
+/// Tells the shared log what the observer hears.
+struct Recording(Log);
+
+impl SandboxObserver for Recording {
+    fn planned(&self, sandbox: &SandboxRef, expected: &ExpectedState) {
+        say(
+            &self.0,
+            format!(
+                "observer planned {} {}",
+                sandbox.container_id, expected.ifname
+            ),
+        );
+    }
+    fn set_up(&self, sandbox: &SandboxRef, _expected: &ExpectedState) {
+        say(&self.0, format!("observer set up {}", sandbox.container_id));
+    }
+    fn rolled_back(&self, sandbox: &SandboxRef) {
+        say(
+            &self.0,
+            format!("observer rolled back {}", sandbox.container_id),
+        );
+    }
+    fn removing(&self, sandbox: &SandboxRef, cause: Removal) {
+        say(
+            &self.0,
+            format!("observer removing {} {cause:?}", sandbox.container_id),
+        );
+    }
+    fn removed(&self, sandbox: &SandboxRef, cause: Removal, released: Option<&Allocation>) {
+        say(
+            &self.0,
+            format!(
+                "observer removed {} {cause:?} released={}",
+                sandbox.container_id,
+                released.is_some()
+            ),
+        );
+    }
+    fn found(&self, sandbox: &SandboxRef, netns: Option<&Path>, _expected: &ExpectedState) {
+        say(
+            &self.0,
+            format!(
+                "observer found {} in {}",
+                sandbox.container_id,
+                netns.map_or_else(|| "?".into(), |p| p.display().to_string())
+            ),
+        );
+    }
+}
+
+struct Fixture {
+    service: SandboxService<FakeDataplane, FakeStore>,
+    dataplane: FakeDataplane,
+    store: Arc<FakeStore>,
+    log: Log,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let log: Log = Arc::default();
+        let dataplane = FakeDataplane {
+            kernel: Arc::default(),
+            log: Arc::clone(&log),
+        };
+        let store = Arc::new(FakeStore {
+            allocations: Mutex::default(),
+            next: Mutex::default(),
+            log: Arc::clone(&log),
+        });
+        let ipam = IpamConfig::from_json(
+            r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}"#,
+        )
+        .expect("test ipam");
+        let network = Network::new("net", Some(1500), ipam).expect("test network");
+        let service = SandboxService::with_observer(
+            network,
+            Arc::clone(&store),
+            dataplane.clone(),
+            Arc::new(KeyLocks::default()),
+            Arc::new(Recording(Arc::clone(&log))),
+        );
+        Self {
+            service,
+            dataplane,
+            store,
+            log,
+        }
+    }
+
+    fn log(&self) -> Vec<String> {
+        std::mem::take(&mut *self.log.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+fn sandbox(container_id: &str) -> SandboxRef {
+    SandboxRef {
+        container_id: container_id.into(),
+        ifname: "eth0".into(),
+        netns: Some(PathBuf::from("/run/netns/x")),
+    }
+}
+
+#[tokio::test]
+async fn add_tells_the_observer_its_plan_before_touching_the_kernel() {
+    let f = Fixture::new();
+    let outcome = f.service.add(&sandbox("c1")).await.expect("add");
+    assert_eq!(outcome.expected.ifname, "eth0");
+    assert_eq!(
+        f.log(),
+        [
+            "allocate c1",
+            "observer planned c1 eth0",
+            "setup c1",
+            "observer set up c1"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_failed_add_with_a_clean_rollback_releases_a_new_allocation() {
+    let f = Fixture::new();
+    f.dataplane.kernel().setup = Setup::FailsCleanly;
+    let err = f.service.add(&sandbox("c1")).await.expect_err("fails");
+    assert!(matches!(err, SandboxError::Dataplane { .. }), "{err}");
+    assert!(!f.store.holds("c1"));
+    assert_eq!(
+        f.log(),
+        [
+            "allocate c1",
+            "observer planned c1 eth0",
+            "setup c1",
+            "observer rolled back c1",
+            "release c1"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_failed_add_whose_rollback_left_something_keeps_the_address() {
+    let f = Fixture::new();
+    f.dataplane.kernel().setup = Setup::FailsDirty;
+    f.service.add(&sandbox("c1")).await.expect_err("fails");
+    assert!(f.store.holds("c1"), "its address may still be routed");
+    assert!(!f.log().iter().any(|l| l == "release c1"));
+}
+
+#[tokio::test]
+async fn a_failed_retry_never_releases_the_allocation_it_found() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("first add");
+    f.dataplane.kernel().setup = Setup::FailsCleanly;
+    f.service
+        .add(&sandbox("c1"))
+        .await
+        .expect_err("retry fails");
+    assert!(f.store.holds("c1"), "the allocation of the first ADD stays");
+}
+
+#[tokio::test]
+async fn an_unverified_add_is_torn_down_and_released() {
+    let f = Fixture::new();
+    f.dataplane.kernel().setup = Setup::Unverified;
+    let err = f.service.add(&sandbox("c1")).await.expect_err("fails");
+    assert!(matches!(err, SandboxError::Verify { .. }), "{err}");
+    assert!(!f.store.holds("c1"));
+    let log = f.log();
+    assert_eq!(
+        &log[3..],
+        ["observer rolled back c1", "teardown c1", "release c1"]
+    );
+}
+
+#[tokio::test]
+async fn del_announces_the_teardown_first_and_releases_after_it() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("add");
+    f.log();
+    let outcome = f.service.del(&sandbox("c1")).await.expect("del");
+    assert!(outcome.released.is_some());
+    assert_eq!(
+        f.log(),
+        [
+            "observer removing c1 Del",
+            "teardown c1",
+            "release c1",
+            "observer removed c1 Del released=true"
+        ]
+    );
+    let again = f.service.del(&sandbox("c1")).await.expect("idempotent");
+    assert!(again.released.is_none());
+}
+
+#[tokio::test]
+async fn a_failed_teardown_keeps_the_allocation_for_the_retry() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("add");
+    f.dataplane.kernel().teardown_fails = true;
+    let err = f.service.del(&sandbox("c1")).await.expect_err("fails");
+    assert!(matches!(err, SandboxError::Dataplane { .. }), "{err}");
+    assert!(f.store.holds("c1"));
+    f.dataplane.kernel().teardown_fails = false;
+    f.service
+        .del(&sandbox("c1"))
+        .await
+        .expect("the retry finishes");
+    assert!(!f.store.holds("c1"));
+}
+
+#[tokio::test]
+async fn gc_removes_what_the_runtime_no_longer_lists_and_skips_work_in_flight() {
+    let f = Fixture::new();
+    for c in ["keep", "gone", "busy"] {
+        f.service.add(&sandbox(c)).await.expect("add");
+    }
+    let held = f.service.locks.lock("busy", "eth0").await;
+    let outcome = f
+        .service
+        .gc(&[AllocationKey::new("keep", "eth0")])
+        .await
+        .expect("gc");
+    drop(held);
+    assert_eq!(outcome.released, [AllocationKey::new("gone", "eth0")]);
+    assert_eq!(outcome.in_flight, [AllocationKey::new("busy", "eth0")]);
+    assert!(f.store.holds("keep") && f.store.holds("busy") && !f.store.holds("gone"));
+    assert!(f.log().iter().any(|l| l == "observer removing gone Gc"));
+}
+
+#[tokio::test]
+async fn check_compares_the_runtimes_prev_result_with_the_allocation() {
+    let f = Fixture::new();
+    let added = f.service.add(&sandbox("c1")).await.expect("add");
+    let mine: Vec<IpNetwork> = added.allocation.ips.iter().map(|ip| ip.address).collect();
+    f.service
+        .check(&sandbox("c1"), Some(&mine))
+        .await
+        .expect("matches");
+    let other: Vec<IpNetwork> = vec!["10.0.0.200/24".parse().expect("net")];
+    let err = f
+        .service
+        .check(&sandbox("c1"), Some(&other))
+        .await
+        .expect_err("differs");
+    assert!(
+        matches!(&err, SandboxError::PrevResultMismatch { claimed, .. } if claimed == "10.0.0.200/24"),
+        "{err}"
+    );
+    let missing = f
+        .service
+        .check(&sandbox("nope"), None)
+        .await
+        .expect_err("none");
+    assert!(
+        matches!(missing, SandboxError::NotFound { .. }),
+        "{missing}"
+    );
+}
+
+#[tokio::test]
+async fn announce_existing_hands_every_allocation_with_its_netns_to_the_observer() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("add");
+    f.log();
+    assert_eq!(f.service.announce_existing().await.expect("announce"), 1);
+    let link = host_ifname("c1", "eth0");
+    assert_eq!(f.log(), [format!("observer found c1 in /run/netns/{link}")]);
+}
+
+#[tokio::test]
+async fn release_gone_is_told_as_netns_gone() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("add");
+    f.log();
+    f.service
+        .release_gone(&AllocationKey::new("c1", "eth0"))
+        .await
+        .expect("release");
+    assert!(!f.store.holds("c1"));
+    assert_eq!(
+        f.log().last().map(String::as_str),
+        Some("observer removed c1 NetnsGone released=true")
+    );
+}

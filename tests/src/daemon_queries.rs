@@ -1,0 +1,89 @@
+//! What a test reads from a running daemon beyond the harness's status and sandboxes: its
+//! allocations, and the kernel watch's views of particular sandbox namespaces.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use provisioner::daemon::api::AllocationInfo;
+use serde_json::Value;
+
+use crate::daemon_harness::Daemon;
+use crate::wait_until;
+
+/// `provisioner list --json`.
+pub fn allocations(daemon: &Daemon) -> Result<Vec<AllocationInfo>> {
+    let out = daemon.cli(&["list", "--json"])?;
+    if !out.status.success() {
+        bail!("list: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    serde_json::from_slice(&out.stdout).context("provisioner list --json: not a list")
+}
+
+/// The netns cookie a sandbox view is about.
+pub fn cookie_of(view: &Value) -> Option<u64> {
+    view["verdict"]["netns"]["cookie"]
+        .as_u64()
+        .or_else(|| view["intent"]["intent"]["netns_cookie"].as_u64())
+}
+
+/// `verdict+intent status` of a view, e.g. `networked+confirmed` or `skipped+none`.
+pub fn verdict_and_intent(view: &Value) -> String {
+    format!(
+        "{}+{}",
+        view["verdict"]["verdict"].as_str().unwrap_or("none"),
+        view["intent"]["status"].as_str().unwrap_or("none")
+    )
+}
+
+/// Waits (bounded) until every namespace in `cookies` has a verdict, and an intent status too
+/// when `with_intent`; returns their views.
+pub fn wait_views_of(
+    daemon: &Daemon,
+    cookies: &HashSet<u64>,
+    with_intent: bool,
+    limit: Duration,
+) -> Result<Vec<Value>> {
+    wait_views(daemon, cookies.len(), limit, |view| {
+        cookie_of(view).is_some_and(|c| cookies.contains(&c))
+            && !view["verdict"].is_null()
+            && (!with_intent || !view["intent"].is_null())
+    })
+}
+
+/// Waits (bounded) until `count` namespaces created by process `pid` have a verdict; returns
+/// their views.
+pub fn wait_views_created_by(
+    daemon: &Daemon,
+    pid: u32,
+    count: usize,
+    limit: Duration,
+) -> Result<Vec<Value>> {
+    wait_views(daemon, count, limit, |view| {
+        view["verdict"]["creator"]["pid"].as_u64() == Some(u64::from(pid))
+    })
+}
+
+fn wait_views(
+    daemon: &Daemon,
+    count: usize,
+    limit: Duration,
+    ours: impl Fn(&Value) -> bool,
+) -> Result<Vec<Value>> {
+    let mut views = Vec::new();
+    wait_until(&format!("{count} sandbox verdicts"), limit, || {
+        let answer = daemon.sandboxes()?;
+        if let Some(reason) = answer["tracing_unavailable"].as_str() {
+            bail!("tracing unavailable: {reason}");
+        }
+        views = answer["sandboxes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| ours(v))
+            .cloned()
+            .collect();
+        Ok((views.len() >= count).then(|| views.clone()))
+    })
+    .with_context(|| format!("judged so far: {views:#?}\n{}", daemon.log()))
+}

@@ -1,0 +1,91 @@
+//! The seed failure with the real runtime: containerd creates pod namespaces and never calls a
+//! network plugin for them. provisioner's kernel watch flags every one `skipped`, naming
+//! containerd as the creator.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use provisioner_tests::Netns;
+use provisioner_tests::containerd::{CniSetup, Containerd};
+use provisioner_tests::cri::Cri;
+use provisioner_tests::daemon_harness::Daemon;
+use provisioner_tests::daemon_queries::wait_views_created_by;
+use serde_json::Value;
+
+const PODS: usize = 5;
+
+/// Runs `PODS` pods that must all fail with `expected_error`; returns the kernel watch's views
+/// of the namespaces containerd created meanwhile.
+fn failing_pods(
+    daemon: &Daemon,
+    containerd: &mut Containerd,
+    expected_error: &str,
+) -> Result<Vec<Value>> {
+    for i in 0..PODS {
+        let config = Cri::pod_config(&format!("seed-{i}"), &containerd.log_dir);
+        match containerd.cri().run_pod(&config) {
+            Ok(pod) => bail!(
+                "RunPodSandbox seed-{i} succeeded ({}) without a network",
+                pod.id
+            ),
+            Err(status) => assert!(
+                status.message().contains(expected_error),
+                "seed-{i}: {status}"
+            ),
+        }
+    }
+    let pid = containerd.pid().unwrap_or_default();
+    let views = wait_views_created_by(daemon, pid, PODS, Duration::from_secs(30))?;
+    assert_eq!(views.len(), PODS, "one namespace per pod: {views:#?}");
+    Ok(views)
+}
+
+fn assert_skipped_by_containerd(views: &[Value]) {
+    for view in views {
+        assert_eq!(view["verdict"]["verdict"], "skipped", "{view:#}");
+        assert_eq!(view["verdict"]["creator"]["comm"], "containerd", "{view:#}");
+        assert!(view["intent"].is_null(), "{view:#}");
+    }
+}
+
+#[test]
+fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
+    daemon.wait_tracing(Duration::from_secs(30))?;
+    std::fs::write(
+        daemon.conf_dir.join("10-loopback.conf"),
+        r#"{"cniVersion": "0.4.0", "name": "lo", "type": "loopback"}"#,
+    )?;
+    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
+    // The lie at the root of the seed failure: a loopback network is enough for NetworkReady.
+    containerd
+        .cri()
+        .wait_network_ready(true, Duration::from_secs(10))?;
+    let views = failing_pods(
+        &daemon,
+        &mut containerd,
+        "failed to find network info for sandbox",
+    )?;
+    assert_skipped_by_containerd(&views);
+    containerd.shutdown()
+}
+
+#[test]
+fn empty_conf_dir_pods_skipped() -> Result<()> {
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
+    daemon.wait_tracing(Duration::from_secs(30))?;
+    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
+    let conditions = containerd.cri().conditions()?;
+    assert!(!conditions.network_ready, "{conditions:?}");
+    assert!(
+        conditions
+            .network_message
+            .contains("cni plugin not initialized"),
+        "{conditions:?}"
+    );
+    let views = failing_pods(&daemon, &mut containerd, "cni plugin not initialized")?;
+    assert_skipped_by_containerd(&views);
+    containerd.shutdown()
+}
