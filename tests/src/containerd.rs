@@ -121,6 +121,11 @@ impl Containerd {
         Ok(containerd)
     }
 
+    /// The config file containerd was started with (`--config`).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.toml")
+    }
+
     /// The CRI client of this containerd.
     pub fn cri(&mut self) -> &mut Cri {
         self.cri

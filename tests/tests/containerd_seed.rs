@@ -1,6 +1,7 @@
 //! The seed failure with the real runtime: containerd creates pod namespaces and never calls a
 //! network plugin for them. provisioner's kernel watch flags every one `skipped`, naming
-//! containerd as the creator.
+//! containerd as the creator, and says why: the conf dir containerd reads (from containerd's own
+//! config) and what it holds.
 
 use std::time::Duration;
 
@@ -40,12 +41,41 @@ fn failing_pods(
     Ok(views)
 }
 
-fn assert_skipped_by_containerd(views: &[Value]) {
+/// Every view is a skip by containerd, diagnosed: which plugins ran (`ran`), the conf dir
+/// containerd reads (from its own config) and `content`, what that dir holds.
+fn assert_skipped_by_containerd(
+    views: &[Value],
+    containerd: &Containerd,
+    ran: &str,
+    content: &str,
+) {
+    let reads = format!(
+        "containerd reads CNI networks from {} (per containerd's config {})",
+        containerd.conf_dir.display(),
+        containerd.config_path().display()
+    );
     for view in views {
         assert_eq!(view["verdict"]["verdict"], "skipped", "{view:#}");
         assert_eq!(view["verdict"]["creator"]["comm"], "containerd", "{view:#}");
         assert!(view["intent"].is_null(), "{view:#}");
+        let diagnosis = view["verdict"]["diagnosis"].as_str().unwrap_or_default();
+        for part in [ran, &reads, content] {
+            assert!(
+                diagnosis.contains(part),
+                "diagnosis lacks {part:?}: {diagnosis}"
+            );
+        }
     }
+}
+
+/// A conf dir for containerd alone: the daemon watches another, so the diagnosis must come
+/// from containerd's own config.
+fn containerd_conf_dir(files: &[(&str, &str)]) -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    for (name, content) in files {
+        std::fs::write(dir.path().join(name), content)?;
+    }
+    Ok(dir)
 }
 
 #[test]
@@ -53,11 +83,11 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
     let node = Netns::new("node")?;
     let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
     daemon.wait_tracing(Duration::from_secs(30))?;
-    std::fs::write(
-        daemon.conf_dir.join("10-loopback.conf"),
+    let conf_dir = containerd_conf_dir(&[(
+        "10-loopback.conf",
         r#"{"cniVersion": "0.4.0", "name": "lo", "type": "loopback"}"#,
-    )?;
-    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
+    )])?;
+    let mut containerd = Containerd::start(&node, &CniSetup::reading(conf_dir.path()))?;
     // The lie at the root of the seed failure: a loopback network is enough for NetworkReady.
     containerd
         .cri()
@@ -67,7 +97,13 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
         &mut containerd,
         "failed to find network info for sandbox",
     )?;
-    assert_skipped_by_containerd(&views);
+    // containerd runs its own `cni-loopback` network for every pod.
+    assert_skipped_by_containerd(
+        &views,
+        &containerd,
+        "only the loopback plugin ran for it",
+        "holds only 10-loopback.conf (type loopback): the runtime has no network to call",
+    );
     containerd.shutdown()
 }
 
@@ -76,7 +112,8 @@ fn empty_conf_dir_pods_skipped() -> Result<()> {
     let node = Netns::new("node")?;
     let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
     daemon.wait_tracing(Duration::from_secs(30))?;
-    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
+    let conf_dir = containerd_conf_dir(&[])?;
+    let mut containerd = Containerd::start(&node, &CniSetup::reading(conf_dir.path()))?;
     let conditions = containerd.cri().conditions()?;
     assert!(!conditions.network_ready, "{conditions:?}");
     assert!(
@@ -86,6 +123,11 @@ fn empty_conf_dir_pods_skipped() -> Result<()> {
         "{conditions:?}"
     );
     let views = failing_pods(&daemon, &mut containerd, "cni plugin not initialized")?;
-    assert_skipped_by_containerd(&views);
+    assert_skipped_by_containerd(
+        &views,
+        &containerd,
+        "no CNI plugin binary was executed for it",
+        "holds no network file: the runtime has no network to call",
+    );
     containerd.shutdown()
 }

@@ -166,7 +166,13 @@ impl Sink for WatchSink {
         for report in &reports {
             log(report);
         }
-        lock(&self.shared).record(reports);
+        // Namespaces that are not sandboxes (a verdict without a reason to be one: `gone`) are
+        // counted, not kept: a node creates thousands and they would crowd the sandboxes out.
+        let sandboxes = reports
+            .into_iter()
+            .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
+            .collect();
+        lock(&self.shared).record(sandboxes);
     }
 
     fn metrics(&mut self, metrics: TraceMetrics) {

@@ -283,13 +283,22 @@ pub fn diagnose(pid: u32, comm: &str, fallback: &CniSetup, execs: &[String]) -> 
         .filter(|e| setup.bin_dirs.iter().any(|d| Path::new(e).starts_with(d)))
         .cloned()
         .collect();
-    let ran = if plugin_execs.is_empty() {
-        "no CNI plugin binary was executed for it".to_owned()
-    } else {
-        format!(
-            "plugin binaries ran ({}) but configured nothing",
-            plugin_execs.join(", ")
-        )
+    let mut names: Vec<String> = plugin_execs
+        .iter()
+        .filter_map(|e| Path::new(e).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    let ran = match names.as_slice() {
+        [] => "no CNI plugin binary was executed for it".to_owned(),
+        [only] if only == "loopback" => {
+            "only the loopback plugin ran for it (it brings lo up, nothing else)".to_owned()
+        }
+        _ => format!(
+            "plugin(s) {} ran for it but configured nothing",
+            names.join(", ")
+        ),
     };
     format!(
         "{ran}; {comm} reads CNI networks from {} (per {}); {}",
