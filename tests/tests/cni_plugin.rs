@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::{Netns, wait_only_lo};
 use serde_json::Value;
@@ -451,5 +451,50 @@ fn parallel_adds_then_dels_through_the_plugin() -> Result<()> {
     }
     // ...and the links themselves go shortly after (the reaper deletes them in batches).
     wait_only_lo(&node, REAPED_WITHIN)?;
+    Ok(())
+}
+
+/// The plugin reads its config to EOF however the runtime writes it: in pieces with pauses
+/// between them (a short read must not be taken for the whole config), and larger than one
+/// read. Without a daemon, a fully read ADD config answers 11; a truncated one would be 6.
+#[test]
+fn plugin_reads_a_config_sent_in_pieces_or_larger_than_one_read() -> Result<()> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir()?;
+    let pod = Netns::new("pod")?;
+    let mut config = conflist(
+        "piecenet",
+        "1.0.0",
+        &dir.path().join("nobody.sock"),
+        "10.250.7.0/24",
+        None,
+    );
+    let small = stdin_for(&config, "1.0.0");
+    // A plugin-specific key padding the config past 64 KiB.
+    config["plugins"][0]["padding"] = Value::from("x".repeat(100 * 1024));
+    let large = stdin_for(&config, "1.0.0");
+    for (what, stdin, pieces) in [("in pieces", &small, 4), ("large", &large, 1)] {
+        let mut child = Command::new(provisioner_tests::provisioner_bin())
+            .env_clear()
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", "c1")
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_NETNS", pod.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut pipe = child.stdin.take().context("stdin pipe")?;
+        for chunk in stdin.chunks(stdin.len().div_ceil(pieces)) {
+            pipe.write_all(chunk)?;
+            pipe.flush()?;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(pipe);
+        let out = child.wait_with_output()?;
+        let answer: Value = serde_json::from_slice(&out.stdout)?;
+        assert_eq!(answer["code"], 11, "{what}: {answer}");
+    }
     Ok(())
 }

@@ -313,33 +313,6 @@ fn v6_slash_64_is_quick() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
-#[test]
-fn allocate_release_latency() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = open(dir.path(), r#"{"subnet":"10.244.0.0/16"}"#);
-    // Some background allocations so the trees are not trivially small.
-    for i in 0..1000 {
-        a.allocate(&AllocationKey::new(format!("bg{i}"), "eth0"))
-            .unwrap();
-    }
-    let (mut alloc, mut rel) = (Vec::new(), Vec::new());
-    for i in 0..200 {
-        let k = key(i);
-        let t0 = Instant::now();
-        a.allocate(&k).unwrap();
-        alloc.push(t0.elapsed());
-        let t0 = Instant::now();
-        a.release(&k).unwrap().unwrap();
-        rel.push(t0.elapsed());
-    }
-    alloc.sort();
-    rel.sort();
-    eprintln!(
-        "sequential with fsync, 1000 held: allocate p50 {:?} p99 {:?}; release p50 {:?} p99 {:?}",
-        alloc[100], alloc[198], rel[100], rel[198]
-    );
-}
-
 /// Child half of `crash_after_commit_keeps_allocations`: allocates, then dies without any
 /// cleanup (no drop, no close), like a daemon killed mid-flight.
 #[test]
@@ -528,54 +501,4 @@ fn concurrent_allocates_of_one_key_get_one_allocation() {
     let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
     assert_eq!(a.count().unwrap(), 1);
-}
-
-fn percentiles(mut lat: Vec<Duration>) -> (Duration, Duration) {
-    lat.sort();
-    (lat[lat.len() / 2], lat[(lat.len() * 99).div_ceil(100) - 1])
-}
-
-/// `cargo test --release -p provisioner-tests --test ipam -- --ignored --nocapture bench_`
-#[test]
-#[ignore = "benchmark: prints latencies, asserts none"]
-fn bench_allocate_sequential_and_16_threads() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = Arc::new(open(dir.path(), r#"{"subnet":"10.244.0.0/16"}"#));
-    let seq: Vec<_> = (0..400)
-        .map(|i| {
-            let t0 = Instant::now();
-            a.allocate(&AllocationKey::new(format!("seq{i}"), "eth0"))
-                .unwrap();
-            t0.elapsed()
-        })
-        .collect();
-    let (p50, p99) = percentiles(seq);
-    eprintln!("bench: sequential allocate x400: p50 {p50:?} p99 {p99:?}");
-    for round in 0..3 {
-        let start = Instant::now();
-        let threads: Vec<_> = (0..16)
-            .map(|t| {
-                let a = Arc::clone(&a);
-                std::thread::spawn(move || {
-                    (0..50)
-                        .map(|k| {
-                            let key = AllocationKey::new(format!("r{round}-t{t}-k{k}"), "eth0");
-                            let t0 = Instant::now();
-                            a.allocate(&key).unwrap();
-                            t0.elapsed()
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        let lat: Vec<_> = threads
-            .into_iter()
-            .flat_map(|t| t.join().unwrap())
-            .collect();
-        let total = start.elapsed();
-        let (p50, p99) = percentiles(lat);
-        eprintln!(
-            "bench: 16 threads x 50 allocate, round {round}: total {total:?} p50 {p50:?} p99 {p99:?}"
-        );
-    }
 }

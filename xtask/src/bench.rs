@@ -1,38 +1,51 @@
 //! `cargo xtask bench`: provisioner side by side with the reference ptp + host-local plugins,
 //! in the same run, in private namespaces that are always removed.
 //!
-//! Three ways of wiring a sandbox are measured on identical namespaces and subnets:
+//! Three ways of wiring a sandbox are measured on identical namespaces and subnets, each with
+//! its own sandbox namespaces, interleaved in blocks (see `ways`):
 //! - `reference`: /usr/lib/cni/ptp with host-local IPAM, exec'd as a runtime does;
 //! - `plugin`: the provisioner binary exec'd in CNI plugin mode, talking to the daemon;
 //! - `api`: one request on the daemon's socket from this process (no exec).
 //!
+//! Every call's latency is recorded with the CPU time it cost: the exec'd process's (wait4) and
+//! the daemon's (its process CPU clock over the block, per call). Floors measured in the same
+//! run (`floor`), the daemon's memory and start-up, and the components measured alone
+//! (`components`) complete the report: a table on the terminal, target/bench/latest.{json,md}
+//! (or `--json FILE`) and an SVG of the latency distributions.
+//!
 //! Each plugin child enters its "node" namespace with setns(2) between fork and exec (no
 //! `ip netns exec`); the daemon runs there too and gets `--host-netns`. The root namespace is
 //! never touched. Sandbox namespaces are created up front and not timed.
+//!
+//! One module per part; a new measurement is a new module under `bench/` with a call in `run`.
 
 mod cni;
+mod components;
 mod daemon;
+mod floor;
 pub mod netns;
 mod report;
 mod stats;
+mod svg;
+mod ways;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
 use crate::{bootstrap, ebpf};
 
 pub use cni::{Plugin, plugin_stdin};
-pub use daemon::{Daemon, sandbox_request};
+pub use daemon::Daemon;
 pub use netns::{Netns, require_root};
 
-use report::{Check, DaemonRow, LatencyRow};
-use stats::Summary;
+use report::{Row, Single, Target};
+use stats::{Samples, Summary};
+use ways::{Lane, Verb, Way};
 
 /// Directory of the reference plugins (Debian containernetworking-plugins).
 const REFERENCE_DIR: &str = "/usr/lib/cni";
@@ -42,18 +55,67 @@ const SUBNET: &str = "10.244.0.0/16";
 const WARMUP: usize = 3;
 /// Fresh daemon starts measured for start-to-ready (the bench daemon's own start is one more).
 const EXTRA_STARTS: usize = 3;
+/// Most sandboxes wired by the kernel floor.
+const FLOOR_MAX: usize = 200;
 
 /// `cargo xtask bench` options.
 pub struct Options {
-    /// Sandboxes per sequential and per concurrent phase.
+    /// Sandboxes of the sequential phases (ADD of each, then DEL of each).
     pub count: usize,
     /// Concurrent callers.
     pub concurrency: usize,
+    /// ADDs (then DELs) of the concurrent phase.
+    pub concurrent_count: usize,
     /// Sandboxes provisioned when measuring the daemon's RSS.
     pub sandboxes: usize,
+    /// Calls per way per block of a sequential phase (concurrent phases: 4 x).
+    pub block: usize,
+    /// Where to write every figure (default target/bench/latest.json).
+    pub json: Option<PathBuf>,
+    /// Skip the components measured alone (allocator, dataplane).
+    pub no_components: bool,
+    /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
+    pub no_trace: bool,
 }
 
-/// Bootstraps, builds the eBPF object and the release binary; the binary's path.
+/// The target triple of the release build (given explicitly so that RUSTFLAGS only reach the
+/// target's crates, not build scripts and proc-macros).
+const RELEASE_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// Static (no dynamic loader, no shared libraries to map) and non-PIE (no relocations to apply
+/// at exec): the CNI plugin mode starts almost as fast as a C program.
+const RELEASE_RUSTFLAGS: &str = "-C target-feature=+crt-static -C relocation-model=static";
+
+/// Bootstraps, builds the eBPF object and the binary to install and measure (profile `dist`,
+/// statically linked, non-PIE); the binary's path. A cold build takes about 20 minutes on 2 cores.
+pub fn build_dist() -> Result<PathBuf> {
+    bootstrap::apt_packages()?;
+    ebpf::build()?;
+    announce(
+        "build",
+        "provisioner (profile dist: LTO, one codegen unit, static non-PIE)",
+    );
+    let root = workspace_root();
+    run_command(
+        cargo("stable")
+            .current_dir(&root)
+            .args(["build", "--profile", "dist", "-p", "provisioner", "--bin"])
+            .arg("provisioner")
+            .args(["--target", RELEASE_TARGET])
+            .env("RUSTFLAGS", RELEASE_RUSTFLAGS),
+    )?;
+    let bin = root
+        .join("target")
+        .join(RELEASE_TARGET)
+        .join("dist/provisioner");
+    if !bin.exists() {
+        bail!("{} missing after the build", bin.display());
+    }
+    detail(&format!("binary: {}", bin.display()));
+    Ok(bin)
+}
+
+/// Bootstraps, builds the eBPF object and a plain release binary (the demo's: quicker to build
+/// than [`build_dist`], which the bench measures); the binary's path.
 pub fn build_release() -> Result<PathBuf> {
     bootstrap::apt_packages()?;
     ebpf::build()?;
@@ -106,224 +168,6 @@ pub fn sandbox_namespaces(prefix: &str, n: usize) -> Result<Vec<Netns>> {
     Ok(pods)
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Verb {
-    Add,
-    Del,
-}
-
-impl Verb {
-    fn cni(self) -> &'static str {
-        match self {
-            Self::Add => "ADD",
-            Self::Del => "DEL",
-        }
-    }
-
-    fn api(self) -> &'static str {
-        match self {
-            Self::Add => "add",
-            Self::Del => "del",
-        }
-    }
-}
-
-/// One way of wiring a sandbox.
-enum Way<'a> {
-    Reference(Plugin<'a>),
-    Plugin(Plugin<'a>),
-    Api(PathBuf),
-}
-
-impl Way<'_> {
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Reference(_) => "reference",
-            Self::Plugin(_) => "plugin",
-            Self::Api(_) => "api",
-        }
-    }
-
-    fn describe(&self) -> &'static str {
-        match self {
-            Self::Reference(_) => "reference ptp + host-local (exec)",
-            Self::Plugin(_) => "provisioner CNI plugin mode (exec -> daemon)",
-            Self::Api(_) => "provisioner daemon API (socket, no exec)",
-        }
-    }
-
-    /// One call; its latency as the caller sees it. Fails unless it succeeded.
-    fn call(&self, verb: Verb, id: &str, netns: &Path) -> Result<Duration> {
-        match self {
-            Self::Reference(plugin) | Self::Plugin(plugin) => {
-                Ok(plugin.exec_ok(verb.cni(), id, netns)?.elapsed)
-            }
-            Self::Api(socket) => {
-                let request = sandbox_request(verb.api(), id, netns);
-                let started = Instant::now();
-                let response = daemon::call(socket, &request)?;
-                let elapsed = started.elapsed();
-                daemon::ok(response).with_context(|| format!("{} {id}", verb.api()))?;
-                Ok(elapsed)
-            }
-        }
-    }
-
-    fn node(&self) -> Option<&Netns> {
-        match self {
-            Self::Reference(p) | Self::Plugin(p) => Some(p.node),
-            Self::Api(_) => None,
-        }
-    }
-}
-
-/// What one way measured.
-struct WayResults {
-    seq_add: Summary,
-    seq_del: Summary,
-    conc_add: Summary,
-    conc_del: Summary,
-}
-
-fn sequential(way: &Way, verb: Verb, ids: &[String], pods: &[Netns]) -> Result<Summary> {
-    let started = Instant::now();
-    let mut samples = Vec::with_capacity(ids.len());
-    for (id, pod) in ids.iter().zip(pods) {
-        check_interrupted()?;
-        samples.push(way.call(verb, id, pod.path())?);
-    }
-    Ok(Summary::of(&samples, started.elapsed()))
-}
-
-fn concurrent(
-    way: &Way,
-    verb: Verb,
-    ids: &[String],
-    pods: &[Netns],
-    workers: usize,
-) -> Result<Summary> {
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let samples = Mutex::new(Vec::with_capacity(ids.len()));
-    let first_error = Mutex::new(None);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..workers.max(1) {
-            scope.spawn(|| {
-                let mut mine = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= ids.len()
-                        || failed.load(Ordering::SeqCst)
-                        || INTERRUPTED.load(Ordering::SeqCst)
-                    {
-                        break;
-                    }
-                    match way.call(verb, &ids[i], pods[i].path()) {
-                        Ok(d) => mine.push(d),
-                        Err(err) => {
-                            failed.store(true, Ordering::SeqCst);
-                            first_error
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .get_or_insert(err);
-                            break;
-                        }
-                    }
-                }
-                samples
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .extend(mine);
-            });
-        }
-    });
-    let wall = started.elapsed();
-    if let Some(err) = first_error
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-    {
-        return Err(err);
-    }
-    check_interrupted()?;
-    let samples = samples
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    Ok(Summary::of(&samples, wall))
-}
-
-/// Waits until `node` holds no link but `lo` (every veth of the last phase is gone).
-fn settle(node: &Netns) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let links = node.links()?;
-        if links.is_empty() {
-            if started.elapsed() > Duration::from_millis(50) {
-                detail(&format!(
-                    "node settled after {:.0} ms",
-                    started.elapsed().as_secs_f64() * 1e3
-                ));
-            }
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(15) {
-            bail!(
-                "{} links left in node netns {} after DEL: {}",
-                links.len(),
-                node.name(),
-                links.join(" ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn measure_way(way: &Way, pods: &[Netns], opts: &Options) -> Result<WayResults> {
-    let tag = way.name();
-    let n = opts.count;
-    let warm: Vec<String> = (0..WARMUP.min(n)).map(|i| format!("{tag}-w{i}")).collect();
-    for (id, pod) in warm.iter().zip(pods) {
-        way.call(Verb::Add, id, pod.path())?;
-    }
-    for (id, pod) in warm.iter().zip(pods) {
-        way.call(Verb::Del, id, pod.path())?;
-    }
-    let seq_ids: Vec<String> = (0..n).map(|i| format!("{tag}-s{i}")).collect();
-    let conc_ids: Vec<String> = (0..n).map(|i| format!("{tag}-c{i}")).collect();
-
-    announce("bench", &format!("{}: sequential ADD x{n}", way.describe()));
-    let seq_add = sequential(way, Verb::Add, &seq_ids, pods)?;
-    detail(&seq_add.line());
-    announce("bench", &format!("{}: sequential DEL x{n}", way.describe()));
-    let seq_del = sequential(way, Verb::Del, &seq_ids, pods)?;
-    detail(&seq_del.line());
-    if let Some(node) = way.node() {
-        settle(node)?;
-    }
-    let workers = opts.concurrency;
-    announce(
-        "bench",
-        &format!("{}: {workers} concurrent callers, ADD x{n}", way.describe()),
-    );
-    let conc_add = concurrent(way, Verb::Add, &conc_ids, pods, workers)?;
-    detail(&conc_add.line());
-    announce(
-        "bench",
-        &format!("{}: {workers} concurrent callers, DEL x{n}", way.describe()),
-    );
-    let conc_del = concurrent(way, Verb::Del, &conc_ids, pods, workers)?;
-    detail(&conc_del.line());
-    if let Some(node) = way.node() {
-        settle(node)?;
-    }
-    Ok(WayResults {
-        seq_add,
-        seq_del,
-        conc_add,
-        conc_del,
-    })
-}
-
 /// The provisioner network used by the bench's daemon.
 fn provisioner_conflist(socket: &Path) -> Value {
     json!({
@@ -371,8 +215,14 @@ fn write_conf(dir: &Path, conflist: &Value) -> Result<()> {
 }
 
 /// Starts a daemon in `dir` (conf already there) and waits for ready; start-to-ready time.
-fn start_daemon(bin: &Path, node: &Netns, dir: &Path) -> Result<(Daemon, Duration)> {
-    let mut daemon = Daemon::spawn(bin, node, dir, &[])?;
+fn start_daemon(
+    bin: &Path,
+    node: &Netns,
+    dir: &Path,
+    opts: &Options,
+) -> Result<(Daemon, Duration)> {
+    let extra: &[&str] = if opts.no_trace { &["--no-trace"] } else { &[] };
+    let mut daemon = Daemon::spawn(bin, node, dir, extra)?;
     let ready = daemon.wait_ready(Duration::from_secs(10))?;
     Ok((daemon, ready))
 }
@@ -383,7 +233,10 @@ struct DaemonResults {
     rss_idle_kib: u64,
     rss_loaded_kib: u64,
     restart_ready_ms: f64,
+    /// At ready, while the kernel watch may still be loading.
     rss_after_restart_kib: u64,
+    /// 2 s later.
+    rss_after_restart_settled_kib: u64,
     provision: Summary,
 }
 
@@ -402,12 +255,84 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// Everything one run measured, by phase.
+struct Measured {
+    /// Per lane (reference, plugin, api).
+    seq_add: Vec<Samples>,
+    seq_del: Vec<Samples>,
+    conc_add: Vec<Samples>,
+    conc_del: Vec<Samples>,
+    exec_floor: Samples,
+    kernel_add: Samples,
+    kernel_del: Samples,
+}
+
+/// Warms every lane up (first exec, page cache, the daemon's first sandbox) with ids of its
+/// own, in the pods after those the phases use.
+fn warm_up(lanes: &[Lane], n: usize) -> Result<()> {
+    for lane in lanes {
+        let pods = &lane.pods[n..];
+        let ids = ways::ids(lane, "w", WARMUP.min(pods.len()));
+        for verb in [Verb::Add, Verb::Del] {
+            ways::interleaved(
+                std::slice::from_ref(lane),
+                verb,
+                std::slice::from_ref(&ids),
+                WARMUP,
+                1,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs one interleaved phase of every lane and prints a line per lane.
+fn phase(
+    lanes: &[Lane],
+    verb: Verb,
+    tag: &str,
+    n: usize,
+    block: usize,
+    workers: usize,
+) -> Result<Vec<Samples>> {
+    let what = if workers > 1 {
+        format!("{workers} concurrent callers")
+    } else {
+        "sequential".to_owned()
+    };
+    announce(
+        "bench",
+        &format!(
+            "{what}: {verb:?} x{n} per way, interleaved in blocks of {block} ({})",
+            lanes
+                .iter()
+                .map(|l| l.way.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    let ids: Vec<Vec<String>> = lanes.iter().map(|l| ways::ids(l, tag, n)).collect();
+    let out = ways::interleaved(lanes, verb, &ids, block, workers)?;
+    for (lane, samples) in lanes.iter().zip(&out) {
+        detail(&format!(
+            "{:<9} {}",
+            lane.way.name(),
+            Summary::of(samples).line()
+        ));
+    }
+    Ok(out)
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "the run, phase by phase, reads top to bottom"
+)]
 pub fn run(opts: &Options) -> Result<()> {
     require_root("bench")?;
-    if opts.count == 0 {
-        bail!("--count must be at least 1");
+    if opts.count == 0 || opts.concurrent_count == 0 {
+        bail!("--count and --concurrent-count must be at least 1");
     }
-    let bin = build_release()?;
+    let bin = build_dist()?;
     let reference_bin = Path::new(REFERENCE_DIR).join("ptp");
     if !reference_bin.exists() {
         bail!(
@@ -415,6 +340,11 @@ pub fn run(opts: &Options) -> Result<()> {
             reference_bin.display()
         );
     }
+    let components = if opts.no_components {
+        None
+    } else {
+        Some(components::build()?)
+    };
     catch_interrupt();
     let total = Instant::now();
     let load_before = load_average();
@@ -432,25 +362,64 @@ pub fn run(opts: &Options) -> Result<()> {
         .tempdir()?;
     let node_ref = Netns::new("noderef")?;
     let node_prov = Netns::new("nodeprov")?;
-    let n_pods = opts.count.max(opts.sandboxes);
+    let node_floor = Netns::new("nodefloor")?;
+    let per_way = opts.count.max(opts.concurrent_count) + WARMUP;
     let created = Instant::now();
-    let pods = sandbox_namespaces("p", n_pods)?;
+    let pods_ref = sandbox_namespaces("r", per_way)?;
+    let pods_plugin = sandbox_namespaces("p", per_way)?;
+    let pods_api = sandbox_namespaces("a", per_way.max(opts.sandboxes))?;
+    let floor_n = opts.count.min(FLOOR_MAX);
+    let pods_floor = sandbox_namespaces("f", floor_n)?;
     detail(&format!(
-        "node netns {} (reference) and {} (provisioner), {n_pods} sandbox netns in {:.1} s",
-        node_ref.name(),
-        node_prov.name(),
+        "{} sandbox netns in {:.1} s",
+        3 * per_way + floor_n,
         created.elapsed().as_secs_f64()
     ));
 
-    // Reference.
-    let reference_conf = reference_conflist(&tmp.path().join("host-local"));
-    let reference = Way::Reference(Plugin {
-        bin: reference_bin,
+    // Floors first, on a quiet node.
+    announce(
+        "bench",
+        &format!("floor: fork + setns + exec of /bin/true x{}", opts.count),
+    );
+    let true_plugin = Plugin {
+        bin: PathBuf::from("/bin/true"),
         cni_path: REFERENCE_DIR.to_owned(),
-        stdin: cni::plugin_stdin(&reference_conf)?,
-        node: &node_ref,
-    });
-    let ref_results = measure_way(&reference, &pods, opts)?;
+        stdin: b"{}".to_vec(),
+        node: &node_floor,
+    };
+    let true_lane = Lane {
+        way: Way::Reference(true_plugin),
+        pods: &pods_floor,
+    };
+    let true_ids = vec![ways::ids(&true_lane, "t", opts.count.min(pods_floor.len()))];
+    let mut exec_floor = Samples::default();
+    for _ in 0..opts.count.div_ceil(pods_floor.len().max(1)) {
+        exec_floor.extend(
+            ways::interleaved(
+                std::slice::from_ref(&true_lane),
+                Verb::Add,
+                &true_ids,
+                50,
+                1,
+            )?
+            .remove(0),
+        );
+    }
+    detail(&Summary::of(&exec_floor).line());
+    announce(
+        "bench",
+        &format!("floor: the kernel's cost of one ADD's and one DEL's netlink requests x{floor_n}"),
+    );
+    let (kernel_add, kernel_del) = floor::kernel(&node_floor, &pods_floor)?;
+    detail(&format!(
+        "ADD requests: {}",
+        Summary::of(&kernel_add).line()
+    ));
+    detail(&format!(
+        "DEL requests: {}",
+        Summary::of(&kernel_del).line()
+    ));
+    drop(pods_floor);
 
     // provisioner: start-to-ready of fresh daemons first.
     announce(
@@ -464,15 +433,14 @@ pub fn run(opts: &Options) -> Result<()> {
     for i in 0..EXTRA_STARTS {
         let dir = tmp.path().join(format!("start{i}"));
         write_conf(&dir, &provisioner_conflist(&dir.join("provisioner.sock")))?;
-        let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir)?;
+        let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
         fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
         daemon.stop()?;
     }
     let dir = tmp.path().join("daemon");
-    let socket = dir.join("provisioner.sock");
-    let conflist = provisioner_conflist(&socket);
+    let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
     write_conf(&dir, &conflist)?;
-    let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir)?;
+    let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
     fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
     let rss_idle_kib = daemon.rss_kib()?;
     detail(&format!(
@@ -485,32 +453,87 @@ pub fn run(opts: &Options) -> Result<()> {
         mib(rss_idle_kib)
     ));
 
-    let plugin = Way::Plugin(Plugin {
-        bin: bin.clone(),
-        cni_path: REFERENCE_DIR.to_owned(),
-        stdin: cni::plugin_stdin(&conflist)?,
-        node: &node_prov,
-    });
-    let plugin_results = measure_way(&plugin, &pods, opts)?;
-    let api = Way::Api(socket.clone());
-    let api_results = measure_way(&api, &pods, opts)?;
-    settle(&node_prov)?;
+    let measured = {
+        let lanes = [
+            Lane {
+                way: Way::Reference(Plugin {
+                    bin: reference_bin,
+                    cni_path: REFERENCE_DIR.to_owned(),
+                    stdin: cni::plugin_stdin(&reference_conflist(&tmp.path().join("host-local")))?,
+                    node: &node_ref,
+                }),
+                pods: &pods_ref,
+            },
+            Lane {
+                way: Way::Plugin(
+                    Plugin {
+                        bin: bin.clone(),
+                        cni_path: REFERENCE_DIR.to_owned(),
+                        stdin: cni::plugin_stdin(&conflist)?,
+                        node: &node_prov,
+                    },
+                    &daemon,
+                ),
+                pods: &pods_plugin,
+            },
+            Lane {
+                way: Way::Api(&daemon),
+                pods: &pods_api,
+            },
+        ];
+        let n = opts.count;
+        let m = opts.concurrent_count;
+        let c = opts.concurrency;
+        warm_up(&lanes, per_way - WARMUP)?;
+        let seq_add = phase(&lanes, Verb::Add, "s", n, opts.block, 1)?;
+        let seq_del = phase(&lanes, Verb::Del, "s", n, opts.block, 1)?;
+        ways::settle(&node_ref)?;
+        ways::settle(&node_prov)?;
+        let conc_add = phase(&lanes, Verb::Add, "c", m, 4 * opts.block, c)?;
+        let conc_del = phase(&lanes, Verb::Del, "c", m, 4 * opts.block, c)?;
+        ways::settle(&node_ref)?;
+        ways::settle(&node_prov)?;
+        Measured {
+            seq_add,
+            seq_del,
+            conc_add,
+            conc_del,
+            exec_floor,
+            kernel_add,
+            kernel_del,
+        }
+    };
+    drop(pods_ref);
+    drop(pods_plugin);
 
-    // RSS with N sandboxes, then a restart on that state.
+    // RSS with N sandboxes, then a restart on that state, by a daemon started once the other
+    // ways' namespaces are gone: the kernel watch keeps state per namespace of the node, and a
+    // node with N sandboxes does not hold the bench's thousands of other namespaces.
+    daemon.stop()?;
+    ways::settle(&node_prov)?;
+    let dir = tmp.path().join("rss");
+    let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
+    write_conf(&dir, &conflist)?;
+    let (mut daemon, _) = start_daemon(&bin, &node_prov, &dir, opts)?;
     let n = opts.sandboxes;
     announce(
         "bench",
         &format!(
-            "provisioner daemon: RSS with {n} sandboxes ({} callers through the API)",
+            "provisioner daemon (fresh): RSS with {n} sandboxes ({} callers through the API)",
             opts.concurrency
         ),
     );
-    let ids: Vec<String> = (0..n).map(|i| format!("rss-{i}")).collect();
-    let provision = concurrent(&api, Verb::Add, &ids, &pods, opts.concurrency)?;
+    let api_lane = [Lane {
+        way: Way::Api(&daemon),
+        pods: &pods_api,
+    }];
+    let rss_ids = vec![ways::ids(&api_lane[0], "rss", n)];
+    let provision =
+        ways::interleaved(&api_lane, Verb::Add, &rss_ids, n, opts.concurrency)?.remove(0);
     let rss_loaded_kib = daemon.rss_kib()?;
     detail(&format!(
         "provisioned: {}; RSS {:.1} MiB",
-        provision.line(),
+        Summary::of(&provision).line(),
         mib(rss_loaded_kib)
     ));
     announce(
@@ -518,38 +541,47 @@ pub fn run(opts: &Options) -> Result<()> {
         &format!("provisioner daemon: restart with {n} allocations, start to ready"),
     );
     daemon.stop()?;
-    let (mut daemon, restart_ready) = start_daemon(&bin, &node_prov, &dir)?;
+    let (mut daemon, restart_ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
     let rss_after_restart_kib = daemon.rss_kib()?;
     let listed = daemon.request(&json!({"op": "list"}))?;
     let restart_ready_ms = restart_ready.as_secs_f64() * 1e3;
+    // The kernel watch loads in the background after ready: RSS once it settled too.
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_after_restart_settled_kib = daemon.rss_kib()?;
     detail(&format!(
-        "ready after {restart_ready_ms:.1} ms with {} allocations; RSS {:.1} MiB",
+        "ready after {restart_ready_ms:.1} ms with {} allocations; RSS {:.1} MiB at ready, {:.1} MiB 2 s later",
         listed.as_array().map_or(0, Vec::len),
-        mib(rss_after_restart_kib)
+        mib(rss_after_restart_kib),
+        mib(rss_after_restart_settled_kib)
     ));
     announce("bench", &format!("cleanup: DEL of the {n} sandboxes"));
-    concurrent(&api, Verb::Del, &ids, &pods, opts.concurrency)?;
-    settle(&node_prov)?;
+    let api_lane = [Lane {
+        way: Way::Api(&daemon),
+        pods: &pods_api,
+    }];
+    ways::interleaved(&api_lane, Verb::Del, &rss_ids, n, opts.concurrency)?;
+    ways::settle(&node_prov)?;
     daemon.stop()?;
+    drop(pods_api);
     let daemon_results = DaemonResults {
         fresh_starts_ms,
         rss_idle_kib,
         rss_loaded_kib,
         restart_ready_ms,
         rss_after_restart_kib,
-        provision,
+        rss_after_restart_settled_kib,
+        provision: Summary::of(&provision),
+    };
+
+    let component_results = match &components {
+        Some(binary) => Some(components::run(binary)?),
+        None => None,
     };
 
     let load_after = load_average();
     warn_if_busy(load_after);
-    let (latency, daemon_rows) = rows(
-        opts,
-        &ref_results,
-        &plugin_results,
-        &api_results,
-        &daemon_results,
-    );
-    let table = report::table(&latency, &daemon_rows);
+    let (rows, singles) = rows(opts, &measured, &daemon_results, component_results.as_ref());
+    let table = report::table(&rows, &singles);
     announce(
         "bench",
         &format!("results ({:.0} s in all)", total.elapsed().as_secs_f64()),
@@ -558,46 +590,334 @@ pub fn run(opts: &Options) -> Result<()> {
     println!("{table}");
     let out_dir = workspace_root().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
-    let out = out_dir.join("latest.json");
+    let machine = json!({
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpu": cpu_model(),
+        "cpus": cpus(),
+        "load_average_1m_before": load_before,
+        "load_average_1m_after": load_after,
+    });
+    let names = ["reference", "plugin", "api"];
+    let phases = |v: &[Samples]| -> Value {
+        names
+            .iter()
+            .zip(v)
+            .map(|(name, s)| {
+                (
+                    (*name).to_owned(),
+                    json!({ "summary": Summary::of(s).json(), "latencies_ms": stats::raw_ms(s) }),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
     let document = json!({
         "generated_at_unix": std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        "machine": {
-            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-            "cpus": cpus(),
-            "load_average_1m_before": load_before,
-            "load_average_1m_after": load_after,
-        },
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "machine": machine,
         "options": {
             "count": opts.count,
             "concurrency": opts.concurrency,
+            "concurrent_count": opts.concurrent_count,
             "sandboxes": opts.sandboxes,
+            "block": opts.block,
+            "daemon_kernel_watch": !opts.no_trace,
             "subnet": SUBNET,
             "reference": REFERENCE_DIR,
+            "binary": bin,
         },
-        "table": report::json(&latency, &daemon_rows),
+        "table": report::json(&rows, &singles),
         "phases": {
-            "reference": way_json(&ref_results),
-            "plugin": way_json(&plugin_results),
-            "api": way_json(&api_results),
+            "sequential_add": phases(&measured.seq_add),
+            "sequential_del": phases(&measured.seq_del),
+            "concurrent_add": phases(&measured.conc_add),
+            "concurrent_del": phases(&measured.conc_del),
+            "floor_exec_true": Summary::of(&measured.exec_floor).json(),
+            "floor_kernel_add": Summary::of(&measured.kernel_add).json(),
+            "floor_kernel_del": Summary::of(&measured.kernel_del).json(),
             "daemon": {
                 "fresh_start_to_ready_ms": daemon_results.fresh_starts_ms,
                 "rss_idle_kib": daemon_results.rss_idle_kib,
                 "rss_with_sandboxes_kib": daemon_results.rss_loaded_kib,
                 "restart_to_ready_ms": stats::round3(daemon_results.restart_ready_ms),
-                "rss_after_restart_kib": daemon_results.rss_after_restart_kib,
+                "rss_after_restart_at_ready_kib": daemon_results.rss_after_restart_kib,
+                "rss_after_restart_settled_kib": daemon_results.rss_after_restart_settled_kib,
                 "provision_sandboxes": daemon_results.provision.json(),
-            }
+            },
+            "components": component_results.as_ref().map(components::Results::json),
         },
         "wall_s": stats::round3(total.elapsed().as_secs_f64()),
     });
-    std::fs::write(&out, serde_json::to_vec_pretty(&document)?)?;
-    println!("written to {}", out.display());
-    drop(pods);
+    let json_path = opts
+        .json
+        .clone()
+        .unwrap_or_else(|| out_dir.join("latest.json"));
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&document)?)?;
+    let md = out_dir.join("latest.md");
+    std::fs::write(&md, report::markdown(&rows, &singles))?;
+    let plot = out_dir.join("latency.svg");
+    // Reference and plugin mode: the two CNI paths.
+    let mut all = Vec::new();
+    for (v, what, dashed) in [
+        (
+            &measured.seq_add,
+            format!("ADD sequential (N={})", opts.count),
+            false,
+        ),
+        (
+            &measured.conc_add,
+            format!("ADD, {} callers", opts.concurrency),
+            true,
+        ),
+    ] {
+        for ((name, color), s) in names.iter().zip(["#d62728", "#1f77b4"]).zip(v.iter()) {
+            all.push(svg::Series {
+                label: format!("{name}, {what}"),
+                samples: &s.wall,
+                color,
+                dashed,
+            });
+        }
+    }
+    std::fs::write(
+        &plot,
+        svg::cdf(
+            "CNI ADD latency: reference ptp + host-local vs provisioner plugin mode",
+            &all,
+        ),
+    )?;
+    println!(
+        "written: {}, {}, {}",
+        json_path.display(),
+        md.display(),
+        plot.display()
+    );
     drop(node_prov);
     drop(node_ref);
+    drop(node_floor);
     Ok(())
+}
+
+/// The table's rows.
+fn rows(
+    opts: &Options,
+    m: &Measured,
+    daemon: &DaemonResults,
+    components: Option<&components::Results>,
+) -> (Vec<Row>, Vec<Single>) {
+    let sum = |v: &[Samples]| -> Vec<Summary> { v.iter().map(Summary::of).collect() };
+    let (sa, sd, ca) = (sum(&m.seq_add), sum(&m.seq_del), sum(&m.conc_add));
+    let row = |metric: String, unit, s: &[Summary], pick: fn(&Summary) -> f64, target| Row {
+        metric,
+        unit,
+        reference: s.first().map(pick),
+        plugin: s.get(1).map(pick),
+        api: s.get(2).map(pick),
+        cpu: [
+            s.first().map(|x| x.cpu_ms),
+            s.get(1).map(|x| x.cpu_ms),
+            s.get(2).map(|x| x.cpu_ms),
+        ],
+        target,
+    };
+    let n = opts.count;
+    let c = opts.concurrency;
+    let cm = opts.concurrent_count;
+    let total: Vec<Summary> = sa
+        .iter()
+        .zip(&sd)
+        .map(|(a, d)| Summary {
+            wall_s: a.wall_s + d.wall_s,
+            cpu_ms: f64::midpoint(a.cpu_ms, d.cpu_ms),
+            ..*a
+        })
+        .collect();
+    let rows = vec![
+        row(
+            format!("ADD median, N={n} sequential"),
+            "ms",
+            &sa,
+            |s| s.median_ms,
+            Target::Ratio {
+                plugin: 0.2,
+                api_ms: Some(1.0),
+            },
+        ),
+        row(
+            format!("ADD p99, N={n}"),
+            "ms",
+            &sa,
+            |s| s.p99_ms,
+            Target::Ratio {
+                plugin: 0.2,
+                api_ms: None,
+            },
+        ),
+        row(
+            format!("DEL median, N={n} sequential"),
+            "ms",
+            &sd,
+            |s| s.median_ms,
+            Target::Ratio {
+                plugin: 0.2,
+                api_ms: Some(1.0),
+            },
+        ),
+        row(
+            format!("DEL p99, N={n}"),
+            "ms",
+            &sd,
+            |s| s.p99_ms,
+            Target::None,
+        ),
+        row(
+            format!("{n} ADD + DEL, total"),
+            "s",
+            &total,
+            |s| s.wall_s,
+            Target::Ratio {
+                plugin: 0.1,
+                api_ms: None,
+            },
+        ),
+        row(
+            format!("{c} callers, {cm} ADDs, wall"),
+            "s",
+            &ca,
+            |s| s.wall_s,
+            Target::Ratio {
+                plugin: 0.2,
+                api_ms: None,
+            },
+        ),
+        row(
+            format!("{c} callers, ADD p99"),
+            "ms",
+            &ca,
+            |s| s.p99_ms,
+            Target::Ratio {
+                plugin: 0.2,
+                api_ms: None,
+            },
+        ),
+        row(
+            format!("{c} callers, ADD median"),
+            "ms",
+            &ca,
+            |s| s.median_ms,
+            Target::None,
+        ),
+    ];
+    let floor = |metric: &str, s: &Samples| {
+        let s = Summary::of(s);
+        Single {
+            metric: format!("floor: {metric} (median; p99 {:.2} ms)", s.p99_ms),
+            unit: "ms",
+            value: s.median_ms,
+            cpu_ms: Some(s.cpu_ms),
+            target: Target::None,
+            note: None,
+        }
+    };
+    let partial = (opts.sandboxes < 1000).then(|| {
+        format!(
+            "measured with {} sandboxes; the target is for 1000: --sandboxes 1000",
+            opts.sandboxes
+        )
+    });
+    let single = |metric: String, unit, value, target, note| Single {
+        metric,
+        unit,
+        value,
+        cpu_ms: None,
+        target,
+        note,
+    };
+    let mut singles = vec![
+        floor("fork + exec of /bin/true", &m.exec_floor),
+        floor("kernel, one ADD's netlink requests", &m.kernel_add),
+        floor("kernel, one DEL's netlink requests", &m.kernel_del),
+        single(
+            "daemon RSS, no sandbox".to_owned(),
+            "MiB",
+            mib(daemon.rss_idle_kib),
+            Target::None,
+            None,
+        ),
+        single(
+            format!("daemon RSS, {} sandboxes", opts.sandboxes),
+            "MiB",
+            mib(daemon.rss_loaded_kib),
+            Target::AtMost(30.0),
+            partial.clone(),
+        ),
+        single(
+            format!(
+                "daemon RSS after restart, {} allocations, at ready",
+                opts.sandboxes
+            ),
+            "MiB",
+            mib(daemon.rss_after_restart_kib),
+            Target::None,
+            Some("the kernel watch may still be loading".to_owned()),
+        ),
+        single(
+            format!(
+                "daemon RSS after restart, {} allocations, 2 s later",
+                opts.sandboxes
+            ),
+            "MiB",
+            mib(daemon.rss_after_restart_settled_kib),
+            Target::AtMost(30.0),
+            partial.clone(),
+        ),
+        single(
+            format!(
+                "start to ready, fresh (median of {})",
+                daemon.fresh_starts_ms.len()
+            ),
+            "ms",
+            median(&daemon.fresh_starts_ms),
+            Target::AtMost(500.0),
+            None,
+        ),
+        single(
+            format!("start to ready, {} allocations", opts.sandboxes),
+            "ms",
+            daemon.restart_ready_ms,
+            Target::AtMost(500.0),
+            partial,
+        ),
+        single(
+            format!(
+                "API ADD p99 filling to {} ({} callers)",
+                opts.sandboxes, opts.concurrency
+            ),
+            "ms",
+            daemon.provision.p99_ms,
+            Target::None,
+            Some(format!(
+                "median {:.2} ms, {:.1} s for all",
+                daemon.provision.median_ms, daemon.provision.wall_s
+            )),
+        ),
+    ];
+    if let Some(components) = components {
+        singles.extend(components.singles());
+    }
+    (rows, singles)
+}
+
+/// The CPU model, from /proc/cpuinfo.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_default()
 }
 
 fn cpus() -> usize {
@@ -625,151 +945,4 @@ fn warn_if_busy(load: Option<f64>) {
             cpus()
         ));
     }
-}
-
-fn way_json(r: &WayResults) -> Value {
-    json!({
-        "sequential_add": r.seq_add.json(),
-        "sequential_del": r.seq_del.json(),
-        "concurrent_add": r.conc_add.json(),
-        "concurrent_del": r.conc_del.json(),
-    })
-}
-
-fn rows(
-    opts: &Options,
-    reference: &WayResults,
-    plugin: &WayResults,
-    api: &WayResults,
-    daemon: &DaemonResults,
-) -> (Vec<LatencyRow>, Vec<DaemonRow>) {
-    let row = |metric: String,
-               pick: fn(&WayResults) -> f64,
-               target: &'static str,
-               checks: Vec<Check>| LatencyRow {
-        metric,
-        reference: Some(pick(reference)),
-        plugin: Some(pick(plugin)),
-        api: Some(pick(api)),
-        target,
-        checks,
-    };
-    let n = opts.count;
-    let c = opts.concurrency;
-    let latency = vec![
-        row(
-            format!("ADD median (seq, N={n})"),
-            |r| r.seq_add.median_ms,
-            "plugin >=5x; api <1 ms",
-            vec![Check::PluginRatioAtLeast(5.0), Check::ApiBelow(1.0)],
-        ),
-        row(
-            format!("ADD p99 (seq, N={n})"),
-            |r| r.seq_add.p99_ms,
-            "",
-            vec![],
-        ),
-        row(
-            format!("DEL median (seq, N={n})"),
-            |r| r.seq_del.median_ms,
-            "plugin >=5x",
-            vec![Check::PluginRatioAtLeast(5.0)],
-        ),
-        row(
-            format!("DEL p99 (seq, N={n})"),
-            |r| r.seq_del.p99_ms,
-            "",
-            vec![],
-        ),
-        row(
-            format!("ADD median ({c} callers)"),
-            |r| r.conc_add.median_ms,
-            "",
-            vec![],
-        ),
-        row(
-            format!("ADD p99 ({c} callers)"),
-            |r| r.conc_add.p99_ms,
-            "p99 <10 ms",
-            vec![Check::PluginBelow(10.0), Check::ApiBelow(10.0)],
-        ),
-        row(
-            format!("DEL median ({c} callers)"),
-            |r| r.conc_del.median_ms,
-            "",
-            vec![],
-        ),
-        row(
-            format!("DEL p99 ({c} callers)"),
-            |r| r.conc_del.p99_ms,
-            "",
-            vec![],
-        ),
-    ];
-    let partial = (opts.sandboxes < 1000).then(|| {
-        format!(
-            "measured with {} sandboxes; the target is for 1000: --sandboxes 1000",
-            opts.sandboxes
-        )
-    });
-    let daemon_rows = vec![
-        DaemonRow {
-            metric: "RSS, no sandbox".to_owned(),
-            unit: "MiB",
-            value: Some(mib(daemon.rss_idle_kib)),
-            target: "",
-            checks: vec![],
-            note: None,
-        },
-        DaemonRow {
-            metric: format!("RSS, {} sandboxes", opts.sandboxes),
-            unit: "MiB",
-            value: Some(mib(daemon.rss_loaded_kib)),
-            target: "<30 MB with 1000",
-            checks: vec![Check::ValueBelow(30.0)],
-            note: partial.clone(),
-        },
-        DaemonRow {
-            metric: format!("RSS after restart, {} allocations", opts.sandboxes),
-            unit: "MiB",
-            value: Some(mib(daemon.rss_after_restart_kib)),
-            target: "",
-            checks: vec![],
-            note: None,
-        },
-        DaemonRow {
-            metric: format!(
-                "API ADD p99 filling to {} ({} callers)",
-                opts.sandboxes, opts.concurrency
-            ),
-            unit: "ms",
-            value: Some(daemon.provision.p99_ms),
-            target: "(p99 <10 ms)",
-            checks: vec![],
-            note: Some(format!(
-                "median {:.2} ms, {:.1} s for all",
-                daemon.provision.median_ms, daemon.provision.wall_s
-            )),
-        },
-        DaemonRow {
-            metric: format!(
-                "start to ready, fresh (median of {})",
-                daemon.fresh_starts_ms.len()
-            ),
-            unit: "ms",
-            value: Some(median(&daemon.fresh_starts_ms)),
-            target: "<500 ms",
-            checks: vec![Check::ValueBelow(500.0)],
-            note: None,
-        },
-        DaemonRow {
-            metric: format!("start to ready, {} allocations", opts.sandboxes),
-            unit: "ms",
-            value: Some(daemon.restart_ready_ms),
-            target: "<500 ms",
-            checks: vec![Check::ValueBelow(500.0)],
-            note: partial,
-        },
-    ];
-    (latency, daemon_rows)
 }

@@ -603,7 +603,7 @@ fn show_ip(netns: &Netns, args: &[&str]) -> Result<()> {
 fn ping(netns: &Netns, args: &[&str]) -> Result<()> {
     let mut cmd = Command::new("ping");
     cmd.args(["-c", "1", "-W", "2"]).args(args);
-    netns.enter(&mut cmd);
+    netns.enter(&mut cmd)?;
     let out = cmd.output().context("run ping")?;
     let text = String::from_utf8_lossy(&out.stdout);
     for line in text

@@ -32,18 +32,35 @@ enum Command {
     },
     /// Measure provisioner side by side with the reference ptp + host-local plugins (needs root).
     Bench {
-        /// Sandboxes per sequential and per concurrent phase.
+        /// Sandboxes of the sequential phases (ADD of each, then DEL of each), per way.
         #[arg(long, default_value_t = 100)]
         count: usize,
         /// Concurrent callers.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
+        /// ADDs (then DELs) of the concurrent phase, per way.
+        #[arg(long, default_value_t = 400)]
+        concurrent_count: usize,
         /// Sandboxes provisioned when measuring the daemon's RSS (the target is for 1000).
         #[arg(long, default_value_t = 100)]
         sandboxes: usize,
+        /// Calls per way per block of a sequential phase; ways alternate block by block.
+        #[arg(long, default_value_t = 50)]
+        block: usize,
+        /// Write every figure to this JSON file (default target/bench/latest.json).
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// Skip the components measured alone (allocator, dataplane).
+        #[arg(long)]
+        no_components: bool,
+        /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
+        #[arg(long)]
+        no_trace: bool,
     },
     /// Build, then wire sandboxes in private namespaces and show them (needs root).
     Demo,
+    /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
+    BuildRelease,
 }
 
 fn main() -> Result<()> {
@@ -56,12 +73,23 @@ fn main() -> Result<()> {
         Command::Bench {
             count,
             concurrency,
+            concurrent_count,
             sandboxes,
+            block,
+            json,
+            no_components,
+            no_trace,
         } => bench::run(&bench::Options {
             count,
             concurrency,
+            concurrent_count,
             sandboxes,
+            block,
+            json,
+            no_components,
+            no_trace,
         }),
         Command::Demo => demo::run(),
+        Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
     }
 }

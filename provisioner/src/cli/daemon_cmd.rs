@@ -78,6 +78,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             rules: SandboxRules::default(),
         })
     };
+    limit_malloc_arenas();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -91,4 +92,16 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         metrics_addr: args.metrics_addr,
         trace,
     }))
+}
+
+/// glibc gives threads that allocate at the same time arenas of their own (up to 8 per CPU) and
+/// keeps their free pages: with the daemon's ~20 threads (tokio, blocking pool, netns workers,
+/// committer, reaper, tracer) that doubled its RSS (40 MiB instead of 24 MiB with 1000 sandboxes
+/// and the kernel watch on). Two arenas, set before any thread starts.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes an allocator parameter; no other thread runs yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }

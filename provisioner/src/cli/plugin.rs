@@ -1,5 +1,10 @@
 //! CNI plugin mode: the binary runs as a plugin whenever CNI_COMMAND is set, and forwards each
 //! verb to the daemon over its socket.
+//!
+//! A runtime execs this once per ADD and DEL, so the path from `main` to the socket is kept as
+//! short as a C program's: no async runtime, no logging setup, no argument parsing; read stdin
+//! (one read, and one to see EOF), connect, one write, one read, print. The release build is
+//! static and non-PIE (`cargo xtask build-release`): no dynamic loader, no relocations.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -14,6 +19,8 @@ use provisioner::daemon::client::{self, ClientError};
 
 /// How long a verb may take in the daemon before the plugin gives up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Room for a network config in one read (std reads at most 8 KiB a call at first, more after).
+const STDIN_CAPACITY: usize = 64 * 1024;
 
 struct DaemonBackend;
 
@@ -128,9 +135,9 @@ impl PluginBackend for DaemonBackend {
 }
 
 pub fn main() -> ExitCode {
-    let mut stdin = Vec::new();
+    let mut stdin = Vec::with_capacity(STDIN_CAPACITY);
     // An unreadable stdin is reported by run_plugin as an undecodable config.
-    let _ = std::io::stdin().read_to_end(&mut stdin);
+    let _ = std::io::stdin().lock().read_to_end(&mut stdin);
     let output = run_plugin(std::env::vars(), &stdin, &DaemonBackend);
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(&output.stdout);

@@ -172,6 +172,7 @@ impl DaemonState {
                 }
             }
         }
+        return_freed_memory();
         *active = Some(Active { loaded, service });
         self.metrics.ready.set(1);
     }
@@ -252,5 +253,16 @@ impl DaemonState {
             socket: self.paths.socket.clone(),
             data_dir: self.paths.data_dir.clone(),
         }
+    }
+}
+
+/// Reconciliation reads every host link and every allocation at once; glibc keeps the pages it
+/// frees afterwards in its arenas (RSS 24 instead of 11 MiB after a restart with 1000 sandboxes,
+/// kernel watch off): give them back.
+fn return_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

@@ -66,12 +66,18 @@ async fn check_sandbox(
             }
         }
     };
-    if let Some(l) = expect_link(conn, &spec.ifname, spec.mtu, &mut problems).await {
+    // `lo` and the interface at once (plain requests); then its addresses and routes (dumps,
+    // which take turns on one socket).
+    let (l, lo) = futures::join!(
+        expect_link(conn, &spec.ifname, spec.mtu, &mut problems),
+        link::by_name(conn, "lo")
+    );
+    if let Some(l) = l {
         let want: Vec<_> = plan.families.iter().map(|f| f.pod).collect();
         check_addresses(conn, &l, &want, &mut problems).await;
         check_routes(conn, &l, &plan.sandbox_routes, &mut problems).await;
     }
-    if let Ok(Some(lo)) = link::by_name(conn, "lo").await
+    if let Ok(Some(lo)) = lo
         && !lo.up
     {
         problems.push(format!("link lo is down in netns {sbx_label}"));
@@ -173,7 +179,10 @@ async fn check_addresses(
 }
 
 async fn check_routes(conn: &Conn, l: &Link, want: &[route::Route], problems: &mut Vec<String>) {
-    match route::list_main_via(conn, l.index).await {
+    // Only the families a route is expected in.
+    let v4 = want.iter().any(|r| r.dst.is_ipv4());
+    let v6 = want.iter().any(|r| r.dst.is_ipv6());
+    match route::list_main_via_families(conn, l.index, v4, v6).await {
         Err(e) => problems.push(e.to_string()),
         Ok(have) => {
             for w in want {

@@ -81,19 +81,37 @@ pub(crate) async fn by_name(conn: &Conn, name: &str) -> Result<Option<Link>, Dat
     }
 }
 
+/// A random locally administered unicast MAC address; `None` if the kernel gives no randomness.
+pub(crate) fn random_mac() -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    // SAFETY: getrandom writes at most `mac.len()` bytes into `mac`.
+    let n = unsafe { libc::getrandom(mac.as_mut_ptr().cast(), mac.len(), 0) };
+    if usize::try_from(n).ok() != Some(mac.len()) {
+        return None;
+    }
+    mac[0] = (mac[0] & 0xfe) | 0x02;
+    Some(mac)
+}
+
 /// Creates the veth pair `host_name` (in `conn`'s netns) <-> `peer_name` created directly in the
-/// netns `peer_netns_fd`, both with `mtu`, both down.
+/// netns `peer_netns_fd`, both with `mtu`, both down, the peer with `peer_mac` if given. Returns
+/// the host link as the kernel echoed it (with the peer's index in `peer_index`), or `None` when
+/// the kernel echoes nothing (Linux < 6.3): then look both ends up.
 pub(crate) async fn create_veth(
     conn: &Conn,
     host_name: &str,
     peer_name: &str,
     peer_netns_fd: RawFd,
     mtu: Option<u32>,
-) -> Result<(), DataplaneError> {
+    peer_mac: Option<[u8; 6]>,
+) -> Result<Option<Link>, DataplaneError> {
     let mut peer = LinkMessage::default();
     peer.attributes
         .push(LinkAttribute::IfName(peer_name.to_owned()));
     peer.attributes.push(LinkAttribute::NetNsFd(peer_netns_fd));
+    if let Some(mac) = peer_mac {
+        peer.attributes.push(LinkAttribute::Address(mac.to_vec()));
+    }
     let mut msg = LinkMessage::default();
     msg.attributes
         .push(LinkAttribute::IfName(host_name.to_owned()));
@@ -105,12 +123,20 @@ pub(crate) async fn create_veth(
         LinkInfo::Kind(InfoKind::Veth),
         LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
     ]));
-    conn.ack(
-        RouteNetlinkMessage::NewLink(msg),
-        NLM_F_CREATE | NLM_F_EXCL,
-        &format!("create veth {host_name} with peer {peer_name}"),
-    )
-    .await
+    let echoed = conn
+        .ack_echo(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("create veth {host_name} with peer {peer_name}"),
+        )
+        .await?;
+    Ok(echoed.iter().find_map(|m| match m {
+        RouteNetlinkMessage::NewLink(l) => {
+            let link = parse_link(l);
+            (link.name == host_name && link.peer_index.is_some()).then_some(link)
+        }
+        _ => None,
+    }))
 }
 
 /// Sets the link `index` (named `name` in messages) up.

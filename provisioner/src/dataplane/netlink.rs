@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_ECHO, NLM_F_REQUEST, NetlinkMessage,
+    NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::protocols::NETLINK_ROUTE;
@@ -130,6 +131,36 @@ impl Conn {
     ) -> Result<(), DataplaneError> {
         let mut results = self.batch(vec![Req::new(msg, extra_flags, op)]).await;
         results.pop().unwrap_or(Ok(()))
+    }
+
+    /// Sends one request with `NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO | extra_flags`, waits for
+    /// the ack and returns what the kernel echoed before it (e.g. the link it created, Linux
+    /// >= 6.3; empty on older kernels).
+    pub(crate) async fn ack_echo(
+        &self,
+        msg: RouteNetlinkMessage,
+        extra_flags: u16,
+        op: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>, DataplaneError> {
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO | extra_flags;
+        let mut handle = self.handle.clone();
+        let mut replies = handle
+            .request(req)
+            .map_err(|e| self.nl_err(op, io::Error::other(e.to_string())))?;
+        let mut echoed = Vec::new();
+        while let Some(reply) = replies.next().await {
+            match reply.payload {
+                NetlinkPayload::Error(e) => {
+                    if let Some(code) = e.code {
+                        return Err(self.nl_err(op, io::Error::from_raw_os_error(-code.get())));
+                    }
+                }
+                NetlinkPayload::InnerMessage(m) => echoed.push(m),
+                _ => {}
+            }
+        }
+        Ok(echoed)
     }
 
     /// Sends every request before awaiting any ack (one round trip for the lot; the kernel

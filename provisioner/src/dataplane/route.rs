@@ -164,21 +164,38 @@ pub(crate) async fn list_main_via(
     conn: &Conn,
     oif: u32,
 ) -> Result<Vec<FoundRoute>, DataplaneError> {
-    let routes = list_main_filtered(conn, Some(oif)).await?;
+    list_main_via_families(conn, oif, true, true).await
+}
+
+/// [`list_main_via`] for the IPv4 and / or IPv6 routes only (one dump per family asked for).
+pub(crate) async fn list_main_via_families(
+    conn: &Conn,
+    oif: u32,
+    v4: bool,
+    v6: bool,
+) -> Result<Vec<FoundRoute>, DataplaneError> {
+    let routes = list_main_filtered(conn, Some(oif), v4, v6).await?;
     Ok(routes.into_iter().filter(|r| r.oif == Some(oif)).collect())
 }
 
 /// Every unicast route of the main table (both families).
 pub(crate) async fn list_main(conn: &Conn) -> Result<Vec<FoundRoute>, DataplaneError> {
-    list_main_filtered(conn, None).await
+    list_main_filtered(conn, None, true, true).await
 }
 
 async fn list_main_filtered(
     conn: &Conn,
     oif: Option<u32>,
+    v4: bool,
+    v6: bool,
 ) -> Result<Vec<FoundRoute>, DataplaneError> {
     let mut out = Vec::new();
-    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+    let families = [(v4, AddressFamily::Inet), (v6, AddressFamily::Inet6)];
+    for family in families
+        .into_iter()
+        .filter(|(asked, _)| *asked)
+        .map(|(_, f)| f)
+    {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
         req.header.table = RouteHeader::RT_TABLE_MAIN;

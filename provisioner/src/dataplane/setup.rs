@@ -312,20 +312,44 @@ impl Run<'_> {
                     DataplaneError::InvalidSpec("no netns".into()),
                 )
             })?;
-        if let Err(e) = link::create_veth(host, host_ifname, ifname, fd, self.spec.mtu).await {
-            if e.errno() == Some(libc::EEXIST) {
-                // One of the names exists: name it (nothing was created).
-                let host_exists = matches!(link::by_name(host, host_ifname).await, Ok(Some(_)));
-                return Err((
-                    S::CheckNames,
-                    if host_exists {
-                        exists(host_ifname, host.netns())
-                    } else {
-                        exists(ifname, conn.netns())
-                    },
-                ));
-            }
-            return Err((S::CreateVeth, e));
+        // The sandbox end's MAC is chosen here, so that with the kernel's echo of the host end
+        // (which names the peer's index) nothing needs looking up after the creation.
+        let sbx_mac = link::random_mac();
+        let echoed =
+            match link::create_veth(host, host_ifname, ifname, fd, self.spec.mtu, sbx_mac).await {
+                Ok(echoed) => echoed,
+                Err(e) if e.errno() == Some(libc::EEXIST) => {
+                    // One of the names exists: name it (nothing was created).
+                    let host_exists = matches!(link::by_name(host, host_ifname).await, Ok(Some(_)));
+                    return Err((
+                        S::CheckNames,
+                        if host_exists {
+                            exists(host_ifname, host.netns())
+                        } else {
+                            exists(ifname, conn.netns())
+                        },
+                    ));
+                }
+                Err(e) => return Err((S::CreateVeth, e)),
+            };
+        if let (Some(host_link), Some(mac)) = (echoed, sbx_mac)
+            && let Some(peer) = host_link.peer_index
+        {
+            self.undo.push(Undo::HostLink {
+                index: host_link.index,
+                name: host_ifname.clone(),
+            });
+            let sbx_link = Link {
+                index: peer,
+                name: ifname.clone(),
+                mac: link::format_mac(&mac),
+                mtu: self.spec.mtu,
+                up: false,
+                peer_index: Some(host_link.index),
+                // Not needed by setup (only index and MAC are), so not looked up.
+                peer_netnsid: None,
+            };
+            return Ok((host_link, sbx_link));
         }
         let (host_link, sbx_link) = futures::join!(
             link::by_name(host, host_ifname),

@@ -35,11 +35,28 @@
 //!
 //! Reads (`get`, `list`, `count`) are redb read transactions: snapshots of the last commit that
 //! never wait for the committer.
+//!
+//! # Reserving before durability
+//!
+//! [`Allocator::reserve`] is `allocate` in two stages, so that a caller can do its kernel work
+//! while the fsync runs: the committer answers with the picked addresses as soon as its batch is
+//! applied (every later operation sees them: they are in the transaction being committed), then
+//! commits and reports durability through [`Reservation::durable`]. The caller must not answer
+//! its own client before `durable` says so. If the commit fails, the reservation is not on disk
+//! and the caller must undo what it did with the addresses. The allocator then refuses every
+//! later write until it is reopened (redb itself does the same after a failed commit): the
+//! addresses are free in the store while the caller's kernel objects may still route them, so
+//! handing them out again would give them two owners. A crash between the two stages leaves
+//! nothing on disk:
+//! after a restart the address is free, and the runtime's retry (DEL, or the next ADD of the key)
+//! must remove the kernel objects the crashed ADD created.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
 
 use ipnetwork::IpNetwork;
 use redb::{ReadableTable, ReadableTableMetadata};
@@ -70,6 +87,12 @@ struct Core {
     store: Store,
     network: String,
     ranges: RangeSets,
+    /// Set when a commit with reservations failed (see the module doc): every later write is
+    /// refused with this reason.
+    broken: Mutex<Option<String>>,
+    /// Test hook: the next commit with reservations fails.
+    #[cfg(test)]
+    fail_next_staged_commit: std::sync::atomic::AtomicBool,
 }
 
 /// A write operation queued for the committer.
@@ -90,7 +113,89 @@ type Outcome = Result<Done, IpamError>;
 
 struct Request {
     op: Op,
-    reply: mpsc::SyncSender<Outcome>,
+    reply: Reply,
+}
+
+/// How the committer answers one request.
+enum Reply {
+    /// Once, after the commit (`allocate`, `release`).
+    Durable(mpsc::SyncSender<Outcome>),
+    /// The outcome as soon as the batch is applied, then whether its commit made it durable
+    /// (`reserve`).
+    Staged {
+        /// The outcome, and whether this operation wrote it (a new allocation).
+        applied: mpsc::SyncSender<(Outcome, bool)>,
+        durable: oneshot::Sender<Result<(), IpamError>>,
+    },
+}
+
+impl Reply {
+    /// Answers with `reason` (the allocator refuses writes).
+    fn refuse(self, path: &Path, reason: &str) {
+        match self {
+            Reply::Durable(reply) => {
+                let _ = reply.send(Err(broken_error(path, reason)));
+            }
+            Reply::Staged { applied, .. } => {
+                let _ = applied.send((Err(broken_error(path, reason)), false));
+            }
+        }
+    }
+}
+
+/// An allocation answered before it is durable (see [`Allocator::reserve`]).
+#[derive(Debug)]
+pub struct Reservation {
+    allocation: Allocation,
+    new: bool,
+    durable: oneshot::Receiver<Result<(), IpamError>>,
+    store: PathBuf,
+}
+
+impl Reservation {
+    /// A reservation that is already durable (an existing allocation; fakes in tests).
+    pub fn durable_already(allocation: Allocation, new: bool, store: &Path) -> Self {
+        let (tx, durable) = oneshot::channel();
+        // The receiver is in hand: this cannot fail.
+        let _ = tx.send(Ok(()));
+        Self {
+            allocation,
+            new,
+            durable,
+            store: store.to_path_buf(),
+        }
+    }
+
+    /// The addresses, usable at once (nothing else is handed them).
+    pub fn allocation(&self) -> &Allocation {
+        &self.allocation
+    }
+
+    /// Whether this call created the allocation (`false`: the key already had it).
+    pub fn is_new(&self) -> bool {
+        self.new
+    }
+
+    /// Waits until the allocation is on disk. An error means it never will be: undo what was
+    /// done with the addresses.
+    pub async fn durable(self) -> Result<Allocation, IpamError> {
+        let store = self.store;
+        let answer = self
+            .durable
+            .await
+            .map_err(|_| stopped_error(&store, "committer stopped before committing"))?;
+        answer.map(|()| self.allocation)
+    }
+
+    /// [`Self::durable`] for synchronous callers (not from inside an async runtime).
+    pub fn wait_durable(self) -> Result<Allocation, IpamError> {
+        let store = self.store;
+        let answer = self
+            .durable
+            .blocking_recv()
+            .map_err(|_| stopped_error(&store, "committer stopped before committing"))?;
+        answer.map(|()| self.allocation)
+    }
 }
 
 /// What [`Allocator::open`] found in the store.
@@ -181,6 +286,9 @@ impl Allocator {
             store,
             network: network.to_string(),
             ranges: ranges.clone(),
+            broken: Mutex::new(None),
+            #[cfg(test)]
+            fail_next_staged_commit: std::sync::atomic::AtomicBool::new(false),
         });
         let (queue, rx) = mpsc::channel();
         let committer = {
@@ -223,6 +331,41 @@ impl Allocator {
         }
     }
 
+    /// Like [`Self::allocate`], but answers as soon as the addresses are chosen, before they are
+    /// on disk: the caller can wire them while the commit runs, and must then await
+    /// [`Reservation::durable`] before it reports success (see the module doc). An existing
+    /// allocation comes back at once, already durable.
+    pub fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        let store = self.core.store.path().to_path_buf();
+        if let Some(existing) = self.get(key)? {
+            return Ok(Reservation::durable_already(existing, false, &store));
+        }
+        let (applied, answer) = mpsc::sync_channel(1);
+        let (durable_tx, durable) = oneshot::channel();
+        self.enqueue(Request {
+            op: Op::Allocate(key.clone()),
+            reply: Reply::Staged {
+                applied,
+                durable: durable_tx,
+            },
+        })?;
+        let (outcome, new) = answer.recv().map_err(|_| {
+            self.core
+                .stopped("committer thread stopped before answering")
+        })?;
+        match outcome? {
+            // An existing allocation may come from an earlier operation of the same batch:
+            // waiting for the batch's commit covers that case too.
+            Done::Allocated(allocation) => Ok(Reservation {
+                allocation,
+                new,
+                durable,
+                store,
+            }),
+            Done::Released(_) => Err(self.core.stopped("answered reserve with a release")),
+        }
+    }
+
     /// Releases the allocation of `key` durably. Unknown keys are `Ok(None)`.
     pub fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
         // DEL is often repeated; an unknown key needs no write transaction.
@@ -238,17 +381,24 @@ impl Allocator {
     /// Queues `op` for the committer and waits for its durable answer.
     fn submit(&self, op: Op) -> Outcome {
         let (reply, answer) = mpsc::sync_channel(1);
+        self.enqueue(Request {
+            op,
+            reply: Reply::Durable(reply),
+        })?;
+        answer.recv().map_err(|_| {
+            self.core
+                .stopped("committer thread stopped before answering")
+        })?
+    }
+
+    fn enqueue(&self, request: Request) -> Result<(), IpamError> {
         let queue = self
             .queue
             .as_ref()
             .ok_or_else(|| self.core.stopped("allocator is shutting down"))?;
         queue
-            .send(Request { op, reply })
-            .map_err(|_| self.core.stopped("committer thread has stopped"))?;
-        answer.recv().map_err(|_| {
-            self.core
-                .stopped("committer thread stopped before answering")
-        })?
+            .send(request)
+            .map_err(|_| self.core.stopped("committer thread has stopped"))
     }
 
     /// Runs `ops` as the committer would run one batch of them (test hook).
@@ -307,6 +457,14 @@ impl Drop for Allocator {
             tracing::error!(network = %self.core.network, "ipam committer thread panicked");
         }
     }
+}
+
+fn broken_error(path: &Path, reason: &str) -> IpamError {
+    core_error(path, "refused", std::io::Error::other(reason.to_owned()))
+}
+
+fn stopped_error(path: &Path, why: &'static str) -> IpamError {
+    core_error(path, "group commit", std::io::Error::other(why))
 }
 
 fn core_error(path: &Path, op: &'static str, e: std::io::Error) -> IpamError {
@@ -382,11 +540,7 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
 impl Core {
     /// The error a caller gets when the committer cannot answer.
     fn stopped(&self, why: &'static str) -> IpamError {
-        core_error(
-            self.store.path(),
-            "group commit",
-            std::io::Error::other(why),
-        )
+        stopped_error(self.store.path(), why)
     }
 
     /// The committer: one batch of queued operations per transaction until the queue is closed
@@ -401,13 +555,117 @@ impl Core {
                     Err(_) => break,
                 }
             }
-            let (ops, replies): (Vec<Op>, Vec<_>) =
-                batch.drain(..).map(|r| (r.op, r.reply)).unzip();
-            let outcomes = self.run(&ops);
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // A caller blocks on its answer until it comes; it cannot have gone away.
-                let _ = reply.send(outcome);
+            let broken = self
+                .broken
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            if let Some(reason) = broken {
+                for request in batch.drain(..) {
+                    request.reply.refuse(self.store.path(), &reason);
+                }
+            } else if batch.iter().all(|r| matches!(r.reply, Reply::Durable(_))) {
+                let (ops, replies): (Vec<Op>, Vec<_>) =
+                    batch.drain(..).map(|r| (r.op, r.reply)).unzip();
+                for (reply, outcome) in replies.into_iter().zip(self.run(&ops)) {
+                    if let Reply::Durable(reply) = reply {
+                        // A caller blocks on its answer until it comes; it cannot have gone away.
+                        let _ = reply.send(outcome);
+                    }
+                }
+            } else {
+                self.run_staged(std::mem::take(&mut batch));
             }
+        }
+    }
+
+    /// A batch with reservations: applied, reservations answered, then committed. If applying
+    /// fails nothing was answered and every request runs alone; if the commit fails, the
+    /// reservations learn it, the allocator refuses every later write, and so do the other
+    /// requests of the batch.
+    fn run_staged(&self, batch: Vec<Request>) {
+        let ops: Vec<Op> = batch.iter().map(|r| r.op.clone()).collect();
+        let (txn, outcomes, wrote) = match self.apply(&ops) {
+            Ok(applied) => applied,
+            Err(e) => {
+                tracing::warn!(network = %self.network, error = %e, ops = ops.len(),
+                    "ipam batch failed; running its operations one by one");
+                for request in batch {
+                    self.run_staged_alone(request);
+                }
+                return;
+            }
+        };
+        let mut waiting = Vec::new();
+        let mut retry = Vec::new();
+        let dirty = wrote.iter().any(|w| *w);
+        for ((request, outcome), wrote) in batch.into_iter().zip(outcomes).zip(wrote) {
+            match request.reply {
+                Reply::Staged { applied, durable } => {
+                    let new = wrote && matches!(outcome, Ok(Done::Allocated(_)));
+                    let _ = applied.send((outcome, new));
+                    waiting.push(durable);
+                }
+                Reply::Durable(reply) => retry.push((request.op, reply, outcome)),
+            }
+        }
+        let committed = if dirty {
+            self.commit_staged(txn)
+        } else {
+            Ok(())
+        };
+        match committed {
+            Ok(()) => {
+                for durable in waiting {
+                    let _ = durable.send(Ok(()));
+                }
+                for (_, reply, outcome) in retry {
+                    let _ = reply.send(outcome);
+                }
+            }
+            Err(e) => {
+                let reason = format!(
+                    "a commit failed after reservations were answered ({e}); reopen the store \
+                     (restart the daemon) once the kernel state of those reservations is undone"
+                );
+                tracing::error!(network = %self.network, error = %e,
+                    "ipam commit failed after reservations were answered: refusing writes until reopened");
+                *self.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.clone());
+                for durable in waiting {
+                    let _ = durable.send(Err(broken_error(self.store.path(), &reason)));
+                }
+                for (_, reply, _) in retry {
+                    let _ = reply.send(Err(broken_error(self.store.path(), &reason)));
+                }
+            }
+        }
+    }
+
+    fn commit_staged(&self, txn: redb::WriteTransaction) -> Result<(), IpamError> {
+        #[cfg(test)]
+        if self
+            .fail_next_staged_commit
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            drop(txn);
+            return Err(self.stopped("injected commit failure"));
+        }
+        self.store.commit(txn)
+    }
+
+    /// One request in a transaction of its own, answered in its own stages.
+    fn run_staged_alone(&self, request: Request) {
+        match request.reply {
+            Reply::Durable(reply) => {
+                let outcome = self.run(std::slice::from_ref(&request.op)).pop();
+                let _ = reply.send(
+                    outcome.unwrap_or_else(|| Err(self.stopped("no outcome for an operation"))),
+                );
+            }
+            staged @ Reply::Staged { .. } => self.run_staged(vec![Request {
+                op: request.op,
+                reply: staged,
+            }]),
         }
     }
 
@@ -435,10 +693,25 @@ impl Core {
     /// Applies `ops` in order in one write transaction and commits it durably if anything was
     /// written. `Err` means the transaction as a whole failed and none of it is durable.
     fn run_in_one(&self, ops: &[Op]) -> Result<Vec<Outcome>, IpamError> {
+        let (txn, outcomes, wrote) = self.apply(ops)?;
+        if wrote.iter().any(|w| *w) {
+            self.store.commit(txn)?;
+        }
+        // Else dropping `txn` aborts it: every answer came from already committed data.
+        Ok(outcomes)
+    }
+
+    /// Applies `ops` in order in one write transaction, not committed; per operation its
+    /// outcome and whether it wrote anything. `Err` means a write failed and the transaction is
+    /// unusable.
+    fn apply(
+        &self,
+        ops: &[Op],
+    ) -> Result<(redb::WriteTransaction, Vec<Outcome>, Vec<bool>), IpamError> {
         let s = &self.store;
         let txn = s.begin_write()?;
         let mut outcomes = Vec::with_capacity(ops.len());
-        let mut dirty = false;
+        let mut writes = Vec::with_capacity(ops.len());
         {
             let mut t = s.tables(&txn)?;
             for op in ops {
@@ -453,15 +726,11 @@ impl Core {
                         Err(e) => (Err(e), false),
                     },
                 };
-                dirty |= wrote;
+                writes.push(wrote);
                 outcomes.push(outcome);
             }
         }
-        if dirty {
-            s.commit(txn)?;
-        }
-        // Else dropping `txn` aborts it: every answer came from already committed data.
-        Ok(outcomes)
+        Ok((txn, outcomes, writes))
     }
 
     /// Decides what allocating `key` writes, reading only.
@@ -983,5 +1252,97 @@ mod tests {
         drop(a); // joins the committer
         let a = open(dir.path(), r#"{"subnet":"10.244.0.0/22"}"#);
         assert_eq!(a.count().unwrap(), 8 * 13);
+    }
+
+    #[test]
+    fn reserve_answers_before_durable_and_nothing_else_gets_the_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(dir.path(), V4_28);
+        let r1 = a.reserve(&key(1)).unwrap();
+        assert!(r1.is_new());
+        let first = r1.allocation().clone();
+        // Before anyone awaited durability, the next callers get other addresses.
+        let second = a.allocate(&key(2)).unwrap();
+        let r3 = a.reserve(&key(3)).unwrap();
+        let ips: std::collections::HashSet<_> = [&first, &second, r3.allocation()]
+            .iter()
+            .map(|al| al.ips[0].address.ip())
+            .collect();
+        assert_eq!(ips.len(), 3);
+        assert_eq!(r1.wait_durable().unwrap(), first);
+        r3.wait_durable().unwrap();
+        // Durable: a fresh allocator on the same file has them.
+        drop(a);
+        let a = open(dir.path(), V4_28);
+        assert_eq!(a.get(&key(1)).unwrap(), Some(first));
+        assert_eq!(a.count().unwrap(), 3);
+    }
+
+    #[test]
+    fn reserve_of_an_existing_key_is_not_new_and_already_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(dir.path(), V4_28);
+        let held = a.allocate(&key(1)).unwrap();
+        let again = a.reserve(&key(1)).unwrap();
+        assert!(!again.is_new());
+        assert_eq!(again.allocation(), &held);
+        assert_eq!(again.wait_durable().unwrap(), held);
+        assert_eq!(a.count().unwrap(), 1);
+    }
+
+    #[test]
+    fn reserve_on_exhaustion_fails_and_reserves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(dir.path(), V4_28);
+        for i in 0..13 {
+            a.allocate(&key(i)).unwrap();
+        }
+        assert!(matches!(
+            a.reserve(&key(99)),
+            Err(IpamError::Exhausted { .. })
+        ));
+        assert_eq!(a.count().unwrap(), 13);
+    }
+
+    #[tokio::test]
+    async fn reserve_durability_can_be_awaited() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arc::new(open(dir.path(), V4_28));
+        let reserved = {
+            let a = Arc::clone(&a);
+            tokio::task::spawn_blocking(move || a.reserve(&key(1)))
+                .await
+                .unwrap()
+                .unwrap()
+        };
+        let want = reserved.allocation().clone();
+        assert_eq!(reserved.durable().await.unwrap(), want);
+        assert_eq!(a.get(&key(1)).unwrap(), Some(want));
+    }
+
+    #[test]
+    fn a_failed_commit_fails_the_reservation_and_refuses_later_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(dir.path(), V4_28);
+        a.allocate(&key(0)).unwrap();
+        a.core
+            .fail_next_staged_commit
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let r = a.reserve(&key(1)).unwrap();
+        let err = r.wait_durable().unwrap_err();
+        assert!(err.to_string().contains("injected commit failure"), "{err}");
+        // Not on disk, and no later write may hand its address out again.
+        assert!(a.get(&key(1)).unwrap().is_none());
+        let refused = a.allocate(&key(2)).unwrap_err();
+        assert!(
+            refused.to_string().contains("reopen the store"),
+            "{refused}"
+        );
+        assert!(a.release(&key(0)).is_err());
+        // Reads still work; a reopened allocator works again.
+        assert_eq!(a.count().unwrap(), 1);
+        drop(a);
+        let a = open(dir.path(), V4_28);
+        a.allocate(&key(2)).unwrap();
     }
 }

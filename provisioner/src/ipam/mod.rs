@@ -15,7 +15,7 @@ pub mod range;
 pub mod store;
 
 pub use allocation::{AllocatedIp, Allocation, AllocationKey};
-pub use allocator::{Allocator, OpenReport};
+pub use allocator::{Allocator, OpenReport, Reservation};
 pub use config::{IpamConfig, RangeConfig, RouteConfig};
 pub use error::IpamError;
 pub use range::{Family, IpRange, RangeSet, RangeSets};

@@ -1,9 +1,11 @@
 //! Executing a CNI plugin exactly as a runtime does: CNI_* environment, the plugin's config on
 //! stdin, the result on stdout; the child enters the "node" namespace with setns(2) first.
+//! The child is reaped with wait4(2), which also gives the CPU time it used (with its own
+//! children, e.g. host-local under ptp).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -28,6 +30,8 @@ pub struct Run {
     pub stderr: String,
     /// fork + exec + plugin + exit, as a runtime waits for it.
     pub elapsed: Duration,
+    /// User + system CPU time of the child and the children it waited for.
+    pub cpu: Duration,
 }
 
 impl Run {
@@ -50,21 +54,20 @@ impl Plugin<'_> {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        self.node.enter(&mut cmd);
+        self.node.enter(&mut cmd)?;
         let started = Instant::now();
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .with_context(|| format!("spawn {}", self.bin.display()))?;
-        if let Some(mut pipe) = child.stdin.take() {
-            pipe.write_all(&self.stdin)?;
-        }
-        let out = child.wait_with_output()?;
+        let (code, stdout, stderr, cpu) = feed_and_reap(child, &self.stdin)
+            .with_context(|| format!("run {}", self.bin.display()))?;
         let elapsed = started.elapsed();
         Ok(Run {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code,
+            stdout,
+            stderr,
             elapsed,
+            cpu,
         })
     }
 
@@ -82,6 +85,52 @@ impl Plugin<'_> {
         }
         Ok(run)
     }
+}
+
+/// Writes `stdin` to the child, reads its stdout and stderr to the end and reaps it with
+/// wait4(2): exit code, stdout, stderr and CPU time (user + system, its children included).
+pub fn feed_and_reap(mut child: Child, stdin: &[u8]) -> Result<(i32, String, String, Duration)> {
+    if let Some(mut pipe) = child.stdin.take() {
+        match pipe.write_all(stdin) {
+            // It exited without reading (e.g. /bin/true for the exec floor): its exit says more.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other?,
+        }
+    }
+    let mut stdout = Vec::new();
+    if let Some(mut pipe) = child.stdout.take() {
+        pipe.read_to_end(&mut stdout)?;
+    }
+    // Plugins write little to stderr: reading it after stdout cannot fill the pipe.
+    let mut stderr = Vec::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_end(&mut stderr)?;
+    }
+    let pid = libc::pid_t::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: rusage is plain old data that wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own unreaped child; both out-pointers are valid for writes.
+    let reaped = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
+    if reaped != pid {
+        bail!("wait4 {pid}: {}", std::io::Error::last_os_error());
+    }
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    Ok((
+        code,
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+        timeval(usage.ru_utime) + timeval(usage.ru_stime),
+    ))
+}
+
+fn timeval(t: libc::timeval) -> Duration {
+    Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+        + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
 }
 
 /// The stdin a runtime passes for the first plugin of `conflist`.

@@ -55,7 +55,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file);
-        node.enter(&mut cmd);
+        node.enter(&mut cmd)?;
         let spawned_at = Instant::now();
         let child = cmd
             .spawn()
@@ -122,6 +122,34 @@ impl Daemon {
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
             .context("no VmRSS in /proc/<pid>/status")
+    }
+
+    /// CPU time (user + system, every thread, exited ones included) the daemon used so far,
+    /// with nanosecond resolution (the process CPU clock, clock_getcpuclockid(3)).
+    pub fn cpu_time(&self) -> Result<Duration> {
+        let pid = libc::pid_t::try_from(self.pid().context("daemon not running")?)?;
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: `clock` is a valid out-pointer.
+        let err = unsafe { libc::clock_getcpuclockid(pid, &raw mut clock) };
+        if err != 0 {
+            bail!(
+                "clock_getcpuclockid({pid}): {}",
+                std::io::Error::from_raw_os_error(err)
+            );
+        }
+        // SAFETY: timespec is plain old data that clock_gettime fills in.
+        let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: `now` is a valid out-pointer.
+        if unsafe { libc::clock_gettime(clock, &raw mut now) } != 0 {
+            bail!(
+                "clock_gettime(cpu clock of {pid}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(Duration::new(
+            u64::try_from(now.tv_sec)?,
+            u32::try_from(now.tv_nsec)?,
+        ))
     }
 
     /// The last lines of the daemon's log.

@@ -17,8 +17,11 @@ const PREFIX: &str = "pxt";
 pub struct Netns {
     name: String,
     path: PathBuf,
-    /// Held open so children can setns(2) into it without opening anything after fork.
-    file: File,
+    /// Opened on the first [`Netns::enter`] and held, so children can setns(2) into it without
+    /// opening anything after fork. Only namespaces that children enter hold a descriptor: with
+    /// thousands of sandbox namespaces open, every fork and exec of the bench would copy and
+    /// close them all (a cost no runtime's exec pays).
+    file: std::sync::OnceLock<File>,
 }
 
 impl Netns {
@@ -27,14 +30,11 @@ impl Netns {
         let name = format!("{PREFIX}{}-{what}", std::process::id());
         ip(&["netns", "add", &name])?;
         let path = PathBuf::from(format!("/run/netns/{name}"));
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(err) => {
-                let _ = ip(&["netns", "del", &name]);
-                return Err(err).with_context(|| format!("open {}", path.display()));
-            }
+        let netns = Self {
+            name,
+            path,
+            file: std::sync::OnceLock::new(),
         };
-        let netns = Self { name, path, file };
         netns.ip(&["link", "set", "lo", "up"])?;
         Ok(netns)
     }
@@ -56,8 +56,16 @@ impl Netns {
 
     /// Makes `cmd` enter this namespace (network only) between fork and exec, so the child
     /// runs there without the extra exec of `ip netns exec` and still sees /run/netns.
-    pub fn enter(&self, cmd: &mut Command) {
-        let fd: RawFd = self.file.as_raw_fd();
+    pub fn enter(&self, cmd: &mut Command) -> Result<()> {
+        let file = match self.file.get() {
+            Some(file) => file,
+            None => {
+                let file = File::open(&self.path)
+                    .with_context(|| format!("open {}", self.path.display()))?;
+                self.file.get_or_init(|| file)
+            }
+        };
+        let fd: RawFd = file.as_raw_fd();
         // SAFETY: the closure only calls setns(2), which is async-signal-safe, on an fd that the
         // parent keeps open for the lifetime of `self`.
         unsafe {
@@ -69,6 +77,7 @@ impl Netns {
                 }
             });
         }
+        Ok(())
     }
 
     /// Names of the links in this namespace other than `lo`.

@@ -1,5 +1,5 @@
-//! The bench's table (stdout) and JSON (target/bench/latest.json): absolute numbers, ratios
-//! reference / provisioner, the targets of DESIGN.md and whether they are met.
+//! The bench's table (terminal and markdown) and its JSON: absolute numbers, CPU time per call,
+//! ratios provisioner / reference, the targets of issue 9 and whether they are met.
 
 use std::fmt::Write as _;
 
@@ -7,152 +7,145 @@ use serde_json::{Value, json};
 
 use super::stats::round3;
 
-/// One condition from DESIGN.md's "Targets the design must allow".
+/// A target of one row.
 #[derive(Clone, Copy, Debug)]
-pub enum Check {
-    /// reference / plugin mode at least this.
-    PluginRatioAtLeast(f64),
-    PluginBelow(f64),
-    ApiBelow(f64),
-    /// A daemon-only row's value below this.
-    ValueBelow(f64),
+pub enum Target {
+    None,
+    /// plugin / reference at most this, and (optionally) api at most this many ms.
+    Ratio {
+        plugin: f64,
+        api_ms: Option<f64>,
+    },
+    /// The row's value at most this.
+    AtMost(f64),
 }
 
-/// One latency row: the three ways side by side.
-pub struct LatencyRow {
+impl Target {
+    fn describe(self) -> String {
+        match self {
+            Self::None => String::new(),
+            Self::Ratio {
+                plugin,
+                api_ms: None,
+            } => format!("plugin <= {plugin} x ref"),
+            Self::Ratio {
+                plugin,
+                api_ms: Some(ms),
+            } => format!("plugin <= {plugin} x ref; api <= {ms} ms"),
+            Self::AtMost(v) => format!("<= {v}"),
+        }
+    }
+}
+
+/// One row comparing the ways.
+pub struct Row {
     pub metric: String,
+    pub unit: &'static str,
     pub reference: Option<f64>,
     pub plugin: Option<f64>,
     pub api: Option<f64>,
-    pub target: &'static str,
-    pub checks: Vec<Check>,
+    /// CPU ms per call of (reference, plugin, api) in this row's phase.
+    pub cpu: [Option<f64>; 3],
+    pub target: Target,
 }
 
-/// One row about the daemon alone (RSS, start to ready).
-pub struct DaemonRow {
+/// One row about one thing (a floor, the daemon, a component).
+pub struct Single {
     pub metric: String,
     pub unit: &'static str,
-    pub value: Option<f64>,
-    pub target: &'static str,
-    pub checks: Vec<Check>,
-    /// Why the check is only indicative (e.g. measured with fewer sandboxes than the target).
+    pub value: f64,
+    pub cpu_ms: Option<f64>,
+    pub target: Target,
     pub note: Option<String>,
 }
 
 fn ratio(reference: Option<f64>, ours: Option<f64>) -> Option<f64> {
     match (reference, ours) {
-        (Some(r), Some(o)) if o > 0.0 => Some(r / o),
+        (Some(r), Some(o)) if r > 0.0 => Some(o / r),
         _ => None,
     }
 }
 
-/// (label, met, measured) of each check.
-fn evaluate(
-    checks: &[Check],
-    reference: Option<f64>,
-    plugin: Option<f64>,
-    api: Option<f64>,
-) -> Vec<(String, Option<bool>, String)> {
-    let cmp_below = |v: Option<f64>, limit: f64| (v.map(|v| v < limit), fmt(v));
-    checks
-        .iter()
-        .map(|check| {
-            let (label, (met, measured)) = match *check {
-                Check::PluginRatioAtLeast(x) => {
-                    let r = ratio(reference, plugin);
-                    (format!("plugin >={x}x"), (r.map(|r| r >= x), fmt_ratio(r)))
-                }
-                Check::PluginBelow(l) => (format!("plugin <{l}"), cmp_below(plugin, l)),
-                Check::ApiBelow(l) => (format!("api <{l}"), cmp_below(api, l)),
-                Check::ValueBelow(l) => (format!("<{l}"), cmp_below(api, l)),
+fn met(row: &Row) -> Option<bool> {
+    match row.target {
+        Target::None | Target::AtMost(_) => None,
+        Target::Ratio { plugin, api_ms } => {
+            let r = ratio(row.reference, row.plugin)?;
+            let api_ok = match api_ms {
+                Some(ms) => row.api.is_some_and(|a| a <= ms),
+                None => true,
             };
-            (label, met, measured)
-        })
-        .collect()
-}
-
-fn verdict(results: &[(String, Option<bool>, String)]) -> (&'static str, String) {
-    if results.is_empty() {
-        return ("", String::new());
+            Some(r <= plugin && api_ok)
+        }
     }
-    let parts: Vec<String> = results
-        .iter()
-        .map(|(label, met, measured)| {
-            let word = match met {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "?",
-            };
-            format!("{label}: {word} ({measured})")
-        })
-        .collect();
-    let all = results.iter().all(|(_, m, _)| *m == Some(true));
-    let none = results.iter().all(|(_, m, _)| *m != Some(true));
-    let word = if all {
-        "MET"
-    } else if none {
-        "NOT MET"
-    } else {
-        "PARTLY"
-    };
-    (word, parts.join("; "))
 }
 
-fn fmt(v: Option<f64>) -> String {
+fn met_single(s: &Single) -> Option<bool> {
+    match s.target {
+        Target::AtMost(v) => Some(s.value <= v),
+        _ => None,
+    }
+}
+
+fn word(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "",
+    }
+}
+
+fn num(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
 }
 
-fn fmt_ratio(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}x"))
+fn with_cpu(v: Option<f64>, cpu: Option<f64>) -> String {
+    match (v, cpu) {
+        (Some(v), Some(c)) => format!("{v:.2} ({c:.2})"),
+        (v, _) => num(v),
+    }
 }
 
-/// Renders both tables for the terminal.
-pub fn table(latency: &[LatencyRow], daemon: &[DaemonRow]) -> String {
+/// The terminal table.
+pub fn table(rows: &[Row], singles: &[Single]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28} {:>10} {:>10} {:>10} {:>9} {:>9}  {:<26} result",
-        "latency (ms)", "reference", "plugin", "api", "ref/plug", "ref/api", "target (DESIGN.md)"
+        "{:<34} {:>16} {:>16} {:>16} {:>8} {:>8}  {:<30} result",
+        "wall (CPU ms/call)", "reference", "plugin", "api", "plug/ref", "api/ref", "target"
     );
-    let _ = writeln!(out, "{}", "-".repeat(120));
-    for row in latency {
-        let results = evaluate(&row.checks, row.reference, row.plugin, row.api);
-        let (word, detail) = verdict(&results);
+    let _ = writeln!(out, "{}", "-".repeat(150));
+    for r in rows {
         let _ = writeln!(
             out,
-            "{:<28} {:>10} {:>10} {:>10} {:>9} {:>9}  {:<26} {}",
-            row.metric,
-            fmt(row.reference),
-            fmt(row.plugin),
-            fmt(row.api),
-            fmt_ratio(ratio(row.reference, row.plugin)),
-            fmt_ratio(ratio(row.reference, row.api)),
-            row.target,
-            if word.is_empty() {
-                String::new()
-            } else {
-                format!("{word}: {detail}")
-            }
+            "{:<34} {:>16} {:>16} {:>16} {:>8} {:>8}  {:<30} {}",
+            format!("{} ({})", r.metric, r.unit),
+            with_cpu(r.reference, r.cpu[0]),
+            with_cpu(r.plugin, r.cpu[1]),
+            with_cpu(r.api, r.cpu[2]),
+            num(ratio(r.reference, r.plugin)),
+            num(ratio(r.reference, r.api)),
+            r.target.describe(),
+            word(met(r))
         );
     }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<40} {:>12}  {:<26} result",
-        "daemon", "value", "target (DESIGN.md)"
+        "{:<50} {:>14} {:>10}  {:<30} result",
+        "floors, daemon, components", "value", "CPU ms", "target"
     );
     let _ = writeln!(out, "{}", "-".repeat(120));
-    for row in daemon {
-        let results = evaluate(&row.checks, None, None, row.value);
-        let (word, _) = verdict(&results);
+    for s in singles {
         let _ = writeln!(
             out,
-            "{:<40} {:>12}  {:<26} {}{}",
-            row.metric,
-            format!("{} {}", fmt(row.value), row.unit),
-            row.target,
-            word,
-            row.note
+            "{:<50} {:>14} {:>10}  {:<30} {}{}",
+            s.metric,
+            format!("{:.2} {}", s.value, s.unit),
+            num(s.cpu_ms),
+            s.target.describe(),
+            word(met_single(s)),
+            s.note
                 .as_ref()
                 .map_or_else(String::new, |n| format!(" ({n})"))
         );
@@ -160,43 +153,113 @@ pub fn table(latency: &[LatencyRow], daemon: &[DaemonRow]) -> String {
     out
 }
 
-/// The same content as JSON.
-pub fn json(latency: &[LatencyRow], daemon: &[DaemonRow]) -> Value {
+/// The same tables in markdown (for docs/benchmarks.md).
+pub fn markdown(rows: &[Row], singles: &[Single]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| | reference | plugin | api | plugin / ref | api / ref | target | |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+            r.metric,
+            r.unit,
+            with_cpu(r.reference, r.cpu[0]),
+            with_cpu(r.plugin, r.cpu[1]),
+            with_cpu(r.api, r.cpu[2]),
+            num(ratio(r.reference, r.plugin)),
+            num(ratio(r.reference, r.api)),
+            r.target.describe(),
+            word(met(r))
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| | value | CPU ms | target | |");
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for s in singles {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} {} | {} | {} | {}{} |",
+            s.metric,
+            s.value,
+            s.unit,
+            num(s.cpu_ms),
+            s.target.describe(),
+            word(met_single(s)),
+            s.note
+                .as_ref()
+                .map_or_else(String::new, |n| format!(" ({n})"))
+        );
+    }
+    out
+}
+
+/// Both tables as JSON.
+pub fn json(rows: &[Row], singles: &[Single]) -> Value {
     let opt = |v: Option<f64>| v.map(round3);
-    let latency: Vec<Value> = latency
+    let rows: Vec<Value> = rows
         .iter()
-        .map(|row| {
-            let results = evaluate(&row.checks, row.reference, row.plugin, row.api);
-            let (word, detail) = verdict(&results);
+        .map(|r| {
             json!({
-                "metric": row.metric,
-                "unit": "ms",
-                "reference": opt(row.reference),
-                "plugin": opt(row.plugin),
-                "api": opt(row.api),
-                "ratio_reference_over_plugin": opt(ratio(row.reference, row.plugin)),
-                "ratio_reference_over_api": opt(ratio(row.reference, row.api)),
-                "target": row.target,
-                "met": if word.is_empty() { Value::Null } else { Value::from(word == "MET") },
-                "checks": detail,
+                "metric": r.metric,
+                "unit": r.unit,
+                "reference": opt(r.reference),
+                "plugin": opt(r.plugin),
+                "api": opt(r.api),
+                "cpu_ms_per_call": {
+                    "reference": opt(r.cpu[0]),
+                    "plugin": opt(r.cpu[1]),
+                    "api": opt(r.cpu[2]),
+                },
+                "plugin_over_reference": opt(ratio(r.reference, r.plugin)),
+                "api_over_reference": opt(ratio(r.reference, r.api)),
+                "target": r.target.describe(),
+                "met": met(r),
             })
         })
         .collect();
-    let daemon: Vec<Value> = daemon
+    let singles: Vec<Value> = singles
         .iter()
-        .map(|row| {
-            let results = evaluate(&row.checks, None, None, row.value);
-            let (word, detail) = verdict(&results);
+        .map(|s| {
             json!({
-                "metric": row.metric,
-                "unit": row.unit,
-                "value": opt(row.value),
-                "target": row.target,
-                "met": if word.is_empty() { Value::Null } else { Value::from(word == "MET") },
-                "checks": detail,
-                "note": row.note,
+                "metric": s.metric,
+                "unit": s.unit,
+                "value": round3(s.value),
+                "cpu_ms": opt(s.cpu_ms),
+                "target": s.target.describe(),
+                "met": met_single(s),
+                "note": s.note,
             })
         })
         .collect();
-    json!({ "latency": latency, "daemon": daemon })
+    json!({ "rows": rows, "singles": singles })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_targets_are_ours_over_reference() {
+        let row = |plugin, api| Row {
+            metric: "ADD median".into(),
+            unit: "ms",
+            reference: Some(10.0),
+            plugin: Some(plugin),
+            api: Some(api),
+            cpu: [None; 3],
+            target: Target::Ratio {
+                plugin: 0.2,
+                api_ms: Some(1.0),
+            },
+        };
+        assert_eq!(met(&row(2.0, 0.9)), Some(true));
+        assert_eq!(met(&row(2.5, 0.9)), Some(false));
+        assert_eq!(met(&row(1.0, 1.5)), Some(false));
+        let text = table(&[row(2.0, 0.9)], &[]);
+        assert!(text.contains("0.20"), "{text}");
+    }
 }

@@ -1,8 +1,31 @@
-//! Latency samples and their summary.
+//! Latency and CPU samples of one phase, and their summary.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+/// What the calls of one phase of one way measured.
+#[derive(Clone, Debug, Default)]
+pub struct Samples {
+    /// Latency of each call as its caller saw it.
+    pub wall: Vec<Duration>,
+    /// CPU time of each call's own process (the exec'd plugin and its children; zero for calls
+    /// that exec nothing).
+    pub process_cpu: Vec<Duration>,
+    /// CPU time the daemon spent during this phase's blocks.
+    pub daemon_cpu: Duration,
+    /// Wall time of this phase's blocks, added up (the other ways' blocks excluded).
+    pub elapsed: Duration,
+}
+
+impl Samples {
+    pub fn extend(&mut self, other: Samples) {
+        self.wall.extend(other.wall);
+        self.process_cpu.extend(other.process_cpu);
+        self.daemon_cpu += other.daemon_cpu;
+        self.elapsed += other.elapsed;
+    }
+}
 
 /// Median, p99 and friends of one phase, in milliseconds.
 #[derive(Clone, Copy, Debug)]
@@ -14,36 +37,47 @@ pub struct Summary {
     pub max_ms: f64,
     /// Wall time of the whole phase, seconds.
     pub wall_s: f64,
+    /// CPU time per call: the call's process plus the daemon's share.
+    pub cpu_ms: f64,
+    /// The exec'd process's part of `cpu_ms`.
+    pub process_cpu_ms: f64,
+    /// The daemon's part of `cpu_ms` (its CPU time over the phase / calls).
+    pub daemon_cpu_ms: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 impl Summary {
-    pub fn of(samples: &[Duration], wall: Duration) -> Self {
-        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        ms.sort_by(f64::total_cmp);
-        let n = ms.len();
+    pub fn of(samples: &Samples) -> Self {
+        let mut walls: Vec<f64> = samples.wall.iter().copied().map(ms).collect();
+        walls.sort_by(f64::total_cmp);
+        let n = walls.len();
         #[expect(
             clippy::cast_precision_loss,
             reason = "sample counts are far below 2^52"
         )]
-        let mean_ms = if n == 0 {
-            0.0
-        } else {
-            ms.iter().sum::<f64>() / n as f64
-        };
+        let per_call = |total: f64| if n == 0 { 0.0 } else { total / n as f64 };
+        let process_cpu_ms = per_call(samples.process_cpu.iter().copied().map(ms).sum());
+        let daemon_cpu_ms = per_call(ms(samples.daemon_cpu));
         Self {
             n,
-            median_ms: percentile(&ms, 50),
-            p99_ms: percentile(&ms, 99),
-            mean_ms,
-            max_ms: ms.last().copied().unwrap_or(0.0),
-            wall_s: wall.as_secs_f64(),
+            median_ms: percentile(&walls, 50),
+            p99_ms: percentile(&walls, 99),
+            mean_ms: per_call(walls.iter().sum()),
+            max_ms: walls.last().copied().unwrap_or(0.0),
+            wall_s: samples.elapsed.as_secs_f64(),
+            cpu_ms: process_cpu_ms + daemon_cpu_ms,
+            process_cpu_ms,
+            daemon_cpu_ms,
         }
     }
 
     pub fn line(&self) -> String {
         format!(
-            "n={} median {:.2} ms, p99 {:.2} ms, max {:.2} ms ({:.1} s wall)",
-            self.n, self.median_ms, self.p99_ms, self.max_ms, self.wall_s
+            "n={} median {:.2} ms, p99 {:.2} ms, max {:.2} ms, CPU {:.2} ms/call ({:.1} s wall)",
+            self.n, self.median_ms, self.p99_ms, self.max_ms, self.cpu_ms, self.wall_s
         )
     }
 
@@ -55,13 +89,26 @@ impl Summary {
             "mean_ms": round3(self.mean_ms),
             "max_ms": round3(self.max_ms),
             "wall_s": round3(self.wall_s),
+            "cpu_ms_per_call": round3(self.cpu_ms),
+            "process_cpu_ms_per_call": round3(self.process_cpu_ms),
+            "daemon_cpu_ms_per_call": round3(self.daemon_cpu_ms),
         })
     }
 }
 
+/// Every latency of `samples` in ms (3 decimals), in call order: the raw distribution.
+pub fn raw_ms(samples: &Samples) -> Value {
+    samples
+        .wall
+        .iter()
+        .map(|d| round3(ms(*d)))
+        .collect::<Vec<_>>()
+        .into()
+}
+
 /// Nearest-rank percentile of sorted samples (the median of an even count is the mean of the
 /// two middle samples).
-fn percentile(sorted: &[f64], pct: usize) -> f64 {
+pub fn percentile(sorted: &[f64], pct: usize) -> f64 {
     let n = sorted.len();
     if n == 0 {
         return 0.0;
@@ -86,13 +133,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles() {
-        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        let s = Summary::of(&samples, Duration::from_secs(1));
+    fn percentiles_and_cpu_per_call() {
+        let samples = Samples {
+            wall: (1..=100).map(Duration::from_millis).collect(),
+            process_cpu: vec![Duration::from_millis(1); 100],
+            daemon_cpu: Duration::from_millis(50),
+            elapsed: Duration::from_secs(1),
+        };
+        let s = Summary::of(&samples);
         assert!((s.median_ms - 50.5).abs() < 1e-9);
         assert!((s.p99_ms - 99.0).abs() < 1e-9);
         assert!((s.max_ms - 100.0).abs() < 1e-9);
-        let one = Summary::of(&[Duration::from_millis(3)], Duration::ZERO);
+        assert!((s.cpu_ms - 1.5).abs() < 1e-9);
+        let one = Summary::of(&Samples {
+            wall: vec![Duration::from_millis(3)],
+            ..Samples::default()
+        });
         assert!((one.p99_ms - 3.0).abs() < 1e-9);
     }
 }

@@ -1,0 +1,363 @@
+//! Floors measured on the same machine: what no plugin can go below.
+//!
+//! - exec: fork + setns + exec of `/bin/true`, fed and reaped exactly like a plugin;
+//! - kernel: the netlink requests of one provisioner ADD (veth pair, addresses, links up,
+//!   routes) and of one DEL (routes and addresses withdrawn, links down and renamed), issued
+//!   back to back on blocking sockets, one namespace's socket each, no runtime, no parsing
+//!   beyond the ack: the kernel's own cost for the same work.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::netns::Netns;
+use super::stats::Samples;
+
+/// Link group of the floor's retired links (deleted at once at the end, untimed).
+const FLOOR_GROUP: u32 = 0x7078_666c;
+
+/// A blocking rtnetlink socket created inside a namespace.
+struct Socket {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl Socket {
+    fn in_netns(ns: &Netns) -> Result<Self> {
+        let file = std::fs::File::open(ns.path())?;
+        // A thread of its own enters the namespace, so this thread's namespace never changes.
+        let fd = std::thread::scope(|s| {
+            s.spawn(|| -> Result<OwnedFd> {
+                // SAFETY: setns on an open netns fd; only this short-lived thread moves.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    bail!("setns {}: {}", ns.name(), std::io::Error::last_os_error());
+                }
+                // SAFETY: plain socket(2).
+                let fd = unsafe {
+                    libc::socket(
+                        libc::AF_NETLINK,
+                        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                        libc::NETLINK_ROUTE,
+                    )
+                };
+                if fd < 0 {
+                    bail!("netlink socket: {}", std::io::Error::last_os_error());
+                }
+                // SAFETY: `fd` was just created and is owned by nobody else.
+                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
+        })?;
+        Ok(Self {
+            fd,
+            seq: 0,
+            buf: vec![0; 64 * 1024],
+        })
+    }
+
+    /// Sends one request with an ack and waits for it; the echoed message, if asked for.
+    fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Option<LinkMessage>> {
+        self.seq += 1;
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+        req.header.sequence_number = self.seq;
+        req.finalize();
+        let mut out = vec![0; req.buffer_len()];
+        req.serialize(&mut out);
+        // SAFETY: sending a valid buffer on an open socket (the kernel is the default peer).
+        let sent = unsafe { libc::send(self.fd.as_raw_fd(), out.as_ptr().cast(), out.len(), 0) };
+        if usize::try_from(sent).ok() != Some(out.len()) {
+            bail!("netlink send: {}", std::io::Error::last_os_error());
+        }
+        let mut echoed = None;
+        loop {
+            // SAFETY: receiving into our own buffer.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    0,
+                )
+            };
+            let n = usize::try_from(n).map_err(|_| {
+                anyhow::anyhow!("netlink recv: {}", std::io::Error::last_os_error())
+            })?;
+            let mut offset = 0;
+            while offset < n {
+                let reply =
+                    NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[offset..n])
+                        .context("undecodable netlink reply")?;
+                let len = usize::try_from(reply.header.length)?;
+                if len == 0 {
+                    break;
+                }
+                offset += len;
+                if reply.header.sequence_number != self.seq {
+                    continue;
+                }
+                match reply.payload {
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(echoed),
+                            Some(code) => Err(anyhow::anyhow!(
+                                "netlink request failed: {}",
+                                std::io::Error::from_raw_os_error(-code.get())
+                            )),
+                        };
+                    }
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) => {
+                        echoed = Some(l);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn link(index: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg
+}
+
+fn set_up(index: u32, up: bool) -> RouteNetlinkMessage {
+    let mut msg = link(index);
+    if up {
+        msg.header.flags = LinkFlags::Up;
+    }
+    msg.header.change_mask = LinkFlags::Up;
+    RouteNetlinkMessage::SetLink(msg)
+}
+
+fn rename(index: u32, name: String, group: Option<u32>) -> RouteNetlinkMessage {
+    let mut msg = link(index);
+    msg.attributes.push(LinkAttribute::IfName(name));
+    if let Some(g) = group {
+        msg.attributes.push(LinkAttribute::Group(g));
+    }
+    RouteNetlinkMessage::SetLink(msg)
+}
+
+fn address(index: u32, ip: Ipv4Addr, prefix: u8, no_prefix_route: bool) -> AddressMessage {
+    let mut msg = AddressMessage::default();
+    msg.header.family = AddressFamily::Inet;
+    msg.header.prefix_len = prefix;
+    msg.header.index = index;
+    msg.attributes.push(AddressAttribute::Local(IpAddr::V4(ip)));
+    msg.attributes
+        .push(AddressAttribute::Address(IpAddr::V4(ip)));
+    if no_prefix_route {
+        msg.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
+    }
+    msg
+}
+
+fn route(
+    oif: u32,
+    dst: Ipv4Addr,
+    prefix: u8,
+    gw: Option<Ipv4Addr>,
+    src: Option<Ipv4Addr>,
+    scope: RouteScope,
+) -> RouteMessage {
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = AddressFamily::Inet;
+    msg.header.destination_prefix_length = prefix;
+    msg.header.table = RouteHeader::RT_TABLE_MAIN;
+    msg.header.protocol = RouteProtocol::Boot;
+    msg.header.kind = RouteType::Unicast;
+    msg.header.scope = scope;
+    if prefix > 0 {
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(dst)));
+    }
+    if let Some(gw) = gw {
+        msg.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::Inet(gw)));
+    }
+    if let Some(src) = src {
+        msg.attributes
+            .push(RouteAttribute::PrefSource(RouteAddress::Inet(src)));
+    }
+    msg.attributes.push(RouteAttribute::Oif(oif));
+    msg
+}
+
+/// What one sandbox got: enough to tear it down.
+struct Wired {
+    host: u32,
+    sandbox: u32,
+    pod: Ipv4Addr,
+}
+
+const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
+const PREFIX: u8 = 16;
+
+/// The requests of one provisioner ADD (IPv4, mtu 1460, default route), back to back.
+fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wired> {
+    let n = u32::try_from(i)? + 2;
+    let ip = Ipv4Addr::new(10, 244, u8::try_from(n >> 8)?, u8::try_from(n & 0xff)?);
+    let mut peer = LinkMessage::default();
+    peer.attributes.push(LinkAttribute::IfName("eth0".into()));
+    peer.attributes.push(LinkAttribute::NetNsFd(pod_fd));
+    peer.attributes.push(LinkAttribute::Mtu(1460));
+    let mut veth = LinkMessage::default();
+    veth.attributes
+        .push(LinkAttribute::IfName(format!("pfl{i}")));
+    veth.attributes.push(LinkAttribute::Mtu(1460));
+    veth.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Veth),
+        LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
+    ]));
+    let echoed = node
+        .request(
+            RouteNetlinkMessage::NewLink(veth),
+            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO,
+        )?
+        .context("the kernel did not echo the new veth (needs Linux >= 6.3)")?;
+    let host = echoed.header.index;
+    let sandbox = echoed
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Link(peer) => Some(*peer),
+            _ => None,
+        })
+        .context("echoed veth without its peer's index")?;
+    let create = NLM_F_CREATE | NLM_F_EXCL;
+    node.request(
+        RouteNetlinkMessage::NewAddress(address(host, GATEWAY, 32, false)),
+        create,
+    )?;
+    node.request(set_up(host, true), 0)?;
+    node.request(
+        RouteNetlinkMessage::NewRoute(route(host, ip, 32, None, None, RouteScope::Host)),
+        create,
+    )?;
+    pod.request(
+        RouteNetlinkMessage::NewAddress(address(sandbox, ip, PREFIX, true)),
+        create,
+    )?;
+    pod.request(set_up(sandbox, true), 0)?;
+    pod.request(set_up(1, true), 0)?;
+    for r in [
+        route(sandbox, GATEWAY, 32, None, Some(ip), RouteScope::Link),
+        route(
+            sandbox,
+            Ipv4Addr::new(10, 244, 0, 0),
+            PREFIX,
+            Some(GATEWAY),
+            Some(ip),
+            RouteScope::Universe,
+        ),
+        route(
+            sandbox,
+            Ipv4Addr::UNSPECIFIED,
+            0,
+            Some(GATEWAY),
+            None,
+            RouteScope::Universe,
+        ),
+    ] {
+        pod.request(RouteNetlinkMessage::NewRoute(r), create)?;
+    }
+    Ok(Wired {
+        host,
+        sandbox,
+        pod: ip,
+    })
+}
+
+/// The requests of one provisioner DEL, back to back (the veth is deleted later, untimed).
+fn del(node: &mut Socket, pod: &mut Socket, w: &Wired) -> Result<()> {
+    node.request(
+        RouteNetlinkMessage::DelRoute(route(w.host, w.pod, 32, None, None, RouteScope::Host)),
+        0,
+    )?;
+    node.request(
+        RouteNetlinkMessage::DelAddress(address(w.host, GATEWAY, 32, false)),
+        0,
+    )?;
+    node.request(set_up(w.host, false), 0)?;
+    node.request(
+        rename(w.host, format!("pvf{}", w.host), Some(FLOOR_GROUP)),
+        0,
+    )?;
+    pod.request(
+        RouteNetlinkMessage::DelAddress(address(w.sandbox, w.pod, PREFIX, false)),
+        0,
+    )?;
+    pod.request(set_up(w.sandbox, false), 0)?;
+    pod.request(rename(w.sandbox, format!("pvf{}", w.sandbox), None), 0)?;
+    Ok(())
+}
+
+/// This thread's CPU time (user + system).
+fn thread_cpu() -> Duration {
+    // SAFETY: rusage is plain old data that getrusage fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage) };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// ADD then DEL requests for each of `pods`, in `node`; (ADD samples, DEL samples).
+pub fn kernel(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
+    let mut node_socket = Socket::in_netns(node)?;
+    let mut adds = Samples::default();
+    let mut wired = Vec::with_capacity(pods.len());
+    let mut sockets = Vec::with_capacity(pods.len());
+    for (i, pod) in pods.iter().enumerate() {
+        super::check_interrupted()?;
+        let file = std::fs::File::open(pod.path())?;
+        let mut pod_socket = Socket::in_netns(pod)?;
+        let cpu = thread_cpu();
+        let started = Instant::now();
+        let w = add(&mut node_socket, &mut pod_socket, file.as_raw_fd(), i)
+            .with_context(|| format!("floor ADD {i}"))?;
+        let wall = started.elapsed();
+        adds.wall.push(wall);
+        adds.process_cpu.push(thread_cpu().saturating_sub(cpu));
+        adds.elapsed += wall;
+        wired.push(w);
+        sockets.push(pod_socket);
+    }
+    let mut dels = Samples::default();
+    for (i, (w, pod_socket)) in wired.iter().zip(&mut sockets).enumerate() {
+        let cpu = thread_cpu();
+        let started = Instant::now();
+        del(&mut node_socket, pod_socket, w).with_context(|| format!("floor DEL {i}"))?;
+        let wall = started.elapsed();
+        dels.wall.push(wall);
+        dels.process_cpu.push(thread_cpu().saturating_sub(cpu));
+        dels.elapsed += wall;
+    }
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::Group(FLOOR_GROUP));
+    node_socket
+        .request(RouteNetlinkMessage::DelLink(msg), 0)
+        .context("delete the floor's veths")?;
+    Ok((adds, dels))
+}
