@@ -31,84 +31,90 @@ pub struct IntentCounts {
     pub drifts: u64,
 }
 
+/// The intents, by the namespace they are on (every lookup is by namespace).
 #[derive(Default)]
 pub(super) struct Intents {
-    by_key: HashMap<IntentKey, Registered>,
+    by_cookie: HashMap<u64, Vec<Registered>>,
+    cookie_of: HashMap<IntentKey, u64>,
     pub counts: IntentCounts,
 }
 
 impl Intents {
     /// Registers `intent`, replacing an earlier one for the same key.
     pub(super) fn register(&mut self, intent: Intent, now: SystemTime) {
-        self.by_key.insert(
-            intent.key.clone(),
-            Registered {
+        self.remove(&intent.key);
+        self.cookie_of
+            .insert(intent.key.clone(), intent.netns_cookie);
+        self.by_cookie
+            .entry(intent.netns_cookie)
+            .or_default()
+            .push(Registered {
                 intent,
                 registered_at: now,
                 status: None,
                 drifted: HashSet::new(),
-            },
-        );
+            });
     }
 
     pub(super) fn remove(&mut self, key: &IntentKey) {
-        self.by_key.remove(key);
+        let Some(cookie) = self.cookie_of.remove(key) else {
+            return;
+        };
+        if let Some(on) = self.by_cookie.get_mut(&cookie) {
+            on.retain(|r| r.intent.key != *key);
+            if on.is_empty() {
+                self.by_cookie.remove(&cookie);
+            }
+        }
     }
 
     /// Forgets every intent on namespace `cookie`; the confirmed ones report the namespace
     /// destroyed as drift.
     pub(super) fn destroyed(&mut self, cookie: u64, by: &TimelineEntry) -> Vec<Report> {
         let mut reports = Vec::new();
-        self.by_key.retain(|_, r| {
-            if r.intent.netns_cookie != cookie {
-                return true;
-            }
+        for r in self.by_cookie.remove(&cookie).unwrap_or_default() {
+            self.cookie_of.remove(&r.intent.key);
             if r.status == Some(IntentStatus::Confirmed) {
                 self.counts.drifts += 1;
                 reports.push(Report::Drift(Drift {
-                    key: r.intent.key.clone(),
+                    key: r.intent.key,
                     netns_cookie: cookie,
                     what: "namespace destroyed".into(),
                     by: Some(by.clone()),
                 }));
             }
-            false
-        });
+        }
         reports
     }
 
-    /// Intents on `cookie` not decided yet whose deadline passed by `now`, or audits (decided
-    /// on the first state read).
+    /// The earliest time an undecided intent on `cookie` came due by `now` (the deadline of
+    /// an ADD; at once for an audit, decided on the first state read).
     pub(super) fn due(
         &self,
         cookie: u64,
         now: SystemTime,
         deadline: Duration,
     ) -> Option<SystemTime> {
-        self.by_key
-            .values()
-            .filter(|r| r.intent.netns_cookie == cookie && r.status.is_none())
-            .map(|r| match r.intent.origin {
-                IntentOrigin::Audit => r.registered_at,
-                IntentOrigin::Add => r.registered_at + deadline,
-            })
+        self.by_cookie
+            .get(&cookie)?
+            .iter()
+            .filter(|r| r.status.is_none())
+            .map(|r| due_at(r, deadline))
             .filter(|due| *due <= now)
             .min()
     }
 
     /// Whether an intent names namespace `cookie`.
     pub(super) fn on(&self, cookie: u64) -> bool {
-        self.by_key
-            .values()
-            .any(|r| r.intent.netns_cookie == cookie)
+        self.by_cookie.contains_key(&cookie)
     }
 
     /// Cookies with an undecided intent.
     pub(super) fn undecided_cookies(&self) -> HashSet<u64> {
-        self.by_key
-            .values()
-            .filter(|r| r.status.is_none())
-            .map(|r| r.intent.netns_cookie)
+        self.by_cookie
+            .iter()
+            .filter(|(_, on)| on.iter().any(|r| r.status.is_none()))
+            .map(|(cookie, _)| *cookie)
             .collect()
     }
 
@@ -122,11 +128,7 @@ impl Intents {
         by: Option<&TimelineEntry>,
     ) -> Vec<Report> {
         let mut reports = Vec::new();
-        for r in self
-            .by_key
-            .values_mut()
-            .filter(|r| r.intent.netns_cookie == cookie)
-        {
+        for r in self.by_cookie.get_mut(&cookie).into_iter().flatten() {
             let missing = missing_steps(&r.intent, &progress.now);
             match r.status {
                 None | Some(IntentStatus::Unconfirmed | IntentStatus::Drifted)
@@ -175,15 +177,13 @@ impl Intents {
     ) -> Vec<Report> {
         let mut reports = Vec::new();
         for r in self
-            .by_key
-            .values_mut()
-            .filter(|r| r.intent.netns_cookie == cookie && r.status.is_none())
+            .by_cookie
+            .get_mut(&cookie)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.status.is_none())
         {
-            let due = match r.intent.origin {
-                IntentOrigin::Audit => r.registered_at,
-                IntentOrigin::Add => r.registered_at + deadline,
-            };
-            if due > now {
+            if due_at(r, deadline) > now {
                 continue;
             }
             let mut missing = missing_steps(&r.intent, &progress.now);
@@ -221,5 +221,12 @@ impl Intents {
             }));
         }
         reports
+    }
+}
+
+fn due_at(r: &Registered, deadline: Duration) -> SystemTime {
+    match r.intent.origin {
+        IntentOrigin::Audit => r.registered_at,
+        IntentOrigin::Add => r.registered_at + deadline,
     }
 }

@@ -233,7 +233,7 @@ impl Correlator {
             self.want_history(cookie);
         }
         let mut reports = Vec::new();
-        if let Some(ns) = self.namespaces.get(&cookie) {
+        if let Some(ns) = self.namespaces.get_mut(&cookie) {
             let progress = ns.progress();
             // What is known of a namespace whose history was not seen came from reading it.
             let evidence = match progress.last_snapshot {
@@ -297,7 +297,7 @@ impl Correlator {
                     ns.netns.inode = u32::try_from(snapshot.inode).unwrap_or(0);
                 }
                 for link in &snapshot.links {
-                    ns.ifnames.insert(link.index, link.name.clone());
+                    ns.name_interface(link.index, link.name.clone());
                 }
                 let state = State::from_snapshot(snapshot);
                 ns.push_at(
@@ -548,7 +548,7 @@ impl Correlator {
         }
         for message in &request.messages {
             let key = (event.task.pid, request.io.fd, message.header.seq);
-            let Some((detail, effect)) = describe(message, &ns.ifnames) else {
+            let Some((detail, effect)) = describe(message, ns.ifnames()) else {
                 self.requests.sent(key, None);
                 continue;
             };
@@ -562,9 +562,7 @@ impl Correlator {
                 effect,
             );
             self.requests.sent(key, Some((cookie, id)));
-            if let Some(entry) = ns.entry_mut(id) {
-                entry.extack = extack.take();
-            }
+            ns.set_extack(id, extack.take());
         }
         Some(cookie)
     }
@@ -581,21 +579,11 @@ impl Correlator {
                 continue;
             }
             if let Some(Some((cookie, id))) = pending
-                && let Some(entry) = self
+                && self
                     .namespaces
                     .get_mut(&cookie)
-                    .and_then(|ns| ns.entry_mut(id))
+                    .is_some_and(|ns| ns.answer(id, answer.error, answer.extack.clone()))
             {
-                if let Step::Request { status, .. } = &mut entry.public.step {
-                    *status = if answer.error == 0 {
-                        RequestStatus::Acked
-                    } else {
-                        RequestStatus::Rejected {
-                            errno: answer.error,
-                            extack: answer.extack.clone().or_else(|| entry.extack.clone()),
-                        }
-                    };
-                }
                 touched = Some(cookie);
                 continue;
             }
@@ -621,7 +609,7 @@ impl Correlator {
 
     fn on_dev(&mut self, event: &TraceEvent, dev: &DevChange, up: bool) -> Option<u64> {
         let ns = self.namespaces.get_mut(&dev.netns.cookie)?;
-        ns.ifnames.insert(dev.ifindex, dev.ifname.clone());
+        ns.name_interface(dev.ifindex, dev.ifname.clone());
         // Multi-queue devices report one root qdisc per queue: keep the first.
         let duplicate = ns.entries.iter().rev().take(4).any(|e| {
             matches!((&e.effect, up),
@@ -662,16 +650,13 @@ impl Correlator {
         }
         ns.destroyed_at = Some(event.at);
         ns.recheck = None;
-        let id = ns.push(event, Step::Destroyed, None);
-        let by = ns
-            .entry_mut(id)
-            .map(|e| e.public.clone())
-            .unwrap_or_else(|| TimelineEntry {
-                at: event.at,
-                pid: event.task.pid,
-                comm: event.task.comm.clone(),
-                step: Step::Destroyed,
-            });
+        let by = TimelineEntry {
+            at: event.at,
+            pid: event.task.pid,
+            comm: event.task.comm.clone(),
+            step: Step::Destroyed,
+        };
+        ns.push_at(by.clone(), None);
         let mut reports = self.changed(cookie, Evidence::Trace);
         reports.extend(self.intents.destroyed(cookie, &by));
         if self
@@ -689,9 +674,13 @@ impl Correlator {
     /// After a change to namespace `cookie`: intents confirmed or drifted, and an alarm given
     /// earlier revised when the namespace is networked now.
     fn changed(&mut self, cookie: u64, trigger: Evidence) -> Vec<Report> {
-        let Some(ns) = self.namespaces.get(&cookie) else {
+        let Some(ns) = self.namespaces.get_mut(&cookie) else {
             return Vec::new();
         };
+        // Most namespaces have neither an intent nor an alarm to revise: nothing to look at.
+        if !ns.verdict.is_some_and(Verdict::is_alarm) && !self.intents.on(cookie) {
+            return Vec::new();
+        }
         let progress = ns.progress();
         let revise = ns.verdict.is_some_and(Verdict::is_alarm) && progress.networked.is_some();
         let by = ns.last_entry().cloned();

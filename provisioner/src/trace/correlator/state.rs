@@ -250,7 +250,7 @@ impl Progress {
         self
     }
 
-    fn step(&mut self, entry: &Entry, names: &HashMap<u32, String>) {
+    pub(super) fn step(&mut self, entry: &Entry, names: &HashMap<u32, String>) {
         if let Some(rejection) = rejection(entry) {
             if self.networked.is_none() {
                 self.rejected.push(rejection);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use crate::trace::events::{NetnsRef, TraceEvent};
-use crate::trace::verdict::{Creator, Step, TimelineEntry, Verdict};
+use crate::trace::verdict::{Creator, RequestStatus, Step, TimelineEntry, Verdict};
 
 use super::effects::Effect;
 use super::state::Progress;
@@ -58,10 +58,15 @@ pub(super) struct Ns {
     pub entries: Vec<Entry>,
     /// What the entries folded away added up to.
     base: Progress,
+    /// The whole timeline folded, kept up to date while entries arrive in time order (the
+    /// common case); recomputed after one arrives late or a request turns out rejected.
+    folded: Option<Progress>,
+    /// The latest entry time.
+    latest: Option<SystemTime>,
     /// Number of entries folded away.
-    pub folded: usize,
+    pub folded_away: usize,
     next_id: u64,
-    pub ifnames: HashMap<u32, String>,
+    ifnames: HashMap<u32, String>,
     pub destroyed_at: Option<SystemTime>,
     /// The last verdict given.
     pub verdict: Option<Verdict>,
@@ -85,7 +90,9 @@ impl Ns {
             expected: false,
             entries: Vec::new(),
             base: Progress::default(),
-            folded: 0,
+            folded: Some(Progress::default()),
+            latest: None,
+            folded_away: 0,
             next_id: 0,
             ifnames: HashMap::new(),
             destroyed_at: None,
@@ -132,20 +139,60 @@ impl Ns {
     pub(super) fn push_at(&mut self, public: TimelineEntry, effect: Option<Effect>) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.entries.push(Entry {
+        let entry = Entry {
             id,
             public,
             effect,
             extack: None,
-        });
+        };
+        let in_order = self.latest.is_none_or(|latest| entry.public.at >= latest);
+        self.latest = Some(
+            self.latest
+                .map_or(entry.public.at, |l| l.max(entry.public.at)),
+        );
+        match &mut self.folded {
+            Some(folded) if in_order => folded.step(&entry, &self.ifnames),
+            _ => self.folded = None,
+        }
+        self.entries.push(entry);
         if self.entries.len() > MAX_ENTRIES {
             self.compact();
         }
         id
     }
 
-    pub(super) fn entry_mut(&mut self, id: u64) -> Option<&mut Entry> {
+    fn entry_mut(&mut self, id: u64) -> Option<&mut Entry> {
         self.entries.iter_mut().rev().find(|e| e.id == id)
+    }
+
+    /// The extack seen while the kernel processed request `id` (before its answer).
+    pub(super) fn set_extack(&mut self, id: u64, extack: Option<String>) {
+        if let Some(entry) = self.entry_mut(id) {
+            entry.extack = extack;
+        }
+    }
+
+    /// The kernel's answer to request `id` (`errno` 0: acked); false when it is not kept.
+    pub(super) fn answer(&mut self, id: u64, errno: i32, extack: Option<String>) -> bool {
+        let Some(entry) = self.entry_mut(id) else {
+            return false;
+        };
+        let Step::Request { status, .. } = &mut entry.public.step else {
+            return false;
+        };
+        *status = if errno == 0 {
+            RequestStatus::Acked
+        } else {
+            RequestStatus::Rejected {
+                errno,
+                extack: extack.or_else(|| entry.extack.clone()),
+            }
+        };
+        if errno != 0 {
+            // A rejected request changed nothing: fold again without its effect.
+            self.folded = None;
+        }
+        true
     }
 
     /// Entries in time order (they arrive in processing order: a state read is dated when it
@@ -157,8 +204,26 @@ impl Ns {
     }
 
     /// The whole timeline folded.
-    pub(super) fn progress(&self) -> Progress {
-        self.base.clone().fold(self.sorted(), &self.ifnames)
+    pub(super) fn progress(&mut self) -> Progress {
+        if let Some(folded) = &self.folded {
+            return folded.clone();
+        }
+        let folded = self.base.clone().fold(self.sorted(), &self.ifnames);
+        self.folded = Some(folded.clone());
+        folded
+    }
+
+    /// Interface names known by index.
+    pub(super) fn ifnames(&self) -> &HashMap<u32, String> {
+        &self.ifnames
+    }
+
+    /// Names learned for interfaces (a device event, a state read) change how earlier steps
+    /// read: fold again.
+    pub(super) fn name_interface(&mut self, ifindex: u32, name: String) {
+        if self.ifnames.insert(ifindex, name.clone()).as_ref() != Some(&name) {
+            self.folded = None;
+        }
     }
 
     /// The timeline in time order, for a verdict.
@@ -178,7 +243,7 @@ impl Ns {
         self.entries.sort_by_key(|e| e.public.at);
         let keep = self.entries.split_off(self.entries.len() / 2);
         let old = std::mem::replace(&mut self.entries, keep);
-        self.folded += old.len();
+        self.folded_away += old.len();
         self.base = std::mem::take(&mut self.base).fold(&old, &self.ifnames);
     }
 }
@@ -229,8 +294,48 @@ mod tests {
             );
         }
         assert!(ns.entries.len() <= MAX_ENTRIES);
-        assert_eq!(ns.folded + ns.entries.len(), 3 * MAX_ENTRIES);
+        assert_eq!(ns.folded_away + ns.entries.len(), 3 * MAX_ENTRIES);
         assert_eq!(ns.progress().now.up.len(), 3 * MAX_ENTRIES);
+    }
+
+    /// The fold kept up to date as entries arrive equals a fold from scratch, whatever the
+    /// order they arrive in and whether a request is rejected afterwards.
+    #[test]
+    fn the_incremental_fold_equals_a_fold_from_scratch() {
+        let mut ns = Ns::new(NetnsRef::default(), UNIX_EPOCH);
+        let times = [1, 2, 9, 3, 10, 11, 4, 12];
+        let mut ids = Vec::new();
+        for (n, ms) in times.into_iter().enumerate() {
+            let ifindex = u32::try_from(n).expect("small") + 2;
+            let event = dev_up(ms, ifindex);
+            ids.push(ns.push(
+                &event,
+                Step::Request {
+                    op: "newlink",
+                    detail: format!("d{ifindex} up"),
+                    status: RequestStatus::Sent,
+                },
+                Some(Effect::LinkUp {
+                    ifindex,
+                    ifname: None,
+                }),
+            ));
+            if n == 4 {
+                ns.name_interface(ifindex, "late-name".into());
+            }
+            if n == 5 {
+                assert!(ns.answer(ids[1], -17, Some("exists".into())));
+            }
+            let kept = ns.progress();
+            ns.folded = None;
+            let fresh = ns.progress();
+            assert_eq!(kept.now, fresh.now, "after entry {n}");
+            assert_eq!(kept.rejected, fresh.rejected, "after entry {n}");
+        }
+        assert!(
+            !ns.progress().now.up.contains("#3"),
+            "the rejected link up changed nothing"
+        );
     }
 
     #[test]
