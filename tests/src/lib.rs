@@ -279,12 +279,13 @@ pub fn run(program: &str, args: &[&str]) -> Result<String> {
 /// The `provisioner` binary of this build (`cargo xtask test` builds it before the tests).
 pub fn provisioner_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
-    // target/<profile>/deps/<test> -> target/<profile>/provisioner
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    // target/<profile>/deps/<test> or target/<profile>/<bin> -> target/<profile>/provisioner
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let profile_dir = if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
     let bin = profile_dir.join("provisioner");
     assert!(
         bin.is_file(),
