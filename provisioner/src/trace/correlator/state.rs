@@ -278,7 +278,8 @@ impl Progress {
             }
         };
         self.now.apply(effect, names);
-        if self.now.score() >= self.best.score() {
+        // On a tie the later state wins, unless it only lost lo (a loopback DEL brings it down).
+        if (self.now.score(), self.now.lo_up) >= (self.best.score(), self.best.lo_up) {
             self.best = self.now.clone();
         }
         if self.now.is_networked() {
@@ -528,5 +529,21 @@ mod tests {
         assert!(p.now.lo_up);
         assert!(p.best.lo_up, "what it reached shows lo up");
         assert!(p.networked.is_none());
+    }
+
+    #[test]
+    fn what_a_loopback_only_sandbox_reached_keeps_lo_up_after_its_del() {
+        let lo = |at, up| {
+            let ifname = Some("lo".into());
+            let effect = if up {
+                Effect::LinkUp { ifindex: 1, ifname }
+            } else {
+                Effect::LinkDown { ifindex: 1, ifname }
+            };
+            entry(at, effect)
+        };
+        let p = Progress::default().fold(&[lo(1, true), lo(2, false)], &HashMap::new());
+        assert!(!p.now.lo_up);
+        assert!(p.best.lo_up, "{}", p.best.summary());
     }
 }
