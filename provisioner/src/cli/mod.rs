@@ -108,10 +108,28 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("provisioner: error: {err:#}");
+            eprintln!("provisioner: error: {}", error_text(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: our errors' messages already name their cause
+/// (CNI messages and log lines print one message, and must be complete), so a cause whose text
+/// its parent's message already holds is not repeated.
+fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
 }
 
 fn sandbox_op(op: local_ops::Op, args: &SandboxArgs) -> anyhow::Result<()> {
@@ -128,4 +146,37 @@ fn init_logging(filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use provisioner::daemon::client::ClientError;
+
+    use super::error_text;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let unreachable = ClientError::Unreachable {
+            socket: PathBuf::from("/run/provisioner/provisioner.sock"),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        let err = anyhow::Error::new(unreachable).context("provisioner status");
+        assert_eq!(
+            error_text(&err),
+            "provisioner status: daemon unreachable at /run/provisioner/provisioner.sock: \
+             No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn causes_a_message_does_not_hold_are_kept() {
+        let io = std::io::Error::from_raw_os_error(libc::EACCES);
+        let err = anyhow::Error::new(io).context("open /var/lib/provisioner");
+        assert_eq!(
+            error_text(&err),
+            "open /var/lib/provisioner: Permission denied (os error 13)"
+        );
+    }
 }
