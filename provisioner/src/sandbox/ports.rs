@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::dataplane::{
     CheckFailure, Dataplane, DataplaneError, SandboxSpec, SetupOutcome, TeardownOutcome,
 };
-use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError};
+use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError, Reservation};
 
 /// The kernel side of a sandbox.
 pub trait SandboxDataplane: Clone + Send + Sync + 'static {
@@ -35,6 +35,12 @@ pub trait SandboxDataplane: Clone + Send + Sync + 'static {
         &self,
         host_links: &[String],
     ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send;
+
+    /// Retires the host link `name` (nothing routes through it on return); absent is fine.
+    fn delete_host_link(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), DataplaneError>> + Send;
 }
 
 impl SandboxDataplane for Dataplane {
@@ -65,6 +71,13 @@ impl SandboxDataplane for Dataplane {
     ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send {
         Dataplane::sandbox_netns_of(self, host_links)
     }
+
+    fn delete_host_link(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), DataplaneError>> + Send {
+        Dataplane::delete_host_link(self, name)
+    }
 }
 
 /// The durable allocations of one network (calls may block on fsync: the service runs them off
@@ -73,6 +86,17 @@ pub trait AllocationStore: Send + Sync + 'static {
     fn get(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
     /// The key's allocation, made (and durable) when it has none.
     fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError>;
+    /// The key's allocation, made when it has none and answered before it is durable: await
+    /// [`Reservation::durable`] before reporting success.
+    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        let existed = self.get(key)?.is_some();
+        let allocation = self.allocate(key)?;
+        Ok(Reservation::durable_already(
+            allocation,
+            !existed,
+            Path::new("(fake store)"),
+        ))
+    }
     /// Frees the key's addresses; the allocation released, if there was one.
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
     fn list(&self) -> Result<Vec<Allocation>, IpamError>;
@@ -86,6 +110,10 @@ impl AllocationStore for Allocator {
 
     fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError> {
         Allocator::allocate(self, key)
+    }
+
+    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        Allocator::reserve(self, key)
     }
 
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
