@@ -12,11 +12,16 @@ use provisioner_tests::Netns;
 use provisioner_tests::crash_harness::{CrashDaemon, assert_converged};
 use provisioner_tests::pod_net::wait_node_bare;
 
+/// `commit.slow` delays the durable commit: the crash in setup then comes before it.
 const ADD_POINTS: &[&str] = &[
     "add.reserved",
+    "commit.slow,add.reserved",
     "setup.create-veth",
+    "commit.slow,setup.create-veth",
     "setup.host-address",
+    "commit.slow,setup.host-address",
     "setup.sandbox-routes",
+    "commit.slow,setup.sandbox-routes",
     "add.durable",
     "add.before-reply",
 ];
@@ -146,20 +151,20 @@ fn a_crash_at_any_step_of_del_converges_after_the_runtimes_retry() -> Result<()>
 
 #[test]
 fn gc_removes_what_a_crashed_add_left() -> Result<()> {
+    for point in ["setup.sandbox-routes", "commit.slow,setup.sandbox-routes"] {
+        gc_after_crash(point).with_context(|| format!("failpoint {point}"))?;
+    }
+    Ok(())
+}
+
+fn gc_after_crash(point: &str) -> Result<()> {
     let node = Netns::new("crnode")?;
     let pods: Vec<Netns> = (0..2).map(|_| Netns::new("crpod")).collect::<Result<_>>()?;
     let mut daemon = CrashDaemon::new("crashnet", "10.251.9.0/24")?;
     daemon.start(&node, None)?;
     ok(&daemon, "ADD", "c0", pods[0].path())?;
     daemon.kill()?;
-    crash_at(
-        &mut daemon,
-        &node,
-        "setup.sandbox-routes",
-        "ADD",
-        "c1",
-        pods[1].path(),
-    )?;
+    crash_at(&mut daemon, &node, point, "ADD", "c1", pods[1].path())?;
     daemon.start(&node, None)?;
     // The runtime gave up on c1: its GC lists only c0.
     let gc = daemon.gc(&["c0".to_owned()])?;

@@ -723,6 +723,7 @@ impl Core {
             drop(txn);
             return Err(self.stopped("injected commit failure"));
         }
+        crate::failpoint::pause("commit.slow");
         self.store.commit(txn)
     }
 
