@@ -197,3 +197,78 @@ fn random_operations_with_a_crash_in_the_middle_converge() -> Result<()> {
     ensure!(left.is_empty(), "after DEL of every sandbox: {left:?}");
     wait_node_bare(&node, Duration::from_secs(10))
 }
+
+/// The measured case of the reliability issue: 16 callers ADD 48 sandboxes, the daemon is
+/// killed with SIGKILL a third of the way in and restarted, every caller retries until its ADD
+/// succeeds. Then the node holds exactly one host veth per pod, and none after DEL of all.
+#[test]
+fn parallel_adds_with_a_kill_leave_one_veth_per_pod() -> Result<()> {
+    const PODS: usize = 48;
+    let node = Netns::new("pjnode")?;
+    let pods: Vec<Netns> = (0..PODS)
+        .map(|_| Netns::new("pjpod"))
+        .collect::<Result<_>>()?;
+    let paths: Arc<Vec<PathBuf>> = Arc::new(pods.iter().map(|p| p.path().to_owned()).collect());
+    let mut daemon = CrashDaemon::new("parnet", "10.251.13.0/24")?;
+    daemon.start(&node, None)?;
+    let stdin = Arc::new(daemon.stdin());
+    let answered = Arc::new(AtomicUsize::new(0));
+    let callers: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (stdin, paths, answered) = (
+                Arc::clone(&stdin),
+                Arc::clone(&paths),
+                Arc::clone(&answered),
+            );
+            std::thread::spawn(move || -> Result<usize> {
+                let mut retries = 0;
+                for id in (c..PODS).step_by(CLIENTS) {
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    loop {
+                        let run =
+                            run_plugin("ADD", &format!("p{id}"), Some(&paths[id]), "eth0", &stdin)?;
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        if run.code == 0 {
+                            break;
+                        }
+                        retries += 1;
+                        ensure!(
+                            Instant::now() < deadline,
+                            "ADD p{id} never succeeded: {run:?}"
+                        );
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                Ok(retries)
+            })
+        })
+        .collect();
+    provisioner_tests::wait_until(
+        "a third of the ADDs answered",
+        Duration::from_secs(60),
+        || Ok((answered.load(Ordering::Relaxed) >= PODS / 3).then_some(())),
+    )?;
+    daemon.kill()?;
+    daemon.start(&node, None)?;
+    let mut retries = 0;
+    for c in callers {
+        retries += c.join().map_err(|_| anyhow::anyhow!("caller panicked"))??;
+    }
+    let held = assert_converged(&daemon, &node).with_context(|| daemon.log())?;
+    let veths = node_state(&node)?.veths.len();
+    eprintln!(
+        "{PODS} pods, {retries} retried ADDs: {} allocations, {veths} host veths",
+        held.len()
+    );
+    ensure!(
+        held.len() == PODS && veths == PODS,
+        "{} allocations, {veths} veths",
+        held.len()
+    );
+    for (i, pod) in paths.iter().enumerate() {
+        let run = run_plugin("DEL", &format!("p{i}"), Some(pod), "eth0", &stdin)?;
+        ensure!(run.code == 0, "DEL p{i}: {run:?}");
+    }
+    ensure!(daemon.allocations()?.is_empty());
+    wait_node_bare(&node, Duration::from_secs(10))
+}
