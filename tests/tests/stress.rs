@@ -61,15 +61,18 @@ fn client(
                 "DEL",
                 run_plugin("DEL", &cid, Some(&pods[id]), "eth0", stdin)?,
             ),
-            8 => {
+            // CHECK needs a prevResult: of this client's last ADD of the id.
+            8 if results.contains_key(&id) => {
                 let mut check = plain.clone();
                 check["prevResult"] = results.get(&id).cloned().unwrap_or_default();
                 let check = serde_json::to_vec(&check)?;
-                (
-                    "CHECK",
-                    run_plugin("CHECK", &cid, Some(&pods[id]), "eth0", &check)?,
-                )
+                let run = run_plugin("CHECK", &cid, Some(&pods[id]), "eth0", &check)?;
+                ("CHECK", run)
             }
+            8 => (
+                "ADD",
+                run_plugin("ADD", &cid, Some(&pods[id]), "eth0", stdin)?,
+            ),
             _ => {
                 // The runtime's GC: a random half of the ids is still valid.
                 let mut gc = gc_stdin.clone();
