@@ -11,6 +11,10 @@
 //!
 //! Every table is a B-tree, so each access is O(log n). A process keeps one `Database` per file
 //! (redb locks the file), shared by all allocators of that data dir through a small registry.
+//!
+//! The data dir is kept 0700 and the file 0600. Once the file exists a marker file
+//! ([`STORE_MARKER`]) is written next to it: a store file found missing or empty later was lost,
+//! and the open report says so (the daemon then rebuilds the owners from the kernel).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
