@@ -19,9 +19,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::dataplane::{Inventory, host_ifname};
+use crate::dataplane::Inventory;
 use crate::ipam::{AllocationKey, OpenReport, RoutedOwner};
-use crate::sandbox::SandboxService;
+use crate::sandbox::{SandboxService, host_link_of};
 
 /// Why reconciliation did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -63,14 +63,6 @@ pub fn report_store(report: &OpenReport) {
     for (key, reason) in &report.unreadable {
         tracing::warn!(%key, %reason, "unreadable allocation record kept");
     }
-}
-
-/// The host veth an allocation's sandbox has (or had).
-fn host_link_of(key: &AllocationKey) -> String {
-    key.adopted_link().map_or_else(
-        || host_ifname(&key.container_id, &key.ifname),
-        str::to_owned,
-    )
 }
 
 /// Reconciles the store of `service` with the kernel. `same_boot`: the node did not reboot

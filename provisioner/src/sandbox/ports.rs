@@ -36,6 +36,9 @@ pub trait SandboxDataplane: Clone + Send + Sync + 'static {
         host_links: &[String],
     ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send;
 
+    /// Names of the host veths of ours (`pvn*`) in the host netns.
+    fn host_veths(&self) -> impl Future<Output = Result<Vec<String>, DataplaneError>> + Send;
+
     /// Retires the host link `name` (nothing routes through it on return); absent is fine.
     fn delete_host_link(
         &self,
@@ -70,6 +73,15 @@ impl SandboxDataplane for Dataplane {
         host_links: &[String],
     ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send {
         Dataplane::sandbox_netns_of(self, host_links)
+    }
+
+    async fn host_veths(&self) -> Result<Vec<String>, DataplaneError> {
+        Ok(Dataplane::inventory(self)
+            .await?
+            .veths
+            .into_iter()
+            .map(|v| v.name)
+            .collect())
     }
 
     fn delete_host_link(

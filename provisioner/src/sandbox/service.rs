@@ -77,6 +77,9 @@ pub struct GcOutcome {
     pub released: Vec<AllocationKey>,
     /// Left alone because an operation on them was in flight (the next GC decides).
     pub in_flight: Vec<AllocationKey>,
+    /// Host veths of ours that no allocation, valid attachment or operation in flight owns
+    /// (left by an interrupted ADD): removed.
+    pub orphan_links: Vec<String>,
     pub errors: Vec<SandboxError>,
 }
 
@@ -449,7 +452,47 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 Err(err) => outcome.errors.push(err),
             }
         }
+        self.remove_orphan_links(&valid_links, &mut outcome).await?;
         Ok(outcome)
+    }
+
+    /// Removes the host veths of ours that nothing owns. Read in this order so that an ADD
+    /// finishing meanwhile is never taken for an orphan: the links, then the keys in flight,
+    /// then the allocations (an ADD holds its key until its allocation is durable).
+    async fn remove_orphan_links(
+        &self,
+        valid_links: &std::collections::HashSet<String>,
+        outcome: &mut GcOutcome,
+    ) -> Result<(), SandboxError> {
+        let links =
+            self.dataplane
+                .host_veths()
+                .await
+                .map_err(|source| SandboxError::Dataplane {
+                    sandbox: "GC: host veths".to_owned(),
+                    source,
+                })?;
+        let mut owned: std::collections::HashSet<String> = self
+            .locks
+            .held()
+            .into_iter()
+            .map(|(container_id, ifname)| host_ifname(&container_id, &ifname))
+            .collect();
+        owned.extend(self.list().await?.iter().map(|a| host_link_of(&a.key)));
+        for link in links
+            .into_iter()
+            .filter(|l| !owned.contains(l) && !valid_links.contains(l))
+        {
+            tracing::warn!(host_link = %link, "GC: host veth of ours that nothing owns: removing");
+            match self.dataplane.delete_host_link(&link).await {
+                Ok(()) => outcome.orphan_links.push(link),
+                Err(source) => outcome.errors.push(SandboxError::Dataplane {
+                    sandbox: format!("GC: host veth {link}"),
+                    source,
+                }),
+            }
+        }
+        Ok(())
     }
 
     /// Tells the observer of every sandbox this network holds an allocation for, with its
@@ -542,6 +585,15 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 source,
             })
     }
+}
+
+/// The host veth an allocation's sandbox has (or had): an adopted allocation's is in its key.
+#[must_use]
+pub fn host_link_of(key: &AllocationKey) -> String {
+    key.adopted_link().map_or_else(
+        || host_ifname(&key.container_id, &key.ifname),
+        str::to_owned,
+    )
 }
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ struct Kernel {
     teardown_fails: bool,
     /// Sandboxes wired now, by container id.
     wired: Vec<String>,
+    /// Host veths of ours that no sandbox wired here owns.
+    orphans: Vec<String>,
 }
 
 /// Records every call in `log`, shared with the store and the observer: one sequence.
@@ -162,8 +164,19 @@ impl SandboxDataplane for FakeDataplane {
             .collect())
     }
 
+    async fn host_veths(&self) -> Result<Vec<String>, DataplaneError> {
+        let kernel = self.kernel();
+        Ok(kernel
+            .wired
+            .iter()
+            .map(|c| host_ifname(c, "eth0"))
+            .chain(kernel.orphans.iter().cloned())
+            .collect())
+    }
+
     async fn delete_host_link(&self, name: &str) -> Result<(), DataplaneError> {
         say(&self.log, format!("delete link {name}"));
+        self.kernel().orphans.retain(|o| o != name);
         Ok(())
     }
 }
@@ -703,4 +716,29 @@ async fn gc_keeps_what_was_adopted_from_listed_sandboxes_and_removes_the_rest() 
     );
     assert!(f.holds_adopted(&listed));
     assert!(f.log().contains(&"delete link pvn0123456789ab".to_owned()));
+}
+
+#[tokio::test]
+async fn gc_removes_host_veths_nothing_owns_but_not_those_of_operations_in_flight() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("add");
+    let in_flight = host_ifname("c2", "eth0");
+    let listed = host_ifname("c3", "eth0");
+    f.dataplane.kernel().orphans = vec![
+        "pvn0123456789ab".to_owned(),
+        in_flight.clone(),
+        listed.clone(),
+    ];
+    let _adding = f.service.locks.lock("c2", "eth0").await;
+    let outcome = f
+        .service
+        .gc(&[
+            AllocationKey::new("c1", "eth0"),
+            AllocationKey::new("c3", "eth0"),
+        ])
+        .await
+        .expect("gc");
+    assert_eq!(outcome.orphan_links, ["pvn0123456789ab"]);
+    assert_eq!(f.dataplane.kernel().orphans, [in_flight, listed]);
+    assert!(f.store.holds("c1"));
 }
