@@ -112,6 +112,10 @@ pub trait AllocationStore: Send + Sync + 'static {
     /// Frees the key's addresses; the allocation released, if there was one.
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
     fn list(&self) -> Result<Vec<Allocation>, IpamError>;
+    /// The keys of records that cannot be decoded (skipped by `list`; still owners).
+    fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
+        Ok(Vec::new())
+    }
     fn count(&self) -> Result<u64, IpamError>;
 }
 
@@ -134,6 +138,14 @@ impl AllocationStore for Allocator {
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {
         Allocator::list(self)
+    }
+
+    fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
+        Ok(Allocator::list_all(self)?
+            .1
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect())
     }
 
     fn count(&self) -> Result<u64, IpamError> {

@@ -479,6 +479,10 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             .map(|(container_id, ifname)| host_ifname(&container_id, &ifname))
             .collect();
         owned.extend(self.list().await?.iter().map(|a| host_link_of(&a.key)));
+        let unreadable = self
+            .blocking("allocation store", |allocator| allocator.unreadable_keys())
+            .await?;
+        owned.extend(unreadable.iter().map(host_link_of));
         for link in links
             .into_iter()
             .filter(|l| !owned.contains(l) && !valid_links.contains(l))

@@ -189,6 +189,8 @@ struct FakeStore {
     durable: Mutex<Durable>,
     /// The commit of the last reservation, in `Durable::Later` mode.
     commit: Mutex<Option<tokio::sync::oneshot::Sender<Result<(), IpamError>>>>,
+    /// Keys whose records cannot be decoded.
+    unreadable: Mutex<Vec<AllocationKey>>,
 }
 
 impl FakeStore {
@@ -273,6 +275,14 @@ impl AllocationStore for FakeStore {
             .collect())
     }
 
+    fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
+        Ok(self
+            .unreadable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone())
+    }
+
     fn count(&self) -> Result<u64, IpamError> {
         Ok(self.list()?.len() as u64)
     }
@@ -348,6 +358,7 @@ impl Fixture {
             log: Arc::clone(&log),
             durable: Mutex::default(),
             commit: Mutex::default(),
+            unreadable: Mutex::default(),
         });
         let ipam = IpamConfig::from_json(
             r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}"#,
@@ -741,4 +752,20 @@ async fn gc_removes_host_veths_nothing_owns_but_not_those_of_operations_in_fligh
     assert_eq!(outcome.orphan_links, ["pvn0123456789ab"]);
     assert_eq!(f.dataplane.kernel().orphans, [in_flight, listed]);
     assert!(f.store.holds("c1"));
+}
+
+#[tokio::test]
+async fn gc_leaves_the_host_veth_of_an_unreadable_record_alone() {
+    let f = Fixture::new();
+    let bad = AllocationKey::new("bad", "eth0");
+    f.store
+        .unreadable
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(bad);
+    let link = host_ifname("bad", "eth0");
+    f.dataplane.kernel().orphans = vec![link.clone()];
+    let outcome = f.service.gc(&[]).await.expect("gc");
+    assert!(outcome.orphan_links.is_empty());
+    assert_eq!(f.dataplane.kernel().orphans, [link]);
 }
