@@ -9,6 +9,7 @@ pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod failpoint;
 pub mod ipam;
 pub mod metrics;
 pub mod sandbox;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use anyhow::{Context, Result, bail};
 
 pub mod containerd;
+pub mod crash_harness;
 pub mod cri;
 pub mod daemon_harness;
 pub mod daemon_queries;

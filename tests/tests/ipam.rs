@@ -502,3 +502,51 @@ fn concurrent_allocates_of_one_key_get_one_allocation() {
     assert!(results.iter().all(|r| *r == results[0]), "{results:?}");
     assert_eq!(a.count().unwrap(), 1);
 }
+
+#[test]
+fn existing_data_dir_and_store_file_are_made_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    drop(open(&data, V4_28));
+    let store = data.join("ipam.redb");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    drop(open(&data, V4_28));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&store), 0o600);
+}
+
+#[test]
+fn a_deleted_or_emptied_store_file_is_reported_lost_not_silently_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = ranges(V4_28);
+    let (a, report) = Allocator::open(dir.path(), "pod-network", &r).unwrap();
+    assert!(report.lost.is_none(), "a first start loses nothing");
+    a.allocate(&key(1)).unwrap();
+    drop(a);
+    let store = dir.path().join("ipam.redb");
+    std::fs::remove_file(&store).unwrap();
+    let (a, report) = Allocator::open(dir.path(), "pod-network", &r).unwrap();
+    let lost = report.lost.expect("a deleted store is reported lost");
+    assert!(
+        lost.contains("missing") && lost.contains(&store.display().to_string()),
+        "{lost}"
+    );
+    drop(a);
+    std::fs::File::create(&store).unwrap(); // truncated to zero bytes
+    let (_a, report) = Allocator::open(dir.path(), "pod-network", &r).unwrap();
+    let lost = report.lost.expect("an emptied store is reported lost");
+    assert!(lost.contains("empty"), "{lost}");
+}
+
+#[test]
+fn a_reopen_on_the_same_boot_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), V4_28));
+    let (_a, report) = Allocator::open(dir.path(), "pod-network", &ranges(V4_28)).unwrap();
+    assert!(report.same_boot);
+}

@@ -32,11 +32,14 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         "build",
         "provisioner binary (the tests exec it as daemon and CNI plugin)",
     );
-    run_command(
-        cargo("stable")
-            .current_dir(&root)
-            .args(["build", "-p", "provisioner", "--bins"]),
-    )?;
+    run_command(cargo("stable").current_dir(&root).args([
+        "build",
+        "-p",
+        "provisioner",
+        "--bins",
+        "--features",
+        "fault-injection",
+    ]))?;
     announce("test", "cargo test (needs root: namespaces, netlink, eBPF)");
     let totals = run_counting(
         cargo("stable")

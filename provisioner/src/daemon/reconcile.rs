@@ -1,18 +1,62 @@
 //! Start-up reconciliation of the allocation store with the kernel.
 //!
-//! The veth pair of a sandbox dies with its netns, so a missing host veth means the sandbox is
-//! gone: its allocation is released. A host veth named like ours with no allocation and no address
-//! is a leftover: it is deleted; one that still holds addresses may belong to another network's
-//! store and is left in place with a warning. Retired (graveyard) veths are deleted.
+//! The kernel is the truth about which addresses live sandboxes hold: each host veth of ours
+//! (`pvn*`) routes its pod's addresses (host routes through it). So:
+//! - an allocation whose host veth is gone is released: the veth pair dies with the sandbox's
+//!   netns. Unless no host veth of ours is visible at all while the node did not reboot: that
+//!   is a daemon looking at the wrong netns (`--host-netns`), not every sandbox gone, and
+//!   nothing is released (the daemon reports why);
+//! - a host veth of ours that no allocation owns and that routes pod addresses is *adopted*:
+//!   its addresses are reserved under [`AllocationKey::adopted`] (store file lost, network
+//!   renamed, a crash between the kernel setup and the durable commit), so they are never handed
+//!   out while it lives; DEL of its sandbox, GC or a later reconciliation releases them;
+//! - a host veth of ours that no allocation owns and that routes nothing is a leftover of an
+//!   interrupted ADD: deleted. Retired (graveyard) veths are deleted.
+//!
+//! When the kernel cannot be read, the store cannot be trusted to know every owner: the
+//! network is not put in force (requests are answered "try again later" with the reason).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
-use crate::dataplane::{host_ifname, is_graveyard_ifname, is_host_ifname};
-use crate::ipam::OpenReport;
-use crate::sandbox::SandboxService;
+use crate::dataplane::Inventory;
+use crate::ipam::{AllocationKey, OpenReport, RoutedOwner};
+use crate::sandbox::{SandboxService, host_link_of};
+
+/// Why reconciliation did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The kernel or the store could not be read or written: owners may be unknown, so the
+    /// network must not allocate.
+    #[error(
+        "cannot rebuild the owners of addresses from the kernel ({0}); not allocating, since live \
+         sandboxes may hold addresses the store does not know: fix the cause and restart the daemon"
+    )]
+    Unknown(String),
+    /// Releasing every allocation was refused (see the module doc).
+    #[error(
+        "none of the {allocations} sandboxes in the store has its host veth in host netns \
+         {netns}, which shows no host veth of ours at all although the node did not reboot: not \
+         releasing their addresses (is --host-netns right?); if those sandboxes are really gone, \
+         DEL them or let the runtime's GC remove them"
+    )]
+    MassRelease { allocations: usize, netns: String },
+}
+
+impl ReconcileError {
+    /// Whether the network must not be put in force.
+    #[must_use]
+    pub fn refuses_service(&self) -> bool {
+        matches!(self, ReconcileError::Unknown(_))
+    }
+}
 
 pub fn report_store(report: &OpenReport) {
     tracing::info!(store = %report.path.display(), allocations = report.allocations, "allocation store open");
+    if let Some(lost) = &report.lost {
+        tracing::error!(store = %report.path.display(), %lost,
+            "allocation store lost: the owners of addresses are rebuilt from the kernel's host veths");
+    }
     for allocation in &report.out_of_range {
         tracing::warn!(key = %allocation.key, ips = ?allocation.ips, "allocation outside the configured ranges: kept reserved until its sandbox is deleted");
     }
@@ -21,58 +65,86 @@ pub fn report_store(report: &OpenReport) {
     }
 }
 
-pub async fn with_kernel(service: &SandboxService) -> Result<(), String> {
-    let links: HashSet<String> = service
+/// Reconciles the store of `service` with the kernel. `same_boot`: the node did not reboot
+/// since the store was last opened.
+pub async fn with_kernel(service: &SandboxService, same_boot: bool) -> Result<(), ReconcileError> {
+    let unknown = |e: &dyn std::fmt::Display| ReconcileError::Unknown(e.to_string());
+    let inventory: Inventory = service
         .dataplane()
-        .host_link_names()
+        .inventory()
         .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
+        .map_err(|e| unknown(&e))?;
+    let allocations = service.list().await.map_err(|e| unknown(&e))?;
+    let present: HashSet<&str> = inventory.veths.iter().map(|v| v.name.as_str()).collect();
+    let owned: HashSet<String> = allocations.iter().map(|a| host_link_of(&a.key)).collect();
+    let gone: Vec<&AllocationKey> = allocations
+        .iter()
+        .map(|a| &a.key)
+        .filter(|k| !present.contains(host_link_of(k).as_str()))
         .collect();
-    let allocations = service.list().await.map_err(|e| e.to_string())?;
-    let mut expected = HashSet::new();
-    for allocation in &allocations {
-        let name = host_ifname(&allocation.key.container_id, &allocation.key.ifname);
-        if links.contains(&name) {
-            expected.insert(name);
-            continue;
-        }
-        tracing::warn!(key = %allocation.key, host_link = %name, "sandbox gone (no host veth): releasing its allocation");
-        if let Err(err) = service.release_gone(&allocation.key).await {
-            tracing::error!(key = %allocation.key, error = %err, "release of a gone sandbox failed");
+
+    let mut refused = None;
+    if !gone.is_empty() && inventory.veths.is_empty() && same_boot {
+        let err = ReconcileError::MassRelease {
+            allocations: gone.len(),
+            netns: service.dataplane().host_netns().to_owned(),
+        };
+        tracing::error!(error = %err, "reconciliation: mass release refused");
+        refused = Some(err);
+    } else {
+        for key in gone {
+            tracing::warn!(%key, host_link = %host_link_of(key), "sandbox gone (no host veth): releasing its allocation");
+            if let Err(err) = service.release_gone(key).await {
+                tracing::error!(%key, error = %err, "release of a gone sandbox failed");
+            }
         }
     }
-    for link in links.iter().filter(|l| is_graveyard_ifname(l)) {
+
+    for link in &inventory.retired {
         tracing::info!(host_link = %link, "retired host veth left by a previous run: deleting");
         if let Err(err) = service.dataplane().delete_host_link(link).await {
             tracing::error!(host_link = %link, error = %err, "delete retired host veth");
         }
     }
-    for link in links
-        .iter()
-        .filter(|l| is_host_ifname(l) && !expected.contains(*l))
-    {
-        // An allocation is stored before its veth is created, so a veth of ours without one is
-        // a leftover of a failed rollback, or belongs to another network's store (renamed
-        // network, other data dir). Only a veth that routes nothing is safe to delete.
-        let addresses = service
-            .dataplane()
-            .host_link_addresses(link)
-            .await
-            .map_err(|e| e.to_string())?;
-        if !addresses.is_empty() {
-            tracing::warn!(
-                host_link = %link,
-                ?addresses,
-                network = %service.network().name,
-                "host veth holds addresses but has no allocation in this network's store: left in place (another network's sandbox?)"
-            );
-            continue;
+
+    let mut owners = Vec::new();
+    for veth in inventory.veths.iter().filter(|v| !owned.contains(&v.name)) {
+        if veth.routed.is_empty() {
+            // An interrupted ADD's veth (no pod reaches anything through it).
+            tracing::warn!(host_link = %veth.name, "host veth without allocation that routes no pod address: deleting");
+            if let Err(err) = service.dataplane().delete_host_link(&veth.name).await {
+                tracing::error!(host_link = %veth.name, error = %err, "delete leftover host veth");
+            }
+        } else {
+            owners.push(RoutedOwner {
+                host_link: veth.name.clone(),
+                addresses: veth.routed.clone(),
+            });
         }
-        tracing::warn!(host_link = %link, "host veth without allocation or address: deleting");
-        if let Err(err) = service.dataplane().delete_host_link(link).await {
-            tracing::error!(host_link = %link, error = %err, "delete leftover host veth");
-        }
+    }
+    if !owners.is_empty() {
+        adopt(service, owners).await?;
+    }
+    refused.map_or(Ok(()), Err)
+}
+
+/// Reserves the addresses routed through host veths no allocation owns.
+async fn adopt(service: &SandboxService, owners: Vec<RoutedOwner>) -> Result<(), ReconcileError> {
+    let allocator = Arc::clone(service.allocator());
+    let report = tokio::task::spawn_blocking(move || allocator.adopt(&owners))
+        .await
+        .map_err(|e| ReconcileError::Unknown(format!("adoption worker: {e}")))?
+        .map_err(|e| ReconcileError::Unknown(e.to_string()))?;
+    for allocation in &report.adopted {
+        tracing::warn!(key = %allocation.key, ips = ?allocation.ips, network = %service.network().name,
+            "host veth routes addresses the store did not hold: adopted (reserved until the veth is removed)");
+    }
+    for (link, ip, holder) in &report.held_elsewhere {
+        tracing::warn!(host_link = %link, %ip, %holder, "host veth routes an address reserved for another key: left alone");
+    }
+    for (link, ip) in &report.out_of_range {
+        tracing::warn!(host_link = %link, %ip, network = %service.network().name,
+            "host veth routes an address outside this network's ranges: left in place (another network's sandbox?)");
     }
     Ok(())
 }

@@ -116,6 +116,7 @@ impl DaemonState {
                 && current.service.network().ranges == network.ranges;
             same_store.then(|| Arc::clone(current.service.allocator()))
         });
+        let mut same_boot = true;
         let allocator = match reuse {
             Some(allocator) => allocator,
             None => {
@@ -124,6 +125,7 @@ impl DaemonState {
                 match Allocator::open(&self.paths.data_dir, &network.name, &network.ranges) {
                     Ok((allocator, report)) => {
                         reconcile::report_store(&report);
+                        same_boot = report.same_boot;
                         self.applied().store_error = None;
                         Arc::new(allocator)
                     }
@@ -154,9 +156,14 @@ impl DaemonState {
             Arc::clone(&self.locks),
             observer,
         );
-        if let Err(err) = reconcile::with_kernel(&service).await {
+        if let Err(err) = reconcile::with_kernel(&service, same_boot).await {
             tracing::error!(error = %err, "reconciling allocations with the kernel");
-            self.applied().dataplane_error = Some(err);
+            self.applied().dataplane_error = Some(err.to_string());
+            if err.refuses_service() {
+                *active = None;
+                self.metrics.ready.set(0);
+                return;
+            }
         } else {
             self.applied().dataplane_error = None;
             if self.kernel.is_some() {

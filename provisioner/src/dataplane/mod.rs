@@ -11,6 +11,7 @@
 mod address;
 mod check;
 mod error;
+mod inventory;
 mod link;
 mod locate;
 mod naming;
@@ -30,6 +31,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use error::{CheckFailure, DataplaneError, SetupStep};
+pub use inventory::{HostVeth, Inventory};
 pub use locate::{SANDBOX_PIN_DIRS, netns_files};
 pub use naming::{
     GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, IFNAME_MAX, graveyard_ifname,

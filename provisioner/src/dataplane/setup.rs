@@ -153,6 +153,7 @@ async fn execute(
 
 impl Run<'_> {
     fn done(&self, step: SetupStep) -> StepResult<()> {
+        crate::failpoint::hit_setup(step);
         if self.fail_after == Some(step) {
             return Err((step, DataplaneError::Injected(step)));
         }

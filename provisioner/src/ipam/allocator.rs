@@ -68,6 +68,8 @@ use super::store::{AddrT, Store, Tables, addr_from_key, addr_key, decode, encode
 
 const META_RANGES: &str = "ranges";
 const META_SEQ: &str = "seq";
+/// The kernel's boot id when the store was last opened.
+const META_BOOT: &str = "boot";
 
 /// Most operations applied in one transaction. Bounds the latency a batch adds to its first
 /// caller; 16 concurrent callers fit in one batch.
@@ -166,6 +168,25 @@ impl Reservation {
         }
     }
 
+    /// A reservation whose durability is reported later through the returned sender (fakes of
+    /// the store in tests).
+    pub fn pending(
+        allocation: Allocation,
+        new: bool,
+        store: &Path,
+    ) -> (Self, oneshot::Sender<Result<(), IpamError>>) {
+        let (tx, durable) = oneshot::channel();
+        (
+            Self {
+                allocation,
+                new,
+                durable,
+                store: store.to_path_buf(),
+            },
+            tx,
+        )
+    }
+
     /// The addresses, usable at once (nothing else is handed them).
     pub fn allocation(&self) -> &Allocation {
         &self.allocation
@@ -198,6 +219,9 @@ impl Reservation {
     }
 }
 
+/// A record that cannot be decoded: its key and why.
+pub type Unreadable = (AllocationKey, String);
+
 /// What [`Allocator::open`] found in the store.
 #[derive(Debug, Clone, Default)]
 pub struct OpenReport {
@@ -215,6 +239,12 @@ pub struct OpenReport {
     pub incomplete: Vec<Allocation>,
     /// Records that cannot be decoded, with the reason. Their addresses stay reserved.
     pub unreadable: Vec<(AllocationKey, String)>,
+    /// Why the store file was created empty although one existed before (deleted or
+    /// truncated): its allocations must be rebuilt from the kernel.
+    pub lost: Option<String>,
+    /// The node has not rebooted since the store was last opened (same kernel boot id), so a
+    /// sandbox of the store whose veth is gone did not vanish with a reboot.
+    pub same_boot: bool,
 }
 
 /// Where a picked address comes from; applied to the store only once every set has one.
@@ -421,19 +451,39 @@ impl Allocator {
         }
     }
 
-    /// Every allocation, ordered by key. O(n); for reconciliation and inspection.
+    /// Every readable allocation, ordered by key. O(n); for reconciliation and inspection. A
+    /// record that cannot be decoded is skipped and logged (its addresses stay reserved, and
+    /// nothing releases it by accident); [`Self::list_all`] names them.
     pub fn list(&self) -> Result<Vec<Allocation>, IpamError> {
+        let (readable, unreadable) = self.list_all()?;
+        for (key, reason) in &unreadable {
+            tracing::warn!(network = %self.core.network, %key, %reason, store = %self.path().display(),
+                "unreadable allocation record skipped; its addresses stay reserved (release it by key)");
+        }
+        Ok(readable)
+    }
+
+    /// Every allocation, and apart every record that cannot be decoded with the reason.
+    pub fn list_all(&self) -> Result<(Vec<Allocation>, Vec<Unreadable>), IpamError> {
         let s = &self.core.store;
         let txn = s.begin_read()?;
         let table = s.read_alloc(&txn)?;
         let mut out = Vec::new();
+        let mut unreadable = Vec::new();
         for entry in table.iter().map_err(s.err("scan allocations"))? {
             let (k, v) = entry.map_err(s.err("scan allocations"))?;
             let (cid, ifname) = k.value();
             let key = AllocationKey::new(cid, ifname);
-            out.push(decode(key.clone(), v.value()).map_err(|r| s.corrupt(key.to_string(), r))?);
+            match decode(key.clone(), v.value()) {
+                Ok(allocation) => out.push(allocation),
+                Err(reason) => unreadable.push((key, reason)),
+            }
         }
-        Ok(out)
+        Ok((out, unreadable))
+    }
+
+    pub(super) fn store(&self) -> &Store {
+        &self.core.store
     }
 
     /// Number of allocations.
@@ -475,19 +525,37 @@ fn core_error(path: &Path, op: &'static str, e: std::io::Error) -> IpamError {
     }
 }
 
+/// The kernel's boot id (changes with every boot), if readable.
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// Records the range fingerprint (resetting cursors when it changed) and builds the report.
 fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenReport, IpamError> {
     let mut report = OpenReport {
         path: store.path().to_path_buf(),
+        lost: store.lost().map(str::to_owned),
         ..OpenReport::default()
     };
     let fingerprint = ranges.fingerprint();
+    let boot = boot_id();
     let txn = store.begin_write()?;
     {
         let t = store.tables(&txn)?;
         report.ranges_changed = match t.meta.get(META_RANGES).map_err(store.err("read meta"))? {
             Some(v) => v.value() != fingerprint.as_bytes(),
             None => true,
+        };
+        // Without a boot id to compare, assume no reboot (the cautious answer).
+        report.same_boot = match (
+            t.meta.get(META_BOOT).map_err(store.err("read meta"))?,
+            &boot,
+        ) {
+            (Some(v), Some(now)) => v.value() == now.as_bytes(),
+            _ => true,
         };
     }
     if report.ranges_changed {
@@ -500,6 +568,11 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
         if report.ranges_changed {
             t.meta
                 .insert(META_RANGES, fingerprint.as_bytes())
+                .map_err(store.err("write meta"))?;
+        }
+        if let Some(boot) = &boot {
+            t.meta
+                .insert(META_BOOT, boot.as_bytes())
                 .map_err(store.err("write meta"))?;
         }
         for entry in t.alloc.iter().map_err(store.err("scan allocations"))? {
@@ -650,6 +723,7 @@ impl Core {
             drop(txn);
             return Err(self.stopped("injected commit failure"));
         }
+        crate::failpoint::pause("commit.slow");
         self.store.commit(txn)
     }
 
@@ -1219,6 +1293,38 @@ mod tests {
                 .to_string(),
             "10.244.1.2"
         );
+    }
+
+    #[test]
+    fn list_skips_an_undecodable_record_names_it_and_keeps_its_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(dir.path(), V4_28);
+        a.allocate(&key(1)).unwrap(); // .2
+        {
+            let s = &a.core.store;
+            let txn = s.begin_write().unwrap();
+            {
+                let mut t = s.tables(&txn).unwrap();
+                t.alloc
+                    .insert(("bad", "eth0"), b"{\"ips\":[{".as_slice())
+                    .unwrap();
+                t.addr
+                    .insert(addr_key("10.244.1.3".parse().unwrap()), ("bad", "eth0"))
+                    .unwrap();
+                t.cursor
+                    .insert((0, 0), to_u128("10.244.1.2".parse().unwrap()))
+                    .unwrap();
+            }
+            s.commit(txn).unwrap();
+        }
+        let listed = a.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].key, key(1));
+        let (_, unreadable) = a.list_all().unwrap();
+        assert_eq!(unreadable.len(), 1);
+        assert_eq!(unreadable[0].0, AllocationKey::new("bad", "eth0"));
+        // Its address stays reserved.
+        assert_eq!(ip(&a.run_batch(&[Op::Allocate(key(2))])[0]), "10.244.1.4");
     }
 
     #[test]

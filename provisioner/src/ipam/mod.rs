@@ -5,8 +5,10 @@
 //! - [`range`]: ranges, range sets, address arithmetic
 //! - [`store`]: the redb file and its tables
 //! - [`allocator`]: allocate / release / get / list
+//! - [`adopt`]: reserving what the kernel shows routed but the store does not hold
 //! - [`error`]: the error type, [`IpamError`]
 
+pub mod adopt;
 pub mod allocation;
 pub mod allocator;
 pub mod config;
@@ -14,6 +16,7 @@ pub mod error;
 pub mod range;
 pub mod store;
 
+pub use adopt::{ADOPTED_PREFIX, AdoptReport, RoutedOwner};
 pub use allocation::{AllocatedIp, Allocation, AllocationKey};
 pub use allocator::{Allocator, OpenReport, Reservation};
 pub use config::{IpamConfig, RangeConfig, RouteConfig};

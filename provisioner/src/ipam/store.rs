@@ -11,10 +11,14 @@
 //!
 //! Every table is a B-tree, so each access is O(log n). A process keeps one `Database` per file
 //! (redb locks the file), shared by all allocators of that data dir through a small registry.
+//!
+//! The data dir is kept 0700 and the file 0600. Once the file exists a marker file
+//! ([`STORE_MARKER`]) is written next to it: a store file found missing or empty later was lost,
+//! and the open report says so (the daemon then rebuilds the owners from the kernel).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -31,6 +35,10 @@ use super::range::{Family, from_u128, to_u128};
 
 /// File name of the store inside the data dir.
 pub const STORE_FILE: &str = "ipam.redb";
+
+/// Written into the data dir once the store file exists: a missing or empty store file next to
+/// it was lost (deleted, truncated), not never created.
+pub const STORE_MARKER: &str = "ipam.redb.created";
 
 pub(crate) type KeyT = (&'static str, &'static str);
 pub(crate) type AddrT = (u8, u128);
@@ -55,6 +63,8 @@ pub(crate) struct Store {
     db: Arc<Database>,
     path: PathBuf,
     names: Names,
+    /// Why the store file was created empty although one existed before (see [`STORE_MARKER`]).
+    lost: Option<String>,
 }
 
 fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<Database>>> {
@@ -82,35 +92,36 @@ fn check_network(network: &str) -> Result<(), IpamError> {
 }
 
 impl Store {
-    /// Opens (creating if missing) the store of `network` under `data_dir`.
+    /// Opens (creating if missing) the store of `network` under `data_dir`. The data dir is
+    /// made 0700 and the store file 0600, also when they already exist.
     pub fn open(data_dir: &Path, network: &str) -> Result<Store, IpamError> {
         check_network(network)?;
+        let dir_err = |source| IpamError::DataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(data_dir)
-            .map_err(|source| IpamError::DataDir {
-                path: data_dir.to_path_buf(),
-                source,
-            })?;
-        let dir = data_dir
-            .canonicalize()
-            .map_err(|source| IpamError::DataDir {
-                path: data_dir.to_path_buf(),
-                source,
-            })?;
+            .map_err(dir_err)?;
+        let dir = data_dir.canonicalize().map_err(dir_err)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
         let path = dir.join(STORE_FILE);
+        let mut lost = None;
         let db = {
             // Poisoning only means another thread panicked while opening; the map is still valid.
             let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
             match reg.get(&path).and_then(Weak::upgrade) {
                 Some(db) => db,
                 None => {
+                    lost = lost_store(&dir, &path);
                     let db =
                         Arc::new(Database::create(&path).map_err(|e| IpamError::StoreOpen {
                             path: path.clone(),
                             source: Box::new(e.into()),
                         })?);
+                    make_private(&dir, &path)?;
                     reg.retain(|_, w| w.strong_count() > 0);
                     reg.insert(path.clone(), Arc::downgrade(&db));
                     db
@@ -128,11 +139,17 @@ impl Store {
                 free: format!("{p}free"),
                 meta: format!("{p}meta"),
             },
+            lost,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Why the store file was created empty although one existed before, if it was.
+    pub fn lost(&self) -> Option<&str> {
+        self.lost.as_deref()
     }
 
     /// Maps any redb error to [`IpamError::Store`] naming the file and the operation.
@@ -206,6 +223,49 @@ impl Store {
         txn.open_table(TableDefinition::new(&self.names.alloc))
             .map_err(self.err("open table"))
     }
+}
+
+/// Whether the store file at `path` is missing or empty while the marker in `dir` says it had
+/// been created: the reason, for the open report.
+fn lost_store(dir: &Path, path: &Path) -> Option<String> {
+    let marker = dir.join(STORE_MARKER);
+    let len = match std::fs::metadata(path) {
+        Ok(meta) => Some(meta.len()),
+        Err(_) => None,
+    };
+    if len.is_some_and(|n| n > 0) || !marker.exists() {
+        return None;
+    }
+    Some(format!(
+        "store file {} is {} although {} shows it was created before",
+        path.display(),
+        if len.is_some() { "empty" } else { "missing" },
+        marker.display()
+    ))
+}
+
+/// Store file 0600; the marker written (and synced with its directory) once the file exists.
+fn make_private(dir: &Path, path: &Path) -> Result<(), IpamError> {
+    let err = |source| IpamError::DataDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    let marker = dir.join(STORE_MARKER);
+    if !marker.exists() {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&marker)
+            .map_err(err)?;
+        file.sync_all().map_err(err)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn addr_key(ip: IpAddr) -> AddrT {

@@ -51,6 +51,16 @@ impl KeyLocks {
         key_guard.guard.is_some().then_some(key_guard)
     }
 
+    /// Every key held or waited for now.
+    pub fn held(&self) -> Vec<(String, String)> {
+        self.locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.locks

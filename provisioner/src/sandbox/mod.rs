@@ -18,4 +18,4 @@ pub use key_locks::{KeyGuard, KeyLocks};
 pub use network::Network;
 pub use observer::{NoObserver, Removal, SandboxObserver};
 pub use ports::{AllocationStore, SandboxDataplane};
-pub use service::{AddOutcome, DelOutcome, GcOutcome, SandboxRef, SandboxService};
+pub use service::{AddOutcome, DelOutcome, GcOutcome, SandboxRef, SandboxService, host_link_of};

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::dataplane::{
     CheckFailure, Dataplane, DataplaneError, SandboxSpec, SetupOutcome, TeardownOutcome,
 };
-use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError};
+use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError, Reservation};
 
 /// The kernel side of a sandbox.
 pub trait SandboxDataplane: Clone + Send + Sync + 'static {
@@ -35,6 +35,15 @@ pub trait SandboxDataplane: Clone + Send + Sync + 'static {
         &self,
         host_links: &[String],
     ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send;
+
+    /// Names of the host veths of ours (`pvn*`) in the host netns.
+    fn host_veths(&self) -> impl Future<Output = Result<Vec<String>, DataplaneError>> + Send;
+
+    /// Retires the host link `name` (nothing routes through it on return); absent is fine.
+    fn delete_host_link(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), DataplaneError>> + Send;
 }
 
 impl SandboxDataplane for Dataplane {
@@ -65,6 +74,22 @@ impl SandboxDataplane for Dataplane {
     ) -> impl Future<Output = Result<HashMap<String, PathBuf>, DataplaneError>> + Send {
         Dataplane::sandbox_netns_of(self, host_links)
     }
+
+    async fn host_veths(&self) -> Result<Vec<String>, DataplaneError> {
+        Ok(Dataplane::inventory(self)
+            .await?
+            .veths
+            .into_iter()
+            .map(|v| v.name)
+            .collect())
+    }
+
+    fn delete_host_link(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), DataplaneError>> + Send {
+        Dataplane::delete_host_link(self, name)
+    }
 }
 
 /// The durable allocations of one network (calls may block on fsync: the service runs them off
@@ -73,9 +98,24 @@ pub trait AllocationStore: Send + Sync + 'static {
     fn get(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
     /// The key's allocation, made (and durable) when it has none.
     fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError>;
+    /// The key's allocation, made when it has none and answered before it is durable: await
+    /// [`Reservation::durable`] before reporting success.
+    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        let existed = self.get(key)?.is_some();
+        let allocation = self.allocate(key)?;
+        Ok(Reservation::durable_already(
+            allocation,
+            !existed,
+            Path::new("(fake store)"),
+        ))
+    }
     /// Frees the key's addresses; the allocation released, if there was one.
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
     fn list(&self) -> Result<Vec<Allocation>, IpamError>;
+    /// The keys of records that cannot be decoded (skipped by `list`; still owners).
+    fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
+        Ok(Vec::new())
+    }
     fn count(&self) -> Result<u64, IpamError>;
 }
 
@@ -88,12 +128,24 @@ impl AllocationStore for Allocator {
         Allocator::allocate(self, key)
     }
 
+    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        Allocator::reserve(self, key)
+    }
+
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
         Allocator::release(self, key)
     }
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {
         Allocator::list(self)
+    }
+
+    fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
+        Ok(Allocator::list_all(self)?
+            .1
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect())
     }
 
     fn count(&self) -> Result<u64, IpamError> {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ipnetwork::IpNetwork;
 
 use crate::dataplane::{
-    Dataplane, DataplaneError, ExpectedState, PodAddress, RouteSpec, SandboxSpec, SetupOutcome,
-    TeardownOutcome, host_ifname,
+    CheckFailure, Dataplane, DataplaneError, ExpectedState, PodAddress, RouteSpec, SandboxSpec,
+    SetupOutcome, TeardownOutcome, host_ifname,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator};
 
@@ -77,6 +77,9 @@ pub struct GcOutcome {
     pub released: Vec<AllocationKey>,
     /// Left alone because an operation on them was in flight (the next GC decides).
     pub in_flight: Vec<AllocationKey>,
+    /// Host veths of ours that no allocation, valid attachment or operation in flight owns
+    /// (left by an interrupted ADD): removed.
+    pub orphan_links: Vec<String>,
     pub errors: Vec<SandboxError>,
 }
 
@@ -144,7 +147,8 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         &self.dataplane
     }
 
-    /// Reserves addresses, wires the sandbox and verifies it.
+    /// Reserves addresses, wires the sandbox and verifies it. The kernel work overlaps the
+    /// durable commit of a new reservation; the answer waits for both.
     pub async fn add(&self, sandbox: &SandboxRef) -> Result<AddOutcome, SandboxError> {
         let _serialised = self
             .locks
@@ -155,20 +159,20 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             SandboxError::Config(format!("{label}: ADD needs a network namespace path"))
         })?;
         let key = sandbox.key();
-        let (existed, allocation) = self
+        let reservation = self
             .blocking(&label, {
                 let key = key.clone();
-                move |allocator| {
-                    let existed = allocator.get(&key)?.is_some();
-                    Ok((existed, allocator.allocate(&key)?))
-                }
+                move |allocator| allocator.reserve(&key)
             })
             .await?;
+        let existed = !reservation.is_new();
+        let allocation = reservation.allocation().clone();
+        crate::failpoint::hit("add.reserved");
         let spec = self.spec_for(&allocation, &netns);
         let expected = match crate::dataplane::plan(&spec) {
             Ok(expected) => expected,
             Err(source) => {
-                if !existed {
+                if !existed && reservation.durable().await.is_ok() {
                     self.release_after_failure(&key, &label).await;
                 }
                 return Err(SandboxError::Dataplane {
@@ -178,7 +182,32 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             }
         };
         self.observer.planned(sandbox, &expected);
-        let (setup, verified) = match self.dataplane.setup_and_check(&spec).await {
+        let durable = async {
+            let durable = reservation.durable().await;
+            if durable.is_ok() {
+                crate::failpoint::hit("add.durable");
+            }
+            durable
+        };
+        let (wired, durable) = tokio::join!(self.setup_replacing_leftovers(&spec), durable);
+        if let Err(source) = durable {
+            // Not on disk, and the store refuses writes until reopened: undo the wiring so
+            // that nothing routes an address the store does not hold.
+            self.observer.rolled_back(sandbox);
+            if wired.is_ok()
+                && let Err(err) = self
+                    .dataplane
+                    .teardown(&sandbox.container_id, &sandbox.ifname, Some(&netns))
+                    .await
+            {
+                tracing::error!(sandbox = %label, error = %err, "rollback after a failed durable commit");
+            }
+            return Err(SandboxError::Ipam {
+                sandbox: label,
+                source,
+            });
+        }
+        let (setup, verified) = match wired {
             Ok(setup) => setup,
             Err(source) => {
                 self.observer.rolled_back(sandbox);
@@ -214,12 +243,51 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             });
         }
         self.observer.set_up(sandbox, &expected);
+        crate::failpoint::hit("add.before-reply");
         Ok(AddOutcome {
             allocation,
             spec,
             expected,
             setup,
         })
+    }
+
+    /// Setup and check; when the host veth of the sandbox is already there (left by an ADD
+    /// that crashed, or a repeated ADD), it is torn down with what it routes, its adopted
+    /// addresses (if reconciliation adopted it) released, and setup runs once more.
+    async fn setup_replacing_leftovers(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+        let first = self.dataplane.setup_and_check(spec).await;
+        let host_link = host_ifname(&spec.container_id, &spec.ifname);
+        let leftover = matches!(
+            &first,
+            Err(DataplaneError::Setup { source, .. })
+                if matches!(source.as_ref(), DataplaneError::InterfaceExists { ifname, .. } if *ifname == host_link)
+        );
+        if !leftover {
+            return first;
+        }
+        tracing::warn!(container_id = %spec.container_id, ifname = %spec.ifname, %host_link,
+            "host veth already there (an earlier ADD did not finish): replacing it");
+        self.dataplane
+            .teardown(&spec.container_id, &spec.ifname, Some(&spec.netns))
+            .await?;
+        self.release_adopted(&host_link).await;
+        self.dataplane.setup_and_check(spec).await
+    }
+
+    /// Releases what reconciliation adopted from host veth `host_link` (now torn down).
+    async fn release_adopted(&self, host_link: &str) {
+        let adopted = AllocationKey::adopted(host_link);
+        let label = format!("host veth {host_link}");
+        if let Err(err) = self
+            .blocking(&label, move |allocator| allocator.release(&adopted))
+            .await
+        {
+            tracing::error!(%host_link, error = %err, "release of the addresses adopted from a removed host veth");
+        }
     }
 
     /// The runtime's DEL: removes the wiring, then releases the addresses. Idempotent.
@@ -247,6 +315,10 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         cause: Removal,
     ) -> Result<DelOutcome, SandboxError> {
         let label = sandbox.label();
+        let key = sandbox.key();
+        if let Some(host_link) = key.adopted_link() {
+            return self.remove_adopted(&key, host_link, &label).await;
+        }
         self.observer.removing(sandbox, cause);
         let teardown = self
             .dataplane
@@ -260,12 +332,47 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 sandbox: label.clone(),
                 source,
             })?;
-        let key = sandbox.key();
+        crate::failpoint::hit("del.teardown");
+        // The host veth is gone: so are the addresses reconciliation adopted from it.
+        let adopted = AllocationKey::adopted(&host_ifname(&key.container_id, &key.ifname));
         let released = self
-            .blocking(&label, move |allocator| allocator.release(&key))
+            .blocking(&label, move |allocator| {
+                if allocator.get(&adopted)?.is_some() {
+                    allocator.release(&adopted)?;
+                }
+                allocator.release(&key)
+            })
             .await?;
+        crate::failpoint::hit("del.released");
         self.observer.removed(sandbox, cause, released.as_ref());
         Ok(DelOutcome { teardown, released })
+    }
+
+    /// Removes an adopted allocation: its host veth, then its addresses.
+    async fn remove_adopted(
+        &self,
+        key: &AllocationKey,
+        host_link: &str,
+        label: &str,
+    ) -> Result<DelOutcome, SandboxError> {
+        self.dataplane
+            .delete_host_link(host_link)
+            .await
+            .map_err(|source| SandboxError::Dataplane {
+                sandbox: label.to_owned(),
+                source,
+            })?;
+        let key = key.clone();
+        let released = self
+            .blocking(label, move |allocator| allocator.release(&key))
+            .await?;
+        Ok(DelOutcome {
+            teardown: TeardownOutcome {
+                host_link_deleted: true,
+                ..TeardownOutcome::default()
+            },
+            released,
+        })
     }
 
     /// Verifies that the kernel holds everything the allocation implies and, with `claimed`
@@ -321,9 +428,18 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
     /// an operation in flight (an ADD the runtime lists no attachment for yet) is left alone.
     pub async fn gc(&self, valid: &[AllocationKey]) -> Result<GcOutcome, SandboxError> {
         let mut outcome = GcOutcome::default();
+        let valid_links: std::collections::HashSet<String> = valid
+            .iter()
+            .map(|k| host_ifname(&k.container_id, &k.ifname))
+            .collect();
         for allocation in self.list().await? {
             let key = allocation.key;
-            if valid.contains(&key) {
+            // An adopted allocation belongs to the sandbox whose host veth it was adopted from.
+            let kept = match key.adopted_link() {
+                Some(link) => valid_links.contains(link),
+                None => valid.contains(&key),
+            };
+            if kept {
                 continue;
             }
             let Some(_serialised) = self.locks.try_lock(&key.container_id, &key.ifname) else {
@@ -336,14 +452,59 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 Err(err) => outcome.errors.push(err),
             }
         }
+        self.remove_orphan_links(&valid_links, &mut outcome).await?;
         Ok(outcome)
+    }
+
+    /// Removes the host veths of ours that nothing owns. Read in this order so that an ADD
+    /// finishing meanwhile is never taken for an orphan: the links, then the keys in flight,
+    /// then the allocations (an ADD holds its key until its allocation is durable).
+    async fn remove_orphan_links(
+        &self,
+        valid_links: &std::collections::HashSet<String>,
+        outcome: &mut GcOutcome,
+    ) -> Result<(), SandboxError> {
+        let links =
+            self.dataplane
+                .host_veths()
+                .await
+                .map_err(|source| SandboxError::Dataplane {
+                    sandbox: "GC: host veths".to_owned(),
+                    source,
+                })?;
+        let mut owned: std::collections::HashSet<String> = self
+            .locks
+            .held()
+            .into_iter()
+            .map(|(container_id, ifname)| host_ifname(&container_id, &ifname))
+            .collect();
+        owned.extend(self.list().await?.iter().map(|a| host_link_of(&a.key)));
+        let unreadable = self
+            .blocking("allocation store", |allocator| allocator.unreadable_keys())
+            .await?;
+        owned.extend(unreadable.iter().map(host_link_of));
+        for link in links
+            .into_iter()
+            .filter(|l| !owned.contains(l) && !valid_links.contains(l))
+        {
+            tracing::warn!(host_link = %link, "GC: host veth of ours that nothing owns: removing");
+            match self.dataplane.delete_host_link(&link).await {
+                Ok(()) => outcome.orphan_links.push(link),
+                Err(source) => outcome.errors.push(SandboxError::Dataplane {
+                    sandbox: format!("GC: host veth {link}"),
+                    source,
+                }),
+            }
+        }
+        Ok(())
     }
 
     /// Tells the observer of every sandbox this network holds an allocation for, with its
     /// namespace found from the kernel (the peer of its host veth) and what it must have: the
     /// audit at start.
     pub async fn announce_existing(&self) -> Result<usize, SandboxError> {
-        let allocations = self.list().await?;
+        let mut allocations = self.list().await?;
+        allocations.retain(|a| a.key.adopted_link().is_none());
         let host_links: Vec<String> = allocations
             .iter()
             .map(|a| host_ifname(&a.key.container_id, &a.key.ifname))
@@ -428,6 +589,15 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 source,
             })
     }
+}
+
+/// The host veth an allocation's sandbox has (or had): an adopted allocation's is in its key.
+#[must_use]
+pub fn host_link_of(key: &AllocationKey) -> String {
+    key.adopted_link().map_or_else(
+        || host_ifname(&key.container_id, &key.ifname),
+        str::to_owned,
+    )
 }
 
 #[cfg(test)]

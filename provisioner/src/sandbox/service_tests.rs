@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::dataplane::{CheckFailure, DataplaneError, SetupStep};
-use crate::ipam::{AllocatedIp, IpamConfig, IpamError};
+use crate::ipam::{AllocatedIp, IpamConfig, IpamError, Reservation};
 
 use super::*;
 
@@ -21,6 +21,19 @@ enum Setup {
     FailsDirty,
     /// Wires, but the check afterwards finds something missing.
     Unverified,
+    /// The host veth is already there (a crashed ADD's) the first time, then it works.
+    LeftoverOnce,
+}
+
+/// When the fake store's reservations become durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Durable {
+    #[default]
+    AtOnce,
+    /// When the test says so (`Fixture::make_durable`).
+    Later,
+    /// Never: the commit fails.
+    Fails,
 }
 
 #[derive(Default)]
@@ -29,6 +42,8 @@ struct Kernel {
     teardown_fails: bool,
     /// Sandboxes wired now, by container id.
     wired: Vec<String>,
+    /// Host veths of ours that no sandbox wired here owns.
+    orphans: Vec<String>,
 }
 
 /// Records every call in `log`, shared with the store and the observer: one sequence.
@@ -76,6 +91,18 @@ impl SandboxDataplane for FakeDataplane {
         match kernel.setup {
             Setup::FailsCleanly => return Err(failed(Vec::new())),
             Setup::FailsDirty => return Err(failed(vec![io_error()])),
+            Setup::LeftoverOnce => {
+                kernel.setup = Setup::Works;
+                return Err(DataplaneError::Setup {
+                    container_id: spec.container_id.clone(),
+                    step: SetupStep::CheckNames,
+                    source: Box::new(DataplaneError::InterfaceExists {
+                        ifname: host_ifname(&spec.container_id, &spec.ifname),
+                        netns: "node".into(),
+                    }),
+                    rollback_errors: Vec::new(),
+                });
+            }
             Setup::Works | Setup::Unverified => {}
         }
         kernel.wired.push(spec.container_id.clone());
@@ -136,6 +163,22 @@ impl SandboxDataplane for FakeDataplane {
             .map(|l| (l.clone(), PathBuf::from(format!("/run/netns/{l}"))))
             .collect())
     }
+
+    async fn host_veths(&self) -> Result<Vec<String>, DataplaneError> {
+        let kernel = self.kernel();
+        Ok(kernel
+            .wired
+            .iter()
+            .map(|c| host_ifname(c, "eth0"))
+            .chain(kernel.orphans.iter().cloned())
+            .collect())
+    }
+
+    async fn delete_host_link(&self, name: &str) -> Result<(), DataplaneError> {
+        say(&self.log, format!("delete link {name}"));
+        self.kernel().orphans.retain(|o| o != name);
+        Ok(())
+    }
 }
 
 /// Allocations in memory; `10.0.0.<n>/24` in order.
@@ -143,6 +186,11 @@ struct FakeStore {
     allocations: Mutex<BTreeMap<AllocationKey, Allocation>>,
     next: Mutex<u8>,
     log: Log,
+    durable: Mutex<Durable>,
+    /// The commit of the last reservation, in `Durable::Later` mode.
+    commit: Mutex<Option<tokio::sync::oneshot::Sender<Result<(), IpamError>>>>,
+    /// Keys whose records cannot be decoded.
+    unreadable: Mutex<Vec<AllocationKey>>,
 }
 
 impl FakeStore {
@@ -162,6 +210,27 @@ impl AllocationStore for FakeStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(key)
             .cloned())
+    }
+
+    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        let new = self.get(key)?.is_none();
+        let allocation = self.allocate(key)?;
+        let store = Path::new("fake");
+        let mode = *self.durable.lock().unwrap_or_else(PoisonError::into_inner);
+        if !new || mode == Durable::AtOnce {
+            return Ok(Reservation::durable_already(allocation, new, store));
+        }
+        let (reservation, commit) = Reservation::pending(allocation, new, store);
+        if mode == Durable::Fails {
+            let _ = commit.send(Err(IpamError::Corrupt {
+                path: store.into(),
+                what: "commit".into(),
+                reason: "injected".into(),
+            }));
+        } else {
+            *self.commit.lock().unwrap_or_else(PoisonError::into_inner) = Some(commit);
+        }
+        Ok(reservation)
     }
 
     fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError> {
@@ -204,6 +273,14 @@ impl AllocationStore for FakeStore {
             .values()
             .cloned()
             .collect())
+    }
+
+    fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
+        Ok(self
+            .unreadable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone())
     }
 
     fn count(&self) -> Result<u64, IpamError> {
@@ -279,6 +356,9 @@ impl Fixture {
             allocations: Mutex::default(),
             next: Mutex::default(),
             log: Arc::clone(&log),
+            durable: Mutex::default(),
+            commit: Mutex::default(),
+            unreadable: Mutex::default(),
         });
         let ipam = IpamConfig::from_json(
             r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}"#,
@@ -492,4 +572,200 @@ async fn release_gone_is_told_as_netns_gone() {
         f.log().last().map(String::as_str),
         Some("observer removed c1 NetnsGone released=true")
     );
+}
+
+impl Fixture {
+    fn set_durable(&self, mode: Durable) {
+        *self
+            .store
+            .durable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = mode;
+    }
+
+    fn make_durable(&self) {
+        let commit = self
+            .store
+            .commit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .expect("a reservation waits for its commit");
+        commit.send(Ok(())).expect("the ADD awaits durability");
+    }
+
+    fn adopt(&self, host_link: &str, last_octet: u8) {
+        let key = AllocationKey::adopted(host_link);
+        let allocation = Allocation {
+            key: key.clone(),
+            ips: vec![AllocatedIp {
+                address: IpNetwork::new([10, 0, 0, last_octet].into(), 24).expect("a /24"),
+                gateway: [10, 0, 0, 1].into(),
+            }],
+        };
+        self.store
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, allocation);
+    }
+
+    fn holds_adopted(&self, host_link: &str) -> bool {
+        self.store
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&AllocationKey::adopted(host_link))
+    }
+}
+
+#[tokio::test]
+async fn add_wires_while_the_commit_runs_and_answers_only_once_it_is_durable() {
+    let f = Fixture::new();
+    f.set_durable(Durable::Later);
+    let service = f.service.clone();
+    let add = tokio::spawn(async move { service.add(&sandbox("c1")).await });
+    // Bounded poll: the reservation is made on a blocking thread.
+    let mut wired = false;
+    for _ in 0..5000 {
+        if f.dataplane.kernel().wired.contains(&"c1".to_owned()) {
+            wired = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    assert!(wired, "setup did not start before durability");
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !add.is_finished(),
+        "ADD answered before its allocation was durable"
+    );
+    f.make_durable();
+    add.await.expect("join").expect("add");
+    assert_eq!(
+        f.log(),
+        [
+            "allocate c1",
+            "observer planned c1 eth0",
+            "setup c1",
+            "observer set up c1"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn add_whose_commit_fails_undoes_the_wiring_and_fails() {
+    let f = Fixture::new();
+    f.set_durable(Durable::Fails);
+    let err = f
+        .service
+        .add(&sandbox("c1"))
+        .await
+        .expect_err("not durable");
+    assert!(matches!(err, SandboxError::Ipam { .. }), "{err}");
+    assert_eq!(
+        f.log(),
+        [
+            "allocate c1",
+            "observer planned c1 eth0",
+            "setup c1",
+            "observer rolled back c1",
+            "teardown c1"
+        ]
+    );
+    assert!(f.dataplane.kernel().wired.is_empty());
+}
+
+#[tokio::test]
+async fn add_replaces_a_leftover_host_veth_and_frees_what_was_adopted_from_it() {
+    let f = Fixture::new();
+    let link = host_ifname("c1", "eth0");
+    f.adopt(&link, 200);
+    f.dataplane.kernel().setup = Setup::LeftoverOnce;
+    f.service.add(&sandbox("c1")).await.expect("add");
+    assert!(!f.holds_adopted(&link), "adopted address still reserved");
+    assert!(f.store.holds("c1"));
+    assert_eq!(
+        f.log(),
+        [
+            "allocate c1".to_owned(),
+            "observer planned c1 eth0".to_owned(),
+            "setup c1".to_owned(),
+            "teardown c1".to_owned(),
+            format!("release adopted:{link}"),
+            "setup c1".to_owned(),
+            "observer set up c1".to_owned(),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn del_frees_what_was_adopted_from_its_host_veth() {
+    let f = Fixture::new();
+    let link = host_ifname("c1", "eth0");
+    f.adopt(&link, 200);
+    f.service.del(&sandbox("c1")).await.expect("del");
+    assert!(!f.holds_adopted(&link));
+}
+
+#[tokio::test]
+async fn gc_keeps_what_was_adopted_from_listed_sandboxes_and_removes_the_rest() {
+    let f = Fixture::new();
+    let listed = host_ifname("c1", "eth0");
+    f.adopt(&listed, 200);
+    f.adopt("pvn0123456789ab", 201);
+    let outcome = f
+        .service
+        .gc(&[AllocationKey::new("c1", "eth0")])
+        .await
+        .expect("gc");
+    assert_eq!(
+        outcome.released,
+        [AllocationKey::adopted("pvn0123456789ab")]
+    );
+    assert!(f.holds_adopted(&listed));
+    assert!(f.log().contains(&"delete link pvn0123456789ab".to_owned()));
+}
+
+#[tokio::test]
+async fn gc_removes_host_veths_nothing_owns_but_not_those_of_operations_in_flight() {
+    let f = Fixture::new();
+    f.service.add(&sandbox("c1")).await.expect("add");
+    let in_flight = host_ifname("c2", "eth0");
+    let listed = host_ifname("c3", "eth0");
+    f.dataplane.kernel().orphans = vec![
+        "pvn0123456789ab".to_owned(),
+        in_flight.clone(),
+        listed.clone(),
+    ];
+    let _adding = f.service.locks.lock("c2", "eth0").await;
+    let outcome = f
+        .service
+        .gc(&[
+            AllocationKey::new("c1", "eth0"),
+            AllocationKey::new("c3", "eth0"),
+        ])
+        .await
+        .expect("gc");
+    assert_eq!(outcome.orphan_links, ["pvn0123456789ab"]);
+    assert_eq!(f.dataplane.kernel().orphans, [in_flight, listed]);
+    assert!(f.store.holds("c1"));
+}
+
+#[tokio::test]
+async fn gc_leaves_the_host_veth_of_an_unreadable_record_alone() {
+    let f = Fixture::new();
+    let bad = AllocationKey::new("bad", "eth0");
+    f.store
+        .unreadable
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(bad);
+    let link = host_ifname("bad", "eth0");
+    f.dataplane.kernel().orphans = vec![link.clone()];
+    let outcome = f.service.gc(&[]).await.expect("gc");
+    assert!(outcome.orphan_links.is_empty());
+    assert_eq!(f.dataplane.kernel().orphans, [link]);
 }

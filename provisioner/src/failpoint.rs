@@ -1,0 +1,85 @@
+//! Crash points for tests (cargo feature `fault-injection`): with
+//! `PROVISIONER_FAILPOINT=<name>[,<name>...]` in its environment the daemon kills itself with SIGKILL when it
+//! reaches the point of that name, as a crash (OOM kill, node power loss for the kernel side)
+//! would, so that tests can check that a restart and the runtime's retry converge. Without the
+//! feature every point compiles to nothing.
+//!
+//! Points: `add.reserved` (addresses chosen, maybe not durable yet), `setup.<step>` after each
+//! [`SetupStep`] (`setup.create-veth`, `setup.host-address`, ... `setup.sandbox-routes`),
+//! `add.durable` (the allocation is on disk), `add.before-reply`, `del.teardown` (kernel objects
+//! withdrawn, addresses not released yet), `del.released` (released, before the reply).
+//! `commit.slow` is no crash: it delays the durable commit of reservations by [`PAUSE`], so
+//! that a crash in setup comes before the allocation is on disk.
+
+use crate::dataplane::SetupStep;
+
+/// Environment variable naming the point to crash at.
+pub const ENV: &str = "PROVISIONER_FAILPOINT";
+
+/// The armed points (comma separated in [`ENV`]).
+#[cfg(feature = "fault-injection")]
+fn armed() -> &'static [String] {
+    static ARMED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    ARMED.get_or_init(|| {
+        std::env::var(ENV)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+#[cfg(feature = "fault-injection")]
+fn is_armed(name: &str) -> bool {
+    armed().iter().any(|p| p == name)
+}
+
+/// Crashes the process here if the failpoint `name` is armed.
+#[cfg(feature = "fault-injection")]
+pub fn hit(name: &str) {
+    if is_armed(name) {
+        tracing::error!(failpoint = name, "failpoint reached: killing the process");
+        // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught, nothing runs after it.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        std::process::abort();
+    }
+}
+
+/// Crashes the process here if the failpoint `name` is armed (compiled out).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}
+
+/// The point after setup step `step`: `setup.<step>`.
+#[cfg(feature = "fault-injection")]
+pub fn hit_setup(step: SetupStep) {
+    if armed().iter().any(|p| p.starts_with("setup.")) {
+        hit(&format!("setup.{step}"));
+    }
+}
+
+/// Stalls the calling thread for [`PAUSE`] if the point `name` is armed (e.g. `commit.slow`:
+/// the durable commit of a reservation comes after the kernel setup, deterministically).
+#[cfg(feature = "fault-injection")]
+pub fn pause(name: &str) {
+    if is_armed(name) {
+        std::thread::sleep(PAUSE);
+    }
+}
+
+/// Stalls here if the point `name` is armed (compiled out).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn pause(_name: &str) {}
+
+/// How long [`pause`] stalls.
+pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The point after setup step `step` (compiled out).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn hit_setup(_step: SetupStep) {}

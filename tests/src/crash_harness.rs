@@ -1,0 +1,305 @@
+//! A daemon that can be armed with a failpoint (it kills itself there), killed and restarted on
+//! the same state; and the convergence check of the store against the node's kernel state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use provisioner::daemon::api::AllocationInfo;
+use provisioner::dataplane::host_ifname;
+use serde_json::Value;
+
+use crate::daemon_harness::{PluginRun, conflist, plugin_stdin, run_plugin};
+use crate::{Netns, provisioner_bin, wait_until};
+
+/// Container-id prefix the daemon gives the addresses it adopted from a host veth.
+const ADOPTED: &str = "adopted:";
+
+/// A daemon on a fixed socket, conf dir and data dir, started and killed at will.
+pub struct CrashDaemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    conf_dir: PathBuf,
+    config: Value,
+    dir: tempfile::TempDir,
+}
+
+impl CrashDaemon {
+    /// Prepares the dirs and a conflist of network `name` over `v4`; nothing runs yet.
+    pub fn new(name: &str, v4: &str) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("provisioner.sock");
+        let conf_dir = dir.path().join("net.d");
+        std::fs::create_dir_all(&conf_dir)?;
+        let config = conflist(name, "1.1.0", &socket, v4, None);
+        std::fs::write(
+            conf_dir.join("10-provisioner.conflist"),
+            serde_json::to_vec_pretty(&config)?,
+        )?;
+        Ok(Self {
+            child: None,
+            socket,
+            data_dir: dir.path().join("data"),
+            conf_dir,
+            config,
+            dir,
+        })
+    }
+
+    /// Renames the network in the conflist (takes effect at the next start).
+    pub fn rename_network(&mut self, name: &str) -> Result<()> {
+        self.config["name"] = Value::from(name);
+        std::fs::write(
+            self.conf_dir.join("10-provisioner.conflist"),
+            serde_json::to_vec_pretty(&self.config)?,
+        )?;
+        Ok(())
+    }
+
+    /// Starts the daemon and waits until it answers STATUS (ready or not); its first answer.
+    pub fn start_unready(&mut self, node: &Netns) -> Result<Value> {
+        self.spawn(node, None)?;
+        wait_until("the daemon to report", Duration::from_secs(20), || {
+            let status = self.cli(&["status", "--json"])?;
+            let status: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
+            Ok(status.is_object().then_some(status))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))
+    }
+
+    /// Starts the daemon with `node` as host netns, armed with `failpoint` if any, and waits
+    /// until it is ready.
+    pub fn start(&mut self, node: &Netns, failpoint: Option<&str>) -> Result<()> {
+        self.spawn(node, failpoint)?;
+        wait_until("the daemon to be ready", Duration::from_secs(20), || {
+            let status = self.cli(&["status", "--json"])?;
+            let status: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
+            Ok((status["ready"] == true).then_some(()))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))
+    }
+
+    fn spawn(&mut self, node: &Netns, failpoint: Option<&str>) -> Result<()> {
+        if self.child.is_some() {
+            bail!("the daemon still runs");
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("daemon.log"))?;
+        let mut cmd = Command::new(provisioner_bin());
+        cmd.arg("daemon")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--conf-dir")
+            .arg(&self.conf_dir)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--host-netns")
+            .arg(node.path())
+            .arg("--no-trace")
+            .env("PROVISIONER_LOG", "info")
+            .env_remove(provisioner::failpoint::ENV)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(point) = failpoint {
+            cmd.env(provisioner::failpoint::ENV, point);
+        }
+        self.child = Some(cmd.spawn().context("spawn provisioner daemon")?);
+        Ok(())
+    }
+
+    /// Whether the daemon process has exited (e.g. at its failpoint); reaps it.
+    pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("the daemon is not running");
+        };
+        let status = child.try_wait()?;
+        if status.is_some() {
+            self.child = None;
+        }
+        Ok(status)
+    }
+
+    /// Waits (bounded) for the daemon to exit by itself.
+    pub fn wait_exit(&mut self, limit: Duration) -> Result<ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exited()? {
+                return Ok(status);
+            }
+            if started.elapsed() > limit {
+                bail!(
+                    "the daemon still runs after {limit:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("daemon already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(provisioner_bin())
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .context("run provisioner CLI")
+    }
+
+    /// The plugin's stdin for this network.
+    pub fn stdin(&self) -> Vec<u8> {
+        serde_json::to_vec(&plugin_stdin(&self.config, "1.1.0")).unwrap_or_default()
+    }
+
+    /// Runs the plugin as a runtime does.
+    pub fn plugin(
+        &self,
+        command: &str,
+        container_id: &str,
+        netns: Option<&Path>,
+    ) -> Result<PluginRun> {
+        run_plugin(command, container_id, netns, "eth0", &self.stdin())
+    }
+
+    /// The runtime's GC: every attachment not in `valid` (container ids, ifname eth0) goes.
+    pub fn gc(&self, valid: &[String]) -> Result<PluginRun> {
+        let mut stdin = plugin_stdin(&self.config, "1.1.0");
+        stdin["cni.dev/valid-attachments"] = valid
+            .iter()
+            .map(|c| serde_json::json!({ "containerID": c, "ifname": "eth0" }))
+            .collect();
+        run_plugin("GC", "", None, "", &serde_json::to_vec(&stdin)?)
+    }
+
+    /// The store's allocations (`provisioner list --json`).
+    pub fn allocations(&self) -> Result<Vec<AllocationInfo>> {
+        let out = self.cli(&["list", "--json"])?;
+        if !out.status.success() {
+            bail!("list: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        serde_json::from_slice(&out.stdout).context("provisioner list --json: not a list")
+    }
+}
+
+impl Drop for CrashDaemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Our links on the node: host veths with the pod addresses routed through each, and retired
+/// links.
+#[derive(Debug, Default)]
+pub struct NodeState {
+    pub veths: BTreeMap<String, BTreeSet<String>>,
+    pub retired: Vec<String>,
+}
+
+/// Reads the node's links (`pvn*`, `pvx*`) and its host routes through our veths.
+pub fn node_state(node: &Netns) -> Result<NodeState> {
+    let mut state = NodeState::default();
+    for link in node.links()? {
+        if link.starts_with("pvn") {
+            state.veths.insert(link, BTreeSet::new());
+        } else if link.starts_with("pvx") {
+            state.retired.push(link);
+        }
+    }
+    for family in ["-4", "-6"] {
+        for route in node.ip(&[family, "route", "show"])?.lines() {
+            let words: Vec<&str> = route.split_whitespace().collect();
+            let dev = words
+                .iter()
+                .position(|w| *w == "dev")
+                .and_then(|i| words.get(i + 1));
+            // A host route (/32, /128) is printed as a bare address.
+            if let (Some(dst), Some(dev)) = (words.first(), dev)
+                && dst.parse::<std::net::IpAddr>().is_ok()
+                && !route.contains(" via ")
+                && let Some(routed) = state.veths.get_mut(*dev)
+            {
+                routed.insert((*dst).to_owned());
+            }
+        }
+    }
+    Ok(state)
+}
+
+/// The host veth an allocation's sandbox has.
+fn host_link(a: &AllocationInfo) -> String {
+    match a.container_id.strip_prefix(ADOPTED) {
+        Some(link) if a.ifname.is_empty() => link.to_owned(),
+        _ => host_ifname(&a.container_id, &a.ifname),
+    }
+}
+
+/// Checks that the store and the node agree exactly: no address with two owners in the store,
+/// every allocation's host veth routes exactly its addresses, every host veth of ours belongs
+/// to an allocation, no retired link left (waits for the reaper, bounded).
+pub fn assert_converged(daemon: &CrashDaemon, node: &Netns) -> Result<Vec<AllocationInfo>> {
+    wait_until("retired links deleted", Duration::from_secs(10), || {
+        Ok(node_state(node)?.retired.is_empty().then_some(()))
+    })?;
+    let allocations = daemon.allocations()?;
+    let state = node_state(node)?;
+    let mut owners: BTreeMap<String, String> = BTreeMap::new();
+    let mut links = BTreeSet::new();
+    for a in &allocations {
+        let who = format!("{}/{}", a.container_id, a.ifname);
+        for address in &a.addresses {
+            let ip = address.split('/').next().unwrap_or(address).to_owned();
+            if let Some(other) = owners.insert(ip.clone(), who.clone()) {
+                bail!("address {ip} has two owners in the store: {other} and {who}");
+            }
+        }
+        let link = host_link(a);
+        let want: BTreeSet<String> = a
+            .addresses
+            .iter()
+            .map(|s| s.split('/').next().unwrap_or(s).to_owned())
+            .collect();
+        match state.veths.get(&link) {
+            Some(routed) if *routed == want => {}
+            Some(routed) => {
+                bail!("{who}: host veth {link} routes {routed:?}, store holds {want:?}")
+            }
+            None => bail!(
+                "{who} holds {want:?} but its host veth {link} is not on the node ({:?})",
+                state.veths
+            ),
+        }
+        links.insert(link);
+    }
+    for (veth, routed) in &state.veths {
+        if !links.contains(veth) {
+            bail!(
+                "host veth {veth} (routing {routed:?}) belongs to no allocation: {allocations:?}"
+            );
+        }
+    }
+    Ok(allocations)
+}
