@@ -541,7 +541,7 @@ async fn admit(state: &Arc<DaemonState>, req: &SandboxRequest, op: Op) -> Result
     tracing::warn!(container = %req.container_id, error = %err, op = op.name(), "refused before allocating");
     let mut refused = dataplane_refusal(&err);
     refused.msg = format!(
-        "{} of container {} refused: {}",
+        "{} of container {}: {}",
         op.name(),
         req.container_id,
         refused.msg

@@ -114,7 +114,11 @@ impl Conn {
         // moves to the TokioSocket. Its `from_raw_fd` registers with the reactor of the current
         // runtime, which exists (checked above), and sets non-blocking mode (already set).
         let socket = unsafe { TokioSocket::from_raw_fd(socket.into_raw_fd()) };
-        let (conn, handle, messages) = rtnetlink::from_socket(socket);
+        let (mut conn, handle, messages) = rtnetlink::from_socket(socket);
+        // Acks and NLMSG_DONE reach the reply streams: a request is done when they arrive,
+        // never because its stream ended (the connection may end without them).
+        conn.set_forward_ack(true);
+        conn.set_forward_done(true);
         drop(messages);
         runtime.spawn(conn);
         Ok(Self {
