@@ -236,10 +236,11 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     Ok(())
 }
 
-/// Binds the socket root-only (0600), replacing a stale socket file.
+/// Binds the socket root-only (0600, in a directory only its owner may enter), replacing a
+/// stale socket file.
 fn bind(path: &Path) -> Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        private_dir(dir)?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -247,13 +248,54 @@ fn bind(path: &Path) -> Result<UnixListener> {
         }
         std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))?;
     }
-    let old_umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let listener = UnixListener::bind(path);
-    nix::sys::stat::umask(old_umask);
-    let listener = listener.with_context(|| format!("bind {}", path.display()))?;
+    // No umask change (other threads run): the directory keeps everyone else out until the
+    // socket's own mode is set.
+    let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", path.display()))?;
     Ok(listener)
+}
+
+/// Creates `dir` 0700, or checks an existing one: a directory owned by the daemon's user
+/// that no one else may write to (else another user could replace the socket).
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("create socket directory {}", dir.display()))?;
+            // The mode given to mkdir is cut by the umask; make it exactly 0700.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("chmod 0700 {}", dir.display()))
+        }
+        Err(err) => Err(err).with_context(|| format!("inspect socket directory {}", dir.display())),
+        Ok(meta) => {
+            let me = nix::unistd::geteuid().as_raw();
+            let refuse = |why: String| {
+                anyhow::anyhow!(
+                    "socket directory {} {why}: refusing to put the API socket there (it must \
+                     be a directory owned by uid {me} that no one else may write to)",
+                    dir.display()
+                )
+            };
+            if !meta.is_dir() {
+                return Err(refuse("is not a directory".to_owned()));
+            }
+            if meta.uid() != me {
+                return Err(refuse(format!("is owned by uid {}", meta.uid())));
+            }
+            if meta.mode() & 0o022 != 0 {
+                return Err(refuse(format!(
+                    "is group- or world-writable (mode {:04o})",
+                    meta.mode() & 0o7777
+                )));
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Answers a connection beyond the limit "try again later" without waiting (a fresh socket's
@@ -652,5 +694,110 @@ async fn list(active: &Active) -> Response {
             })
             .collect::<Vec<_>>()),
         Err(err) => cni_error(&err).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_missing_socket_directory_is_created_0700() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("run").join("provisioner");
+        private_dir(&dir).expect("created");
+        let meta = std::fs::metadata(&dir).expect("exists");
+        assert!(meta.is_dir());
+        assert_eq!(meta.mode() & 0o7777, 0o700);
+        // And accepted as it is on the next start.
+        private_dir(&dir).expect("accepted");
+    }
+
+    #[test]
+    fn a_socket_directory_others_may_write_to_is_refused() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for mode in [0o777, 0o1777, 0o770, 0o722] {
+            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(mode))
+                .expect("chmod");
+            let e = private_dir(root.path()).expect_err("writable by others");
+            let msg = e.to_string();
+            assert!(msg.contains("group- or world-writable"), "{mode:o}: {msg}");
+            assert!(msg.contains(&root.path().display().to_string()), "{msg}");
+        }
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        private_dir(root.path()).expect("0755 owned by us is fine");
+    }
+
+    #[test]
+    fn a_socket_directory_of_another_user_or_a_file_is_refused() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let file = root.path().join("file");
+        std::fs::write(&file, b"").expect("write");
+        let e = private_dir(&file).expect_err("a file");
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let theirs = root.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(4242)), None).expect("chown");
+        let e = private_dir(&theirs).expect_err("owned by another user");
+        assert!(e.to_string().contains("is owned by uid 4242"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_operation_over_its_deadline_is_answered_try_again_later_and_goes_on() {
+        let finished = std::sync::Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let finished = std::sync::Arc::clone(&finished);
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                finished.store(true, Ordering::SeqCst);
+                Response::Ok {
+                    result: serde_json::Value::Null,
+                }
+            }
+        });
+        let allowed = Duration::from_millis(20);
+        let started = Instant::now();
+        let answer = answer_by(started + allowed, allowed, "ADD of container c", task).await;
+        assert!(started.elapsed() < Duration::from_millis(250));
+        match answer {
+            Response::Error { code, msg, .. } => {
+                assert_eq!(code, CniError::TRY_AGAIN_LATER);
+                assert!(
+                    msg.contains("ADD of container c did not finish within"),
+                    "{msg}"
+                );
+            }
+            Response::Ok { .. } => panic!("answered before the operation could finish"),
+        }
+        // The operation was not cancelled: it finishes (or rolls back) on its own.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !finished.load(Ordering::SeqCst) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(finished.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn an_operation_within_its_deadline_is_answered_with_its_result() {
+        let task = tokio::spawn(async {
+            Response::Ok {
+                result: serde_json::json!({ "done": true }),
+            }
+        });
+        let allowed = Duration::from_secs(5);
+        let answer = answer_by(Instant::now() + allowed, allowed, "DEL", task).await;
+        assert_eq!(
+            answer,
+            Response::Ok {
+                result: serde_json::json!({ "done": true })
+            }
+        );
     }
 }
