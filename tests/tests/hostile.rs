@@ -258,3 +258,34 @@ fn connections_beyond_the_limit_are_told_to_try_again_later() -> Result<()> {
     })?;
     Ok(())
 }
+
+#[test]
+fn an_operation_over_its_deadline_is_told_to_try_again_later_and_converges() -> Result<()> {
+    let node = Netns::new("hnode")?;
+    // No ADD finishes within a millisecond: every one is over its deadline.
+    let mut daemon = start(&node, &["--operation-timeout", "0.001"])?;
+    let sandbox = Netns::new("hsbx")?;
+    let id = format!("hostslow{}", std::process::id());
+    let add = Request::Add(sandbox_request(&id, "eth0", Some(sandbox.path())));
+    let (code, msg) = refused(&daemon, &add)?;
+    assert_eq!(code, CniError::TRY_AGAIN_LATER, "{msg}");
+    assert!(msg.contains("did not finish within 1ms"), "{msg}");
+    // The ADD was not abandoned half-way: it finishes in the daemon, STATUS answering meanwhile.
+    wait_until("the ADD to finish in the daemon", ANSWER_WITHIN, || {
+        let status = daemon.status()?;
+        Ok((status["allocations"] == 1 && sandbox.links()? == ["eth0"]).then_some(()))
+    })?;
+    // The runtime's DEL after a failed ADD, then its retry, converge (with a usual deadline).
+    daemon.stop()?;
+    daemon.restart(&node, &[])?;
+    daemon.wait_ready(Duration::from_secs(10))?;
+    let del = Request::Del(sandbox_request(&id, "eth0", Some(sandbox.path())));
+    let deleted = client::call(&daemon.socket, &del, ANSWER_WITHIN * 2)?;
+    assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
+    let added = client::call(&daemon.socket, &add, ANSWER_WITHIN * 2)?;
+    assert!(matches!(added, Response::Ok { .. }), "{added:?}");
+    assert_eq!(allocations(&daemon)?.len(), 1);
+    let deleted = client::call(&daemon.socket, &del, ANSWER_WITHIN * 2)?;
+    assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
+    Ok(())
+}

@@ -510,11 +510,11 @@ async fn sandbox_op(
     op: Op,
 ) -> Response {
     let started = std::time::Instant::now();
-    let response = match admit(state, &req, op).await {
+    let response = match admit(state, limits, &req, op).await {
         Err(refused) => refused,
         Ok(()) => {
             let what = format!(
-                "{} of container {} ifname {}",
+                "{} of container {:?} ifname {:?}",
                 op.name(),
                 req.container_id,
                 req.ifname
@@ -538,17 +538,25 @@ async fn sandbox_op(
     response
 }
 
-/// What is checked before anything is allocated or touched: the names (code 4, they are the
-/// runtime's `CNI_CONTAINERID` and `CNI_IFNAME`) and the netns path (a network namespace, not
+/// What is checked before anything is allocated or touched: the names of an ADD or CHECK
+/// (code 4, they are the runtime's `CNI_CONTAINERID` and `CNI_IFNAME`) and the netns path (a network namespace, not
 /// the node's nor the daemon's own: code 4; missing: 3). DEL tolerates a path that is gone or
 /// not a namespace any more (its teardown skips the sandbox side), never the node's netns.
-async fn admit(state: &Arc<DaemonState>, req: &SandboxRequest, op: Op) -> Result<(), Response> {
-    validate::names(&req.container_id, &req.ifname).map_err(|err| {
-        Response::from(CniError::invalid_env(format!(
-            "{} refused: {err}",
-            op.name()
-        )))
-    })?;
+async fn admit(
+    state: &Arc<DaemonState>,
+    limits: &Limits,
+    req: &SandboxRequest,
+    op: Op,
+) -> Result<(), Response> {
+    // DEL must be able to remove whatever an earlier version let in.
+    if !matches!(op, Op::Del) {
+        validate::names(&req.container_id, &req.ifname).map_err(|err| {
+            Response::from(CniError::invalid_env(format!(
+                "{} refused: {err}",
+                op.name()
+            )))
+        })?;
+    }
     let Some(netns) = req.netns.clone() else {
         return match op {
             Op::Del => Ok(()),
@@ -561,8 +569,19 @@ async fn admit(state: &Arc<DaemonState>, req: &SandboxRequest, op: Op) -> Result
         };
     };
     let dataplane = state.dataplane.clone();
-    let checked = tokio::task::spawn_blocking(move || dataplane.check_sandbox_netns(&netns))
+    let shown = netns.display().to_string();
+    let check = tokio::task::spawn_blocking(move || dataplane.check_sandbox_netns(&netns));
+    // A path on a hung filesystem must not hold the caller either.
+    let checked = tokio::time::timeout(limits.operation_deadline, check)
         .await
+        .map_err(|_| {
+            Response::from(CniError::try_again_later(format!(
+                "{} of container {}: netns {shown} not inspected within {:?}",
+                op.name(),
+                req.container_id,
+                limits.operation_deadline
+            )))
+        })?
         .map_err(|err| Response::from(CniError::internal(format!("netns check: {err}"))))?;
     let Err(err) = checked else {
         return Ok(());

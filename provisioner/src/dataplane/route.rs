@@ -206,7 +206,12 @@ async fn list_main_filtered(
             }
             None => format!("list {family:?} routes"),
         };
-        let msgs = conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await?;
+        let msgs = match conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await {
+            Ok(msgs) => msgs,
+            // A dump filtered on a link that is gone ends with ENODEV: no route goes through it.
+            Err(e) if oif.is_some() && e.errno() == Some(libc::ENODEV) => Vec::new(),
+            Err(e) => return Err(e),
+        };
         out.extend(msgs.into_iter().filter_map(parse_main));
     }
     Ok(out)
