@@ -289,3 +289,44 @@ fn an_operation_over_its_deadline_is_told_to_try_again_later_and_converges() -> 
     assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
     Ok(())
 }
+
+#[test]
+fn idle_connections_garbage_and_huge_lines_leave_status_answered() -> Result<()> {
+    use std::io::Write;
+    let node = Netns::new("hnode")?;
+    let daemon = start(&node, &[])?;
+    // 2000 clients that connect and say nothing (below the default limit of 4096).
+    let idle: Vec<UnixStream> = (0..2000)
+        .map(|_| UnixStream::connect(&daemon.socket))
+        .collect::<std::io::Result<_>>()?;
+    let started = Instant::now();
+    let status = client::call(&daemon.socket, &Request::Status, ANSWER_WITHIN)?;
+    assert!(matches!(status, Response::Ok { .. }), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idle);
+    // A garbage line and an 8 MiB line: a decode error each, and the daemon goes on.
+    for line in [b"garbage\n".to_vec(), vec![b'x'; 8 << 20]] {
+        let stream = UnixStream::connect(&daemon.socket)?;
+        stream.set_read_timeout(Some(ANSWER_WITHIN))?;
+        let mut writer = stream.try_clone()?;
+        // The daemon answers after 1 MiB and closes: the rest of the write may fail.
+        let sender = std::thread::spawn(move || {
+            let _ = writer.write_all(&line);
+        });
+        let mut answer = String::new();
+        BufReader::new(&stream).read_line(&mut answer)?;
+        let _ = sender.join();
+        let answer: Response = serde_json::from_str(&answer)?;
+        assert!(
+            matches!(answer, Response::Error { code, .. } if code == CniError::DECODE_FAILURE),
+            "{answer:?}"
+        );
+    }
+    let status = client::call(&daemon.socket, &Request::Status, ANSWER_WITHIN)?;
+    assert!(matches!(status, Response::Ok { .. }), "{status:?}");
+    Ok(())
+}
