@@ -94,6 +94,8 @@ pub(crate) struct Conn {
     /// The kernel runs one dump at a time per netlink socket (EBUSY otherwise); concurrent
     /// operations sharing the host socket take turns.
     dumps: Arc<tokio::sync::Mutex<()>>,
+    /// Time the kernel has to answer each request ([`request_timeout`] when connected).
+    timeout: Duration,
 }
 
 impl Conn {
@@ -125,6 +127,7 @@ impl Conn {
             handle,
             netns: Arc::from(netns),
             dumps: Arc::new(tokio::sync::Mutex::new(())),
+            timeout: request_timeout(),
         })
     }
 
@@ -136,6 +139,12 @@ impl Conn {
 
     pub(crate) fn netns(&self) -> &str {
         &self.netns
+    }
+
+    #[cfg(test)]
+    fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     fn nl_err(&self, op: &str, source: io::Error) -> DataplaneError {
@@ -164,7 +173,7 @@ impl Conn {
             ReplyError::TimedOut => DataplaneError::Timeout {
                 op: op.to_owned(),
                 netns: self.netns.to_string(),
-                after: request_timeout(),
+                after: self.timeout,
             },
         }
     }
@@ -208,7 +217,7 @@ impl Conn {
     ) -> Result<Vec<RouteNetlinkMessage>, DataplaneError> {
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO | extra_flags;
-        let deadline = Instant::now() + request_timeout();
+        let deadline = Instant::now() + self.timeout;
         let replies = self.send(req, op)?;
         collect(replies, End::Ack, deadline)
             .await
@@ -222,7 +231,7 @@ impl Conn {
     /// because of an earlier failure is harmless, and undo what succeeded. Each request has
     /// [`request_timeout`] from the moment it was sent for its ack.
     pub(crate) async fn batch(&self, reqs: Vec<Req>) -> Vec<Result<(), DataplaneError>> {
-        let deadline = Instant::now() + request_timeout();
+        let deadline = Instant::now() + self.timeout;
         let mut pending = Vec::with_capacity(reqs.len());
         for Req { msg, flags, op } in reqs {
             let mut req = NetlinkMessage::from(msg);
@@ -251,7 +260,7 @@ impl Conn {
     ) -> Result<RouteNetlinkMessage, DataplaneError> {
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = NLM_F_REQUEST;
-        let deadline = Instant::now() + request_timeout();
+        let deadline = Instant::now() + self.timeout;
         let replies = self.send(req, op)?;
         let mut answer = collect(replies, End::Answer, deadline)
             .await
@@ -268,7 +277,7 @@ impl Conn {
         msg: RouteNetlinkMessage,
         op: &str,
     ) -> Result<Vec<RouteNetlinkMessage>, DataplaneError> {
-        let deadline = Instant::now() + request_timeout();
+        let deadline = Instant::now() + self.timeout;
         let _one_dump_at_a_time = tokio::time::timeout_at(deadline, self.dumps.lock())
             .await
             .map_err(|_| self.reply_err(op, ReplyError::TimedOut))?;
@@ -486,6 +495,48 @@ mod tests {
         assert_eq!(got.map(|r| r.messages.len()), Ok(1));
         let got = collect(stream::iter(Vec::new()), End::Answer, soon()).await;
         assert_eq!(got.err(), Some(ReplyError::Ended("an answer")));
+    }
+
+    /// A netlink socket nothing answers on (no kernel side for `NETLINK_USERSOCK`).
+    fn deaf_conn(timeout: Duration) -> Conn {
+        let socket = Socket::new(netlink_sys::protocols::NETLINK_USERSOCK).expect("socket");
+        Conn::from_socket(socket, "deaf-ns")
+            .expect("connect")
+            .with_timeout(timeout)
+    }
+
+    #[tokio::test]
+    async fn a_request_nothing_answers_fails_in_time_naming_the_operation() {
+        let conn = deaf_conn(Duration::from_millis(200));
+        let started = Instant::now();
+        let msg = RouteNetlinkMessage::NewLink(LinkMessage::default());
+        let err = conn
+            .ack(msg, 0, "create link veth0")
+            .await
+            .expect_err("nothing acknowledged it");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("create link veth0") && text.contains("deaf-ns"),
+            "{text}"
+        );
+        // Before, a reply stream that ended without an ack counted as success.
+        assert!(
+            text.contains("without an acknowledgement") || text.contains("no answer"),
+            "{text}"
+        );
+        let dumped = conn
+            .dump(
+                RouteNetlinkMessage::GetLink(LinkMessage::default()),
+                "list links",
+            )
+            .await
+            .expect_err("no dump came");
+        assert!(dumped.to_string().contains("list links"), "{dumped}");
     }
 
     #[test]
