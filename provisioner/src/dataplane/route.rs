@@ -208,7 +208,10 @@ async fn list_main_filtered(
         };
         let msgs = match conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await {
             Ok(msgs) => msgs,
-            // A dump filtered on a link that is gone ends with ENODEV: no route goes through it.
+            // The kernel ends a dump of a table it has not created yet (no route of the family
+            // in the netns so far) with ENOENT, and one filtered on a link that is gone with
+            // ENODEV: no routes.
+            Err(e) if e.errno() == Some(libc::ENOENT) => Vec::new(),
             Err(e) if oif.is_some() && e.errno() == Some(libc::ENODEV) => Vec::new(),
             Err(e) => return Err(e),
         };
