@@ -407,3 +407,79 @@ impl Pool {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn reason(err: &DataplaneError) -> Option<BadNetns> {
+        match err {
+            DataplaneError::BadNetns { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn only_network_namespaces_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let regular = dir.path().join("regular");
+        std::fs::write(&regular, b"x").expect("write");
+        let e = NetnsFile::open(&regular).expect_err("a regular file");
+        assert!(
+            matches!(reason(&e), Some(BadNetns::NotANamespace { .. })),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains(&regular.display().to_string()),
+            "{e}"
+        );
+
+        let e = NetnsFile::open(Path::new("/proc/self/ns/mnt")).expect_err("a mount namespace");
+        assert!(
+            matches!(reason(&e), Some(BadNetns::NotNetwork { .. })),
+            "{e}"
+        );
+
+        let e = NetnsFile::open(&dir.path().join("missing")).expect_err("missing");
+        assert_eq!(e.errno(), Some(libc::ENOENT));
+
+        NetnsFile::open(Path::new("/proc/self/ns/net")).expect("a network namespace");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(NetnsFile::open(&path).map(drop));
+        });
+        let e = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("answers at once")
+            .expect_err("a FIFO is not a netns");
+        assert!(
+            matches!(reason(&e), Some(BadNetns::NotANamespace { .. })),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_namespaces_the_daemon_keeps_are_no_sandboxes() {
+        let own = NetnsFile::open(Path::new("/proc/self/ns/net")).expect("own netns");
+        let forbidden = [own.identity().expect("identity").named("the test's own")];
+        let e = NetnsFile::open_sandbox(Path::new("/proc/thread-self/ns/net"), &forbidden)
+            .expect_err("the same namespace by another path");
+        assert_eq!(reason(&e), Some(BadNetns::NotASandbox("the test's own")));
+        assert!(
+            e.to_string().contains("is the test's own, not a sandbox's"),
+            "{e}"
+        );
+        NetnsFile::open_sandbox(Path::new("/proc/self/ns/net"), &[]).expect("nothing forbidden");
+    }
+}
