@@ -8,7 +8,7 @@ use clap::Args;
 
 use provisioner::config::parse_pod_cidrs;
 use provisioner::daemon::api::DEFAULT_SOCKET;
-use provisioner::daemon::{DaemonOptions, RenderAtStart, TraceOptions};
+use provisioner::daemon::{DaemonOptions, Limits, RenderAtStart, TraceOptions};
 use provisioner::trace::SandboxRules;
 
 #[derive(Args, Debug)]
@@ -46,6 +46,16 @@ pub struct DaemonArgs {
     /// Seconds a sandbox namespace has to get its network before its verdict.
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     trace_deadline: f64,
+    /// Seconds an operation (ADD, DEL, CHECK, GC) has to answer; after them the caller is told
+    /// to try again later (CNI code 11) while the operation finishes in the daemon.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    operation_timeout: f64,
+    /// Seconds the kernel has to answer each netlink request.
+    #[arg(long, value_name = "S", default_value_t = 5.0)]
+    netlink_timeout: f64,
+    /// Connections served at once; more are answered "try again later" and closed.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    max_connections: usize,
 }
 
 pub fn run(args: DaemonArgs) -> Result<()> {
@@ -78,6 +88,18 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             rules: SandboxRules::default(),
         })
     };
+    let seconds = |flag: &str, value: f64| {
+        Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .with_context(|| format!("{flag} must be a positive number of seconds, not {value}"))
+    };
+    let limits = Limits {
+        operation_deadline: seconds("--operation-timeout", args.operation_timeout)?,
+        max_connections: args.max_connections.max(1),
+        ..Limits::default()
+    };
+    let netlink_timeout = seconds("--netlink-timeout", args.netlink_timeout)?;
     limit_malloc_arenas();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -91,6 +113,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         host_netns: args.host_netns,
         metrics_addr: args.metrics_addr,
         trace,
+        limits,
+        netlink_timeout,
     }))
 }
 

@@ -24,9 +24,6 @@ pub const CNI_IFNAME: &str = "CNI_IFNAME";
 pub const CNI_ARGS: &str = "CNI_ARGS";
 pub const CNI_PATH: &str = "CNI_PATH";
 
-/// Linux IFNAMSIZ minus the NUL.
-const MAX_IFNAME_BYTES: usize = 15;
-
 /// The `CNI_COMMAND` verb.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Command {
@@ -250,43 +247,18 @@ impl CniEnv {
     }
 }
 
-/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, else code 4 naming `CNI_CONTAINERID`.
+/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` (see [`crate::sandbox::validate::container_id`]), else
+/// code 4 naming `CNI_CONTAINERID`.
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
-    let mut chars = id.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CniError::invalid_env(format!(
-            "invalid {CNI_CONTAINERID} \"{id}\": must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
-        )))
-    }
+    crate::sandbox::validate::container_id(id)
+        .map_err(|e| CniError::invalid_env(format!("{CNI_CONTAINERID}: {e}")))
 }
 
-/// A Linux interface name: non-empty, at most 15 bytes, not `.`/`..`, no `/`, `:` or whitespace.
-/// Else code 4 naming `CNI_IFNAME`.
+/// A Linux interface name (see [`crate::sandbox::validate::ifname`]), else code 4 naming
+/// `CNI_IFNAME`.
 pub fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let why = if name.is_empty() {
-        Some("is empty")
-    } else if name.len() > MAX_IFNAME_BYTES {
-        Some("is longer than 15 bytes")
-    } else if name == "." || name == ".." {
-        Some("must not be \".\" or \"..\"")
-    } else if name
-        .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
-        Some("must not contain '/', ':' or whitespace")
-    } else {
-        None
-    };
-    match why {
-        None => Ok(()),
-        Some(why) => Err(CniError::invalid_env(format!(
-            "invalid {CNI_IFNAME} \"{name}\": {why}"
-        ))),
-    }
+    crate::sandbox::validate::ifname(name)
+        .map_err(|e| CniError::invalid_env(format!("{CNI_IFNAME}: {e}")))
 }
 
 /// Checks that `path` names a network namespace other than this process's own.
@@ -316,7 +288,15 @@ pub fn validate_netns_path(path: &Path) -> Result<(), CniError> {
         )
     };
 
-    let file = std::fs::File::open(path).map_err(|e| io_err("cannot open", e))?;
+    // O_NONBLOCK: a FIFO (or a device) at the path must not hang the plugin.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| io_err("cannot open", e))?
+    };
     let fs = fstatfs(&file).map_err(|e| nix_err("fstatfs", e))?;
     if fs.filesystem_type() != NSFS_MAGIC {
         return Err(CniError::invalid_env(format!(
@@ -543,6 +523,26 @@ mod tests {
         let e = validate_netns_path(Path::new("/proc/self/ns/net")).expect_err("own netns");
         assert_eq!(e.code, CniError::INVALID_ENV);
         assert!(e.msg.contains("own network namespace"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_fifo_as_netns_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("netns");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        // A plain open() waits for a writer forever: bound the wait in the test.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(validate_netns_path(&path));
+        });
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("answers within 5 s")
+            .expect_err("a FIFO is not a netns");
+        assert_eq!(e.code, CniError::INVALID_ENV);
+        assert!(e.msg.contains("not a namespace file"), "{}", e.msg);
     }
 
     /// Positive case: a thread unshares its netns (needs CAP_SYS_ADMIN; skipped without it).

@@ -1,6 +1,7 @@
 //! Network config model, validation, template rendering, watching with last-good semantics.
 //!
 //! - [`network`]: the plugin's config model ([`NetworkConfig`]) and its validation;
+//! - [`feasible`]: the rules across ranges, routes and MTU without which no ADD can succeed;
 //! - [`conf_dir`]: choosing our network from a conf dir as a runtime (libcni) does;
 //! - [`template`]: `render-config`, containerd-compatible `conf_template` rendering, and the
 //!   project's one atomic-write helper ([`write_atomically`]);
@@ -8,6 +9,7 @@
 
 pub mod conf_dir;
 mod error;
+pub mod feasible;
 pub mod network;
 pub mod template;
 pub mod watch;

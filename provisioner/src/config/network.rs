@@ -265,6 +265,8 @@ fn validate_ours(
         Some(other) => return Err(bad("socket", format!("must be a string, got {other}"))),
     };
 
+    super::feasible::check(&ipam, mtu).map_err(|e| bad(&e.field, e.reason))?;
+
     Ok(NetworkConfig {
         name,
         cni_version,

@@ -13,4 +13,4 @@ pub mod result;
 mod server;
 mod state;
 
-pub use server::{DaemonOptions, RenderAtStart, TraceOptions, run};
+pub use server::{DaemonOptions, Limits, RenderAtStart, TraceOptions, run};

@@ -2,28 +2,28 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ipnetwork::IpNetwork;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::OwnedRwLockReadGuard;
-use tokio::task::JoinSet;
+use tokio::sync::Semaphore;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
 use crate::cni::{CniError, CniResult, CniVersion};
 use crate::config::{ConfigWatcher, render_config};
-use crate::dataplane::Dataplane;
+use crate::dataplane::{BadNetns, Dataplane, DataplaneError};
 use crate::ipam::{AllocationKey, IpamConfig};
 use crate::metrics::Operation;
-use crate::sandbox::{Network, SandboxRef};
+use crate::sandbox::{Network, SandboxRef, validate};
 
 use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
-use super::errors::cni_error;
+use super::errors::{cni_error, dataplane_refusal};
 use super::kernel_watch::KernelWatch;
 use super::result::cni_result;
 use super::state::{Active, DaemonState, Paths};
-
-type ActiveGuard = OwnedRwLockReadGuard<Option<Active>, Active>;
 
 /// Largest request line accepted.
 const MAX_REQUEST: usize = 1 << 20;
@@ -33,6 +33,30 @@ const REQUEST_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Longest wait for operations in flight at shutdown.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Pause after a failed accept (e.g. EMFILE), instead of spinning on it.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Bounds on the API, so that no caller and no stuck operation can freeze the daemon.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Time an operation (ADD, DEL, CHECK, GC, LIST) has to answer; after it the caller gets
+    /// "try again later" (11) while the operation finishes (or rolls back) in the daemon.
+    pub operation_deadline: Duration,
+    /// Connections served at once; more are answered "try again later" and closed.
+    pub max_connections: usize,
+    /// Time a client has to take its answer.
+    pub reply_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            operation_deadline: Duration::from_secs(30),
+            max_connections: 4096,
+            reply_timeout: Duration::from_secs(10),
+        }
+    }
+}
 
 pub struct DaemonOptions {
     pub socket: PathBuf,
@@ -47,6 +71,10 @@ pub struct DaemonOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Kernel tracing of sandbox setups; `None` turns it off.
     pub trace: Option<TraceOptions>,
+    /// Bounds on operations and connections.
+    pub limits: Limits,
+    /// Time the kernel has to answer each netlink request.
+    pub netlink_timeout: Duration,
 }
 
 pub struct TraceOptions {
@@ -72,6 +100,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             )
         })?;
     }
+    crate::dataplane::set_netlink_timeout(opts.netlink_timeout);
     let dataplane = match &opts.host_netns {
         Some(path) => Dataplane::with_host_netns(path),
         None => Dataplane::new(),
@@ -143,16 +172,28 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         "daemon listening"
     );
     let mut in_flight = JoinSet::new();
+    let limits = Arc::new(opts.limits.clone());
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("install SIGTERM handler")?;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let state = Arc::clone(&state);
-                    in_flight.spawn(async move { serve(&state, stream).await });
+                Ok((stream, _)) => match Arc::clone(&connections).try_acquire_owned() {
+                    Ok(permit) => {
+                        let state = Arc::clone(&state);
+                        let limits = Arc::clone(&limits);
+                        in_flight.spawn(async move {
+                            serve(&state, &limits, stream).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => refuse_busy(&stream, limits.max_connections),
+                },
+                Err(err) => {
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
-                Err(err) => tracing::warn!(error = %err, "accept failed"),
             },
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
             _ = sigterm.recv() => break,
@@ -174,6 +215,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             "operations still running after {DRAIN_TIMEOUT:?}: stopping anyway"
         );
         in_flight.abort_all();
+    } else if !state.wait_operations(DRAIN_TIMEOUT).await {
+        // Operations whose callers were answered "try again later" and that still run.
+        tracing::error!("operations still running after {DRAIN_TIMEOUT:?}: stopping anyway");
     }
     let left = state.dataplane.flush_deletions().await;
     if left > 0 {
@@ -192,10 +236,11 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     Ok(())
 }
 
-/// Binds the socket root-only (0600), replacing a stale socket file.
+/// Binds the socket root-only (0600, in a directory only its owner may enter), replacing a
+/// stale socket file.
 fn bind(path: &Path) -> Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        private_dir(dir)?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -203,16 +248,72 @@ fn bind(path: &Path) -> Result<UnixListener> {
         }
         std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))?;
     }
-    let old_umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let listener = UnixListener::bind(path);
-    nix::sys::stat::umask(old_umask);
-    let listener = listener.with_context(|| format!("bind {}", path.display()))?;
+    // No umask change (other threads run): the directory keeps everyone else out until the
+    // socket's own mode is set.
+    let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", path.display()))?;
     Ok(listener)
 }
 
-async fn serve(state: &DaemonState, stream: UnixStream) {
+/// Creates `dir` 0700, or checks an existing one: a directory owned by the daemon's user
+/// that no one else may write to (else another user could replace the socket).
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("create socket directory {}", dir.display()))?;
+            // The mode given to mkdir is cut by the umask; make it exactly 0700.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("chmod 0700 {}", dir.display()))
+        }
+        Err(err) => Err(err).with_context(|| format!("inspect socket directory {}", dir.display())),
+        Ok(meta) => {
+            let me = nix::unistd::geteuid().as_raw();
+            let refuse = |why: String| {
+                anyhow::anyhow!(
+                    "socket directory {} {why}: refusing to put the API socket there (it must \
+                     be a directory owned by uid {me} that no one else may write to)",
+                    dir.display()
+                )
+            };
+            if !meta.is_dir() {
+                return Err(refuse("is not a directory".to_owned()));
+            }
+            if meta.uid() != me {
+                return Err(refuse(format!("is owned by uid {}", meta.uid())));
+            }
+            if meta.mode() & 0o022 != 0 {
+                return Err(refuse(format!(
+                    "is group- or world-writable (mode {:04o})",
+                    meta.mode() & 0o7777
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Answers a connection beyond the limit "try again later" without waiting (a fresh socket's
+/// buffer takes the short line) and closes it.
+fn refuse_busy(stream: &UnixStream, max: usize) {
+    let response: Response = CniError::try_again_later(format!(
+        "provisioner daemon busy: {max} connections open already"
+    ))
+    .into();
+    let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|_| b"{}".to_vec());
+    bytes.push(b'\n');
+    if let Err(err) = stream.try_write(&bytes) {
+        tracing::debug!(error = %err, "could not tell a refused connection why");
+    }
+    tracing::warn!(max, "connection refused: too many connections");
+}
+
+async fn serve(state: &Arc<DaemonState>, limits: &Limits, stream: UnixStream) {
     let allowed = stream.peer_cred().map(|cred| {
         let uid = cred.uid();
         (uid == 0 || uid == nix::unistd::geteuid().as_raw(), uid)
@@ -231,7 +332,7 @@ async fn serve(state: &DaemonState, stream: UnixStream) {
                 ))
             }) {
                 Ok(_) => match serde_json::from_slice::<Request>(&line) {
-                    Ok(request) => handle(state, request).await,
+                    Ok(request) => handle(state, limits, request).await,
                     Err(err) => CniError::decode(format!("undecodable request: {err}")).into(),
                 },
                 Err(err) => {
@@ -248,19 +349,34 @@ async fn serve(state: &DaemonState, stream: UnixStream) {
     };
     let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|_| b"{}".to_vec());
     bytes.push(b'\n');
-    if let Err(err) = write.write_all(&bytes).await {
-        tracing::debug!(error = %err, "client went away before the answer");
+    match tokio::time::timeout(limits.reply_timeout, write.write_all(&bytes)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::debug!(error = %err, "client went away before the answer"),
+        Err(_) => tracing::warn!(
+            timeout = ?limits.reply_timeout,
+            "client did not take its answer in time: connection closed"
+        ),
     }
 }
 
-async fn handle(state: &DaemonState, request: Request) -> Response {
+async fn handle(state: &Arc<DaemonState>, limits: &Limits, request: Request) -> Response {
     match request {
-        Request::Add(req) => sandbox_op(state, req, Op::Add).await,
-        Request::Del(req) => sandbox_op(state, req, Op::Del).await,
-        Request::Check(req) => sandbox_op(state, req, Op::Check).await,
-        Request::Gc { network, valid } => gc(state, network.as_ref(), &valid).await,
+        Request::Add(req) => sandbox_op(state, limits, req, Op::Add).await,
+        Request::Del(req) => sandbox_op(state, limits, req, Op::Del).await,
+        Request::Check(req) => sandbox_op(state, limits, req, Op::Check).await,
+        Request::Gc { network, valid } => {
+            in_operation(state, limits, "GC".to_owned(), move |active| async move {
+                gc(&active, network.as_ref(), &valid).await
+            })
+            .await
+        }
         Request::Status => ok(&state.status().await),
-        Request::List => list(state).await,
+        Request::List => {
+            in_operation(state, limits, "LIST".to_owned(), |active| async move {
+                list(&active).await
+            })
+            .await
+        }
         Request::Sandboxes => match &state.kernel {
             Some(kernel) => ok(&kernel.sandboxes()),
             None => CniError::new(
@@ -269,6 +385,59 @@ async fn handle(state: &DaemonState, request: Request) -> Response {
             )
             .into(),
         },
+    }
+}
+
+/// Runs `op` on the network in force, as a task of its own that holds the operation guard and
+/// a snapshot of the network, and answers within the operation deadline: "try again later"
+/// when the network is not ready, a config change does not end in time, or `op` does not.
+async fn in_operation<F, Fut>(state: &DaemonState, limits: &Limits, what: String, op: F) -> Response
+where
+    F: FnOnce(Arc<Active>) -> Fut,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    let deadline = Instant::now() + limits.operation_deadline;
+    let Ok(guard) = tokio::time::timeout_at(deadline, state.begin_operation()).await else {
+        return CniError::try_again_later(format!(
+            "{what}: a network config change did not finish within {:?}",
+            limits.operation_deadline
+        ))
+        .into();
+    };
+    let active = match require_active(state).await {
+        Ok(active) => active,
+        Err(response) => return response,
+    };
+    let work = op(active);
+    let task = tokio::spawn(async move {
+        let _running = guard;
+        work.await
+    });
+    answer_by(deadline, limits.operation_deadline, &what, task).await
+}
+
+/// The answer of `task`, or at `deadline` "try again later" while the task goes on (so that
+/// what it started is finished or rolled back; the caller's retry then converges).
+async fn answer_by(
+    deadline: Instant,
+    allowed: Duration,
+    what: &str,
+    task: JoinHandle<Response>,
+) -> Response {
+    match tokio::time::timeout_at(deadline, task).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => CniError::internal(format!("{what} failed: {err}")).into(),
+        Err(_) => {
+            tracing::warn!(
+                operation = what,
+                ?allowed,
+                "operation over its deadline: answered try again later, it goes on"
+            );
+            CniError::try_again_later(format!(
+                "{what} did not finish within {allowed:?}; it goes on in the daemon: retry later"
+            ))
+            .into()
+        }
     }
 }
 
@@ -294,10 +463,10 @@ fn ok<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-/// The network in force, or code 11 (try again later) with the reasons it is not ready.
-async fn require_active(state: &DaemonState) -> Result<ActiveGuard, Response> {
-    let active = state.active().await;
-    if let Ok(active) = OwnedRwLockReadGuard::try_map(active, Option::as_ref) {
+/// A snapshot of the network in force, or code 11 (try again later) with the reasons it is
+/// not ready.
+async fn require_active(state: &DaemonState) -> Result<Arc<Active>, Response> {
+    if let Some(active) = state.active() {
         return Ok(active);
     }
     let status = state.status().await;
@@ -313,16 +482,49 @@ fn claim_mismatch(network: &Network, claim: Option<&NetworkClaim>) -> Option<Res
     let claimed = serde_json::from_value::<IpamConfig>(claim.ipam.clone())
         .map_err(|e| e.to_string())
         .and_then(|ipam| Network::new(&claim.name, None, ipam).map_err(|e| e.to_string()));
-    let reason = match claimed {
-        Ok(claimed) => network.mismatch(&claimed)?,
-        Err(err) => format!("request's network config is invalid: {err}"),
-    };
-    Some(CniError::new(CniError::CONFIG_MISMATCH, reason).into())
+    match claimed {
+        Ok(claimed) => {
+            let reason = network.mismatch(&claimed)?;
+            Some(CniError::new(CniError::CONFIG_MISMATCH, reason).into())
+        }
+        Err(err) => Some(
+            CniError::invalid_config(format!("request's network config is invalid: {err}")).into(),
+        ),
+    }
 }
 
-async fn sandbox_op(state: &DaemonState, req: SandboxRequest, op: Op) -> Response {
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Add => "ADD",
+            Op::Del => "DEL",
+            Op::Check => "CHECK",
+        }
+    }
+}
+
+async fn sandbox_op(
+    state: &Arc<DaemonState>,
+    limits: &Limits,
+    req: SandboxRequest,
+    op: Op,
+) -> Response {
     let started = std::time::Instant::now();
-    let response = sandbox_op_inner(state, req, op).await;
+    let response = match admit(state, limits, &req, op).await {
+        Err(refused) => refused,
+        Ok(()) => {
+            let what = format!(
+                "{} of container {:?} ifname {:?}",
+                op.name(),
+                req.container_id,
+                req.ifname
+            );
+            in_operation(state, limits, what, move |active| async move {
+                sandbox_op_inner(&active, req, op).await
+            })
+            .await
+        }
+    };
     let result = match &response {
         Response::Ok { .. } => "ok".to_owned(),
         Response::Error { code, .. } => code.to_string(),
@@ -336,11 +538,79 @@ async fn sandbox_op(state: &DaemonState, req: SandboxRequest, op: Op) -> Respons
     response
 }
 
-async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> Response {
-    let active = match require_active(state).await {
-        Ok(active) => active,
-        Err(response) => return response,
+/// What is checked before anything is allocated or touched: the names of an ADD or CHECK
+/// (code 4, they are the runtime's `CNI_CONTAINERID` and `CNI_IFNAME`) and the netns path (a network namespace, not
+/// the node's nor the daemon's own: code 4; missing: 3). DEL tolerates a path that is gone or
+/// not a namespace any more (its teardown skips the sandbox side), never the node's netns.
+async fn admit(
+    state: &Arc<DaemonState>,
+    limits: &Limits,
+    req: &SandboxRequest,
+    op: Op,
+) -> Result<(), Response> {
+    // DEL must be able to remove whatever an earlier version let in.
+    if !matches!(op, Op::Del) {
+        validate::names(&req.container_id, &req.ifname).map_err(|err| {
+            Response::from(CniError::invalid_env(format!(
+                "{} refused: {err}",
+                op.name()
+            )))
+        })?;
+    }
+    let Some(netns) = req.netns.clone() else {
+        return match op {
+            Op::Del => Ok(()),
+            Op::Add | Op::Check => Err(CniError::invalid_env(format!(
+                "{} of container {} needs a network namespace path",
+                op.name(),
+                req.container_id
+            ))
+            .into()),
+        };
     };
+    let dataplane = state.dataplane.clone();
+    let shown = netns.display().to_string();
+    let check = tokio::task::spawn_blocking(move || dataplane.check_sandbox_netns(&netns));
+    // A path on a hung filesystem must not hold the caller either.
+    let checked = tokio::time::timeout(limits.operation_deadline, check)
+        .await
+        .map_err(|_| {
+            Response::from(CniError::try_again_later(format!(
+                "{} of container {}: netns {shown} not inspected within {:?}",
+                op.name(),
+                req.container_id,
+                limits.operation_deadline
+            )))
+        })?
+        .map_err(|err| Response::from(CniError::internal(format!("netns check: {err}"))))?;
+    let Err(err) = checked else {
+        return Ok(());
+    };
+    let fatal = match op {
+        Op::Add | Op::Check => true,
+        Op::Del => matches!(
+            err,
+            DataplaneError::BadNetns {
+                reason: BadNetns::NotASandbox(_),
+                ..
+            }
+        ),
+    };
+    if !fatal {
+        return Ok(());
+    }
+    tracing::warn!(container = %req.container_id, error = %err, op = op.name(), "refused before allocating");
+    let mut refused = dataplane_refusal(&err);
+    refused.msg = format!(
+        "{} of container {}: {}",
+        op.name(),
+        req.container_id,
+        refused.msg
+    );
+    Err(refused.into())
+}
+
+async fn sandbox_op_inner(active: &Active, req: SandboxRequest, op: Op) -> Response {
     let service = &active.service;
     if let Some(mismatch) = claim_mismatch(service.network(), req.network.as_ref()) {
         // DEL is keyed by (container id, ifname) alone: a runtime tearing down with the config
@@ -405,15 +675,7 @@ async fn sandbox_op_inner(state: &DaemonState, req: SandboxRequest, op: Op) -> R
     }
 }
 
-async fn gc(
-    state: &DaemonState,
-    network: Option<&NetworkClaim>,
-    valid: &[AttachmentRef],
-) -> Response {
-    let active = match require_active(state).await {
-        Ok(active) => active,
-        Err(response) => return response,
-    };
+async fn gc(active: &Active, network: Option<&NetworkClaim>, valid: &[AttachmentRef]) -> Response {
     let service = &active.service;
     if let Some(mismatch) = claim_mismatch(service.network(), network) {
         return mismatch;
@@ -440,11 +702,7 @@ async fn gc(
     }
 }
 
-async fn list(state: &DaemonState) -> Response {
-    let active = match require_active(state).await {
-        Ok(active) => active,
-        Err(response) => return response,
-    };
+async fn list(active: &Active) -> Response {
     match active.service.list().await {
         Ok(allocations) => ok(&allocations
             .iter()
@@ -455,5 +713,110 @@ async fn list(state: &DaemonState) -> Response {
             })
             .collect::<Vec<_>>()),
         Err(err) => cni_error(&err).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_missing_socket_directory_is_created_0700() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("run").join("provisioner");
+        private_dir(&dir).expect("created");
+        let meta = std::fs::metadata(&dir).expect("exists");
+        assert!(meta.is_dir());
+        assert_eq!(meta.mode() & 0o7777, 0o700);
+        // And accepted as it is on the next start.
+        private_dir(&dir).expect("accepted");
+    }
+
+    #[test]
+    fn a_socket_directory_others_may_write_to_is_refused() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for mode in [0o777, 0o1777, 0o770, 0o722] {
+            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(mode))
+                .expect("chmod");
+            let e = private_dir(root.path()).expect_err("writable by others");
+            let msg = e.to_string();
+            assert!(msg.contains("group- or world-writable"), "{mode:o}: {msg}");
+            assert!(msg.contains(&root.path().display().to_string()), "{msg}");
+        }
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        private_dir(root.path()).expect("0755 owned by us is fine");
+    }
+
+    #[test]
+    fn a_socket_directory_of_another_user_or_a_file_is_refused() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let file = root.path().join("file");
+        std::fs::write(&file, b"").expect("write");
+        let e = private_dir(&file).expect_err("a file");
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let theirs = root.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(4242)), None).expect("chown");
+        let e = private_dir(&theirs).expect_err("owned by another user");
+        assert!(e.to_string().contains("is owned by uid 4242"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_operation_over_its_deadline_is_answered_try_again_later_and_goes_on() {
+        let finished = std::sync::Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let finished = std::sync::Arc::clone(&finished);
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                finished.store(true, Ordering::SeqCst);
+                Response::Ok {
+                    result: serde_json::Value::Null,
+                }
+            }
+        });
+        let allowed = Duration::from_millis(20);
+        let started = Instant::now();
+        let answer = answer_by(started + allowed, allowed, "ADD of container c", task).await;
+        assert!(started.elapsed() < Duration::from_millis(250));
+        match answer {
+            Response::Error { code, msg, .. } => {
+                assert_eq!(code, CniError::TRY_AGAIN_LATER);
+                assert!(
+                    msg.contains("ADD of container c did not finish within"),
+                    "{msg}"
+                );
+            }
+            Response::Ok { .. } => panic!("answered before the operation could finish"),
+        }
+        // The operation was not cancelled: it finishes (or rolls back) on its own.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !finished.load(Ordering::SeqCst) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(finished.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn an_operation_within_its_deadline_is_answered_with_its_result() {
+        let task = tokio::spawn(async {
+            Response::Ok {
+                result: serde_json::json!({ "done": true }),
+            }
+        });
+        let allowed = Duration::from_secs(5);
+        let answer = answer_by(Instant::now() + allowed, allowed, "DEL", task).await;
+        assert_eq!(
+            answer,
+            Response::Ok {
+                result: serde_json::json!({ "done": true })
+            }
+        );
     }
 }

@@ -36,9 +36,13 @@ pub struct DaemonState {
     pub metrics: Arc<Metrics>,
     /// The kernel watch, unless tracing was turned off.
     pub kernel: Option<KernelWatch>,
-    /// Requests hold a read guard for their whole duration; a config change takes the write
-    /// guard, so it waits for operations in flight and none ever sees a half-applied config.
-    active: Arc<RwLock<Option<Active>>>,
+    /// The network in force: requests take a snapshot (an `Arc` clone) and never hold this
+    /// lock across an await, so STATUS answers whatever operations do.
+    active: std::sync::RwLock<Option<Arc<Active>>>,
+    /// Sandbox operations hold a read guard while they run; a service swap takes the write
+    /// guard, so it waits for the operations in flight (each bounded by its deadline and the
+    /// netlink deadlines) and reconciliation never races an ADD.
+    operations: Arc<RwLock<()>>,
     /// The config state last applied (for status), and the store error if opening failed.
     applied: std::sync::Mutex<Applied>,
 }
@@ -50,7 +54,8 @@ struct Applied {
     dataplane_error: Option<String>,
 }
 
-pub type ActiveGuard = OwnedRwLockReadGuard<Option<Active>>;
+/// Held by a sandbox operation while it runs (see [`DaemonState::begin_operation`]).
+pub type OperationGuard = OwnedRwLockReadGuard<()>;
 
 impl DaemonState {
     pub fn new(paths: Paths, dataplane: Dataplane, kernel: Option<KernelWatch>) -> Self {
@@ -60,7 +65,8 @@ impl DaemonState {
             dataplane,
             locks: Arc::new(KeyLocks::default()),
             metrics: Arc::new(Metrics::new()),
-            active: Arc::new(RwLock::new(None)),
+            active: std::sync::RwLock::new(None),
+            operations: Arc::new(RwLock::new(())),
             applied: std::sync::Mutex::new(Applied::default()),
         }
     }
@@ -76,9 +82,32 @@ impl DaemonState {
         self.applied().store_error.is_some()
     }
 
-    /// The network in force for one request; `None` inside when not ready.
-    pub async fn active(&self) -> ActiveGuard {
-        Arc::clone(&self.active).read_owned().await
+    /// A snapshot of the network in force; `None` when not ready.
+    pub fn active(&self) -> Option<Arc<Active>> {
+        self.active
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_active(&self, active: Option<Arc<Active>>) {
+        *self
+            .active
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = active;
+    }
+
+    /// Waits for a sandbox operation to be allowed (no service swap under way) and returns
+    /// the guard the operation holds while it runs.
+    pub async fn begin_operation(&self) -> OperationGuard {
+        Arc::clone(&self.operations).read_owned().await
+    }
+
+    /// Waits until no sandbox operation runs (at shutdown), at most `limit`; false on expiry.
+    pub async fn wait_operations(&self, limit: std::time::Duration) -> bool {
+        tokio::time::timeout(limit, self.operations.write())
+            .await
+            .is_ok()
     }
 
     /// Applies a new config state: keeps the service when nothing relevant changed, else
@@ -87,10 +116,10 @@ impl DaemonState {
     pub async fn apply_config(&self, state: ConfigState) {
         self.applied().config = Some(state.clone());
         let Some(loaded) = state.current.clone() else {
-            if self.active.read().await.is_some() {
+            if self.active().is_some() {
                 tracing::warn!(source = %self.paths.config_source.display(), "network config removed: not ready");
             }
-            *self.active.write().await = None;
+            self.set_active(None);
             self.metrics.ready.set(0);
             return;
         };
@@ -101,27 +130,37 @@ impl DaemonState {
                 return;
             }
         };
-        let mut active = self.active.write().await;
-        if let Some(current) = active.as_ref()
+        if let Some(current) = self.active()
             && current.service.network() == &network
         {
-            *active = Some(Active {
+            self.set_active(Some(Arc::new(Active {
                 loaded,
                 service: current.service.clone(),
-            });
+            })));
             return;
         }
-        let reuse = active.as_ref().and_then(|current| {
+        // Operations in flight finish on the service they started with; new ones wait.
+        let _exclusive = self.operations.write().await;
+        let current = self.active();
+        let reuse = current.as_ref().and_then(|current| {
             let same_store = current.service.network().name == network.name
                 && current.service.network().ranges == network.ranges;
             same_store.then(|| Arc::clone(current.service.allocator()))
         });
         let mut same_boot = true;
+        let previous_store = current
+            .as_ref()
+            .map(|current| Arc::downgrade(current.service.allocator()));
+        drop(current);
         let allocator = match reuse {
             Some(allocator) => allocator,
             None => {
-                // The store file allows one open handle: close the old one first.
-                *active = None;
+                // The store file allows one open handle: close the old one first. No operation
+                // runs; a STATUS may still count on it for a moment.
+                self.set_active(None);
+                if let Some(previous) = previous_store {
+                    wait_released(&previous).await;
+                }
                 match Allocator::open(&self.paths.data_dir, &network.name, &network.ranges) {
                     Ok((allocator, report)) => {
                         reconcile::report_store(&report);
@@ -160,7 +199,7 @@ impl DaemonState {
             tracing::error!(error = %err, "reconciling allocations with the kernel");
             self.applied().dataplane_error = Some(err.to_string());
             if err.refuses_service() {
-                *active = None;
+                self.set_active(None);
                 self.metrics.ready.set(0);
                 return;
             }
@@ -180,14 +219,14 @@ impl DaemonState {
             }
         }
         return_freed_memory();
-        *active = Some(Active { loaded, service });
+        self.set_active(Some(Arc::new(Active { loaded, service })));
         self.metrics.ready.set(1);
     }
 
     /// Readiness with every reason, what is loaded, and the last load attempt.
     pub async fn status(&self) -> Status {
         let mut reasons = Vec::new();
-        let active = self.active().await;
+        let active = self.active();
         let (config, store_error, dataplane_error) = {
             let applied = self.applied();
             (
@@ -262,6 +301,17 @@ impl DaemonState {
         }
     }
 }
+
+/// Waits (at most a few seconds) until nothing holds the allocator of a previous network.
+async fn wait_released(previous: &std::sync::Weak<Allocator>) {
+    let started = std::time::Instant::now();
+    while previous.strong_count() > 0 && started.elapsed() < STORE_RELEASE_WAIT {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Longest wait for the previous allocation store to be closed before opening the next one.
+const STORE_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Reconciliation reads every host link and every allocation at once; glibc keeps the pages it
 /// frees afterwards in its arenas (RSS 24 instead of 11 MiB after a restart with 1000 sandboxes,

@@ -100,12 +100,19 @@ pub(crate) async fn list(
 ) -> Result<Vec<Addr>, DataplaneError> {
     let mut req = AddressMessage::default();
     req.header.index = index;
-    let msgs = conn
+    let msgs = match conn
         .dump(
             RouteNetlinkMessage::GetAddress(req),
             &format!("list addresses of {ifname}"),
         )
-        .await?;
+        .await
+    {
+        Ok(msgs) => msgs,
+        // The kernel ends a dump filtered on a link that is gone (e.g. deleted with its netns
+        // meanwhile) with ENODEV: such a link holds no address.
+        Err(e) if e.errno() == Some(libc::ENODEV) => Vec::new(),
+        Err(e) => return Err(e),
+    };
     Ok(parse_all(msgs)
         .into_iter()
         .filter(|(i, _)| *i == index)

@@ -3,7 +3,6 @@
 use super::error::CheckFailure;
 use super::link::{self, Link};
 use super::netlink::Conn;
-use super::netns::NetnsFile;
 use super::plan::{ExpectedState, plan};
 use super::spec::SandboxSpec;
 use super::{Dataplane, address, route};
@@ -28,7 +27,7 @@ pub(crate) async fn run_with(
     };
     // Both sides at once, each on its own socket.
     let (mut problems, host_problems) = futures::join!(
-        check_sandbox(spec, &plan, sandbox),
+        check_sandbox(dp, spec, &plan, sandbox),
         check_host(dp, spec, &plan)
     );
     problems.extend(host_problems);
@@ -40,6 +39,7 @@ pub(crate) async fn run_with(
 }
 
 async fn check_sandbox(
+    dp: &Dataplane,
     spec: &SandboxSpec,
     plan: &ExpectedState,
     sandbox: Option<&Conn>,
@@ -50,7 +50,7 @@ async fn check_sandbox(
     let conn = match sandbox {
         Some(c) => c,
         None => {
-            let sbx = match NetnsFile::open(&spec.netns) {
+            let sbx = match dp.open_sandbox_netns(&spec.netns) {
                 Ok(ns) => Conn::open(&ns).await,
                 Err(e) => Err(e),
             };

@@ -73,6 +73,13 @@ pub enum DataplaneError {
         source: io::Error,
     },
 
+    /// The netns path of a sandbox is not a sandbox's network namespace.
+    #[error("netns {netns} refused: {reason}")]
+    BadNetns {
+        netns: String,
+        reason: super::netns::BadNetns,
+    },
+
     /// A thread could not enter the netns (e.g. the path is not a netns).
     #[error("enter netns {netns}: {source}")]
     EnterNetns {
@@ -104,6 +111,14 @@ pub enum DataplaneError {
         op: String,
         netns: String,
         detail: String,
+    },
+
+    /// The kernel did not answer a request in time (its acknowledgement or the end of a dump).
+    #[error("{op} in netns {netns}: no answer from the kernel within {after:?}")]
+    Timeout {
+        op: String,
+        netns: String,
+        after: std::time::Duration,
     },
 
     /// A dump kept being interrupted (`NLM_F_DUMP_INTR`) after all retries.

@@ -37,7 +37,11 @@ pub use naming::{
     GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, IFNAME_MAX, graveyard_ifname,
     host_ifname, is_graveyard_ifname, is_host_ifname, valid_ifname,
 };
-pub use netns::socket_netns_cookie;
+pub use netlink::{
+    DEFAULT_REQUEST_TIMEOUT as DEFAULT_NETLINK_TIMEOUT, request_timeout as netlink_timeout,
+    set_request_timeout as set_netlink_timeout,
+};
+pub use netns::{BadNetns, socket_netns_cookie};
 pub use plan::{ExpectedState, FamilyPlan, plan};
 pub use route::{Route, Scope};
 pub use snapshot::{NetnsSnapshot, SnapshotAddress, SnapshotLink, SnapshotRoute};
@@ -50,7 +54,7 @@ use netlink::Conn;
 pub async fn snapshot(path: &Path) -> Result<NetnsSnapshot, DataplaneError> {
     snapshot::take(path).await
 }
-use netns::NetnsFile;
+use netns::{NetnsFile, NsIdentity};
 use reaper::Reaper;
 
 /// Sets sandboxes up, tears them down and checks them. Cheap to clone; `Send + Sync`.
@@ -62,6 +66,8 @@ pub struct Dataplane {
 #[derive(Debug)]
 struct Inner {
     host_ns: NetnsFile,
+    /// Namespaces no sandbox may use: the node's and the daemon's own.
+    not_sandboxes: Vec<NsIdentity>,
     /// The host socket, created in the host netns by the constructor; moved into `host_conn`
     /// on first use (registering with tokio needs a runtime).
     host_socket: Mutex<Option<netlink_sys::Socket>>,
@@ -96,10 +102,18 @@ impl Dataplane {
     }
 
     fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Result<Self, DataplaneError> {
+        let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?;
+        let not_sandboxes = vec![
+            host_ns
+                .identity()?
+                .named("the node's network namespace (the daemon's host netns)"),
+            own.identity()?.named("the daemon's own network namespace"),
+        ];
         let reaper = Reaper::start(&host_ns)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 host_ns,
+                not_sandboxes,
                 host_socket: Mutex::new(Some(socket)),
                 host_conn: tokio::sync::OnceCell::new(),
                 reaper,
@@ -130,6 +144,20 @@ impl Dataplane {
 
     pub(crate) fn host_ns(&self) -> &NetnsFile {
         &self.inner.host_ns
+    }
+
+    /// Opens the network namespace of a sandbox at `path`, without blocking: it must be a
+    /// network namespace, and neither the node's nor the daemon's own. Whatever uses the
+    /// namespace afterwards uses this handle, never the path again.
+    pub(crate) fn open_sandbox_netns(&self, path: &Path) -> Result<NetnsFile, DataplaneError> {
+        NetnsFile::open_sandbox(path, &self.inner.not_sandboxes)
+    }
+
+    /// Checks that `path` is a network namespace a sandbox may use (see
+    /// [`Self::open_sandbox_netns`]; setup and check repeat the check on the handle they use).
+    /// Blocks for a few syscalls: call it from a blocking context.
+    pub fn check_sandbox_netns(&self, path: &Path) -> Result<(), DataplaneError> {
+        self.open_sandbox_netns(path).map(drop)
     }
 
     /// The host connection, created on first use and reused afterwards.

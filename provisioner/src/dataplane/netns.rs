@@ -26,14 +26,93 @@ pub(crate) struct NetnsFile {
 }
 
 impl NetnsFile {
-    /// Opens the netns at `path`. A missing path is reported as `OpenNetns` with `ENOENT`.
+    /// Opens the network namespace at `path` without blocking (`O_NONBLOCK`: a FIFO or a device
+    /// put there cannot hang the caller) and checks what was opened: a namespace file (nsfs) of
+    /// a network namespace. A missing path is reported as `OpenNetns` with `ENOENT`; anything
+    /// else that is not a network namespace as [`DataplaneError::BadNetns`].
     pub(crate) fn open(path: &Path) -> Result<Self, DataplaneError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let label = path.display().to_string();
-        let file = File::open(path).map_err(|source| DataplaneError::OpenNetns {
-            netns: label.clone(),
-            source,
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|source| DataplaneError::OpenNetns {
+                netns: label.clone(),
+                source,
+            })?;
+        let ns = Self { file, label };
+        ns.check_is_netns()?;
+        Ok(ns)
+    }
+
+    /// Opens `path` like [`Self::open`] as the network namespace of a sandbox: it must not be
+    /// one of `not_sandboxes` (the node's netns, the daemon's own).
+    pub(crate) fn open_sandbox(
+        path: &Path,
+        not_sandboxes: &[NsIdentity],
+    ) -> Result<Self, DataplaneError> {
+        let ns = Self::open(path)?;
+        let id = ns.identity()?;
+        if let Some(forbidden) = not_sandboxes.iter().find(|f| f.same_namespace(&id)) {
+            return Err(ns.bad(BadNetns::NotASandbox(forbidden.what)));
+        }
+        Ok(ns)
+    }
+
+    fn bad(&self, reason: BadNetns) -> DataplaneError {
+        DataplaneError::BadNetns {
+            netns: self.label.clone(),
+            reason,
+        }
+    }
+
+    /// nsfs, and a network namespace (`NS_GET_NSTYPE`, Linux >= 4.11).
+    #[cfg_attr(
+        target_pointer_width = "64",
+        expect(
+            clippy::useless_conversion,
+            reason = "f_type is i64 here but narrower on other targets"
+        )
+    )]
+    fn check_is_netns(&self) -> Result<(), DataplaneError> {
+        let fs = nix::sys::statfs::fstatfs(&self.file).map_err(|e| DataplaneError::OpenNetns {
+            netns: self.label.clone(),
+            source: io::Error::from(e),
         })?;
-        Ok(Self { file, label })
+        let fs_type = i64::from(fs.filesystem_type().0);
+        if fs_type != NSFS_MAGIC {
+            return Err(self.bad(BadNetns::NotANamespace { fs_type }));
+        }
+        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `self` keeps open.
+        let ns_type = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::NS_GET_NSTYPE) };
+        if ns_type < 0 {
+            return Err(DataplaneError::OpenNetns {
+                netns: self.label.clone(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        if ns_type != libc::CLONE_NEWNET {
+            return Err(self.bad(BadNetns::NotNetwork { ns_type }));
+        }
+        Ok(())
+    }
+
+    /// Device and inode of the namespace: which namespace it is while it lives.
+    pub(crate) fn identity(&self) -> Result<NsIdentity, DataplaneError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|source| DataplaneError::OpenNetns {
+                netns: self.label.clone(),
+                source,
+            })?;
+        Ok(NsIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            what: "",
+        })
     }
 
     /// The netns of the calling thread.
@@ -146,6 +225,54 @@ impl NetnsFile {
             netns: self.label.clone(),
             source,
         })
+    }
+}
+
+/// Which namespace a namespace file is (device and inode of nsfs): stable while the namespace
+/// lives, so good to recognise namespaces the daemon keeps alive (its own, the node's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NsIdentity {
+    dev: u64,
+    ino: u64,
+    /// What this namespace is, for messages.
+    what: &'static str,
+}
+
+impl NsIdentity {
+    fn same_namespace(&self, other: &NsIdentity) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    #[must_use]
+    pub(crate) fn named(mut self, what: &'static str) -> Self {
+        self.what = what;
+        self
+    }
+}
+
+/// Why a path is not usable as a sandbox's network namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadNetns {
+    /// Not a namespace file at all (a regular file, a FIFO, a directory...).
+    NotANamespace { fs_type: i64 },
+    /// A namespace of another type (mount, pid...): the `CLONE_NEW*` flag.
+    NotNetwork { ns_type: i32 },
+    /// A network namespace the daemon keeps for itself (named).
+    NotASandbox(&'static str),
+}
+
+impl std::fmt::Display for BadNetns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadNetns::NotANamespace { fs_type } => write!(
+                f,
+                "not a namespace file (filesystem type {fs_type:#x}, not nsfs)"
+            ),
+            BadNetns::NotNetwork { ns_type } => {
+                write!(f, "not a network namespace (namespace type {ns_type:#x})")
+            }
+            BadNetns::NotASandbox(what) => write!(f, "is {what}, not a sandbox's"),
+        }
     }
 }
 
@@ -278,5 +405,81 @@ impl Pool {
             return false;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn reason(err: &DataplaneError) -> Option<BadNetns> {
+        match err {
+            DataplaneError::BadNetns { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn only_network_namespaces_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let regular = dir.path().join("regular");
+        std::fs::write(&regular, b"x").expect("write");
+        let e = NetnsFile::open(&regular).expect_err("a regular file");
+        assert!(
+            matches!(reason(&e), Some(BadNetns::NotANamespace { .. })),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains(&regular.display().to_string()),
+            "{e}"
+        );
+
+        let e = NetnsFile::open(Path::new("/proc/self/ns/mnt")).expect_err("a mount namespace");
+        assert!(
+            matches!(reason(&e), Some(BadNetns::NotNetwork { .. })),
+            "{e}"
+        );
+
+        let e = NetnsFile::open(&dir.path().join("missing")).expect_err("missing");
+        assert_eq!(e.errno(), Some(libc::ENOENT));
+
+        NetnsFile::open(Path::new("/proc/self/ns/net")).expect("a network namespace");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(NetnsFile::open(&path).map(drop));
+        });
+        let e = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("answers at once")
+            .expect_err("a FIFO is not a netns");
+        assert!(
+            matches!(reason(&e), Some(BadNetns::NotANamespace { .. })),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_namespaces_the_daemon_keeps_are_no_sandboxes() {
+        let own = NetnsFile::open(Path::new("/proc/self/ns/net")).expect("own netns");
+        let forbidden = [own.identity().expect("identity").named("the test's own")];
+        let e = NetnsFile::open_sandbox(Path::new("/proc/thread-self/ns/net"), &forbidden)
+            .expect_err("the same namespace by another path");
+        assert_eq!(reason(&e), Some(BadNetns::NotASandbox("the test's own")));
+        assert!(
+            e.to_string().contains("is the test's own, not a sandbox's"),
+            "{e}"
+        );
+        NetnsFile::open_sandbox(Path::new("/proc/self/ns/net"), &[]).expect("nothing forbidden");
     }
 }

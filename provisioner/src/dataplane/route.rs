@@ -206,7 +206,15 @@ async fn list_main_filtered(
             }
             None => format!("list {family:?} routes"),
         };
-        let msgs = conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await?;
+        let msgs = match conn.dump(RouteNetlinkMessage::GetRoute(req), &what).await {
+            Ok(msgs) => msgs,
+            // The kernel ends a dump of a table it has not created yet (no route of the family
+            // in the netns so far) with ENOENT, and one filtered on a link that is gone with
+            // ENODEV: no routes.
+            Err(e) if e.errno() == Some(libc::ENOENT) => Vec::new(),
+            Err(e) if oif.is_some() && e.errno() == Some(libc::ENODEV) => Vec::new(),
+            Err(e) => return Err(e),
+        };
         out.extend(msgs.into_iter().filter_map(parse_main));
     }
     Ok(out)

@@ -176,7 +176,10 @@ impl Run<'_> {
 
         // Sandbox netns and its socket (made by a pooled netns worker); the host socket is
         // shared and made once.
-        let ns = at(S::SandboxNetns, NetnsFile::open(&self.spec.netns))?;
+        let ns = at(
+            S::SandboxNetns,
+            self.dp.open_sandbox_netns(&self.spec.netns),
+        )?;
         let (conn, host) = futures::join!(Conn::open(&ns), self.dp.host());
         let conn = at(S::SandboxNetns, conn)?;
         let host = at(S::SandboxNetns, host)?.clone();

@@ -13,7 +13,7 @@ use super::error::DataplaneError;
 use super::link::{self, Link};
 use super::naming::{GRAVEYARD_GROUP, graveyard_ifname, host_ifname};
 use super::netlink::{Conn, Req};
-use super::netns::{NetnsFile, is_netns};
+use super::netns::is_netns;
 use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
 use super::{Dataplane, address, route};
@@ -38,7 +38,7 @@ pub(crate) async fn run(
                 let sandbox = async {
                     match netns {
                         Some(path) if !out.sandbox_netns_gone => {
-                            withdraw_sandbox(path, ifname, l.index).await
+                            withdraw_sandbox(dp, path, ifname, l.index).await
                         }
                         _ => (false, Vec::new()),
                     }
@@ -76,12 +76,13 @@ pub(crate) async fn run(
 /// `pvx<index>` so that `ifname` is free for a new setup at once. Returns whether it was
 /// cleaned, and the errors met.
 async fn withdraw_sandbox(
+    dp: &Dataplane,
     path: &Path,
     ifname: &str,
     host_index: u32,
 ) -> (bool, Vec<DataplaneError>) {
     let mut errors = Vec::new();
-    let ns = match NetnsFile::open(path) {
+    let ns = match dp.open_sandbox_netns(path) {
         Ok(ns) => ns,
         Err(e) if e.errno() == Some(libc::ENOENT) => return (false, errors),
         Err(e) => return (false, vec![e]),

@@ -12,6 +12,7 @@ mod observer;
 mod ports;
 mod queries;
 mod service;
+pub mod validate;
 
 pub use error::SandboxError;
 pub use key_locks::{KeyGuard, KeyLocks};
