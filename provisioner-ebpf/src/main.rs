@@ -290,6 +290,8 @@ pub fn cap_capable(ctx: BtfTracePointContext) -> i32 {
         };
         match nr {
             NR_UNSHARE => {
+                // A previous unshare of this task is complete: its namespace is current.
+                flush_unshare();
                 if arg0 & CLONE_NEWNET != 0 {
                     let unsharing = Unsharing {
                         flags: arg0,
