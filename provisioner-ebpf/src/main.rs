@@ -381,11 +381,23 @@ const NR_SENDMSG: u64 = 46;
 const NR_RECVMSG: u64 = 47;
 
 /// Whether `sk` is a NETLINK_ROUTE socket: the only work every send/recv on the node pays.
+///
+/// `sk` is the tracepoint's BTF-typed `struct sock *` and the offsets are constants of the
+/// frozen .rodata, so the verifier checks these plain loads against the kernel's BTF and turns
+/// them into fault-tolerant loads: no helper call.
 #[inline(always)]
 unsafe fn is_route_sock(sk: *const u8) -> bool {
     unsafe {
-        read_field::<u16>(sk, OFF_SK_FAMILY.load()) == Some(AF_NETLINK)
-            && read_field::<u16>(sk, OFF_SK_PROTOCOL.load()) == Some(NETLINK_ROUTE)
+        let family =
+            core::ptr::read_volatile(sk.wrapping_add(OFF_SK_FAMILY.load() as usize).cast::<u16>());
+        if family != AF_NETLINK {
+            return false;
+        }
+        let protocol = core::ptr::read_volatile(
+            sk.wrapping_add(OFF_SK_PROTOCOL.load() as usize)
+                .cast::<u16>(),
+        );
+        protocol == NETLINK_ROUTE
     }
 }
 
