@@ -128,6 +128,24 @@ struct Unsharing {
 #[map]
 static UNSHARING: HashMap<u64, Unsharing> = HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
 
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (`<linux/bpf.h>`).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// Unread bytes in `EVENTS` from which a record wakes the reader up. Below it, records do not
+/// wake it (each wakeup is an IPI and a context switch in the daemon, per record); the reader
+/// drains the buffer on a short timer instead.
+const WAKEUP_BYTES: u64 = 256 * 1024;
+
+#[inline(always)]
+fn wakeup_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 #[inline(always)]
 fn count_lost(kind: u32) {
     count(&LOST, kind);
@@ -233,7 +251,7 @@ fn emit_netns_created(task: *const u8, origin: u32, flags: u64, at_ns: Option<u6
         (*record).parent_pid = read_field(parent, OFF_TASK_TGID.load()).unwrap_or(0);
         (*record).parent_comm = read_field(parent, OFF_TASK_COMM.load()).unwrap_or([0; COMM_LEN]);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,7 +477,7 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
         );
         (*record).copied = if rc == 0 { n } else { 0 };
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
 }
 
 /// The first iovec of a `struct user_msghdr` (userspace ABI: msg_iov at 16): (base, len).
@@ -578,7 +596,7 @@ pub fn netlink_extack(ctx: BtfTracePointContext) -> i32 {
         (*record).msg[0] = 0;
         let _ = bpf_probe_read_kernel_str_bytes(msg, &mut (*record).msg);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
     0
 }
 
@@ -606,7 +624,7 @@ fn emit_dev(kind: u32, dev: *const u8, ops: *const u8) {
         (*record).ifname = read_field(dev, OFF_DEV_NAME.load()).unwrap_or([0; 16]);
         (*record).qdisc = read_field(ops, OFF_QDISC_OPS_ID.load()).unwrap_or([0; 16]);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
 }
 
 /// `qdisc_create(const struct Qdisc_ops *ops, struct net_device *dev, u32 parent)`
@@ -671,7 +689,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
             read_field(bprm, OFF_BINPRM_FILENAME.load()).unwrap_or(core::ptr::null());
         let _ = bpf_probe_read_kernel_str_bytes(filename, &mut (*record).filename);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
     0
 }
 
@@ -696,7 +714,7 @@ fn emit_bind_mount(flags: u64, source: *const u8, target: *const u8) {
         let _ = bpf_probe_read_user_str_bytes(source, &mut (*record).source);
         let _ = bpf_probe_read_user_str_bytes(target, &mut (*record).target);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
 }
 
 /// `mount(dev_name, dir_name, type, flags, data)` (fallback for kernels without `cap_capable`).

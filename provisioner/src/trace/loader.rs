@@ -47,6 +47,10 @@ const BTF_TRACEPOINTS: &[(&str, &str)] = &[
 /// (a burst of hundreds of sandbox setups) and overflow is counted, never silent.
 const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
 
+/// How often the ring buffer is drained when records do not wake the reader (they do once
+/// 256 KiB are unread): the most a kernel event waits before the correlator sees it.
+const DRAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Events that did not reach userspace or could not be decoded, per record kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LossCounters {
@@ -255,12 +259,23 @@ async fn read_ring(
     decode_failures: Arc<Vec<AtomicU64>>,
 ) {
     let clock = Clock::new();
+    let mut drain = tokio::time::interval(DRAIN_EVERY);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let Ok(mut guard) = ring.readable_mut().await else {
-            tracing::error!("ring buffer poll failed; kernel tracing stopped");
-            return;
-        };
-        let ring = guard.get_inner_mut();
+        // Records wake the reader only once the buffer fills up (see WAKEUP_BYTES in the eBPF
+        // programs): below that, it is drained on a timer.
+        tokio::select! {
+            guard = ring.readable_mut() => match guard {
+                // Cleared before draining: a record submitted meanwhile is drained below.
+                Ok(mut guard) => guard.clear_ready(),
+                Err(_) => {
+                    tracing::error!("ring buffer poll failed; kernel tracing stopped");
+                    return;
+                }
+            },
+            _ = drain.tick() => {}
+        }
+        let ring = ring.get_mut();
         let mut batch = Vec::new();
         while let Some(item) = ring.next() {
             match decode(&item, &clock) {
@@ -273,7 +288,6 @@ async fn read_ring(
                 }
             }
         }
-        guard.clear_ready();
         for event in batch {
             if tx.send(event).await.is_err() {
                 return;
