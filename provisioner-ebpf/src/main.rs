@@ -316,7 +316,12 @@ pub fn cap_capable(ctx: BtfTracePointContext) -> i32 {
                         old_cookie: current_netns().cookie,
                         ts_ns: bpf_ktime_get_ns(),
                     };
-                    let _ = UNSHARING.insert(bpf_get_current_pid_tgid(), unsharing, 0);
+                    if UNSHARING
+                        .insert(bpf_get_current_pid_tgid(), unsharing, 0)
+                        .is_err()
+                    {
+                        count_lost(kind::NETNS_CREATED);
+                    }
                 }
             }
             NR_SETNS => flush_unshare(),
