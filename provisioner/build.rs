@@ -1,26 +1,69 @@
-//! Embeds the eBPF object built by `cargo xtask build-ebpf`.
+//! Embeds the eBPF object built by `cargo xtask build-ebpf`, refusing one built from other
+//! sources than the tree's (a changed record layout would decode garbage).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+include!("../provisioner-common/build_support/sources_hash.rs");
+
+/// What precedes the sources hash in the object (`provisioner_common::SOURCES_MARKER`).
+const SOURCES_MARKER: &[u8] = b"provisioner-src:";
+
+fn fail(message: &str) -> ! {
+    eprintln!("error: {message}");
+    std::process::exit(1);
+}
+
+/// The sources hash the object was built with, if it carries one.
+fn object_sources_hash(object: &Path) -> Option<String> {
+    let bytes = std::fs::read(object).ok()?;
+    let at = bytes
+        .windows(SOURCES_MARKER.len())
+        .position(|w| w == SOURCES_MARKER)?;
+    let hex = bytes.get(at + SOURCES_MARKER.len()..at + SOURCES_MARKER.len() + 16)?;
+    Some(String::from_utf8_lossy(hex).into_owned())
+}
 
 fn main() {
     println!("cargo:rerun-if-env-changed=PROVISIONER_EBPF_OBJECT");
-    let object = std::env::var_os("PROVISIONER_EBPF_OBJECT").map_or_else(
-        || {
-            let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
-            PathBuf::from(manifest_dir)
-                .join("../target/ebpf/bpfel-unknown-none/release/provisioner-ebpf")
-        },
-        PathBuf::from,
-    );
+    let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let explicit = std::env::var_os("PROVISIONER_EBPF_OBJECT").map(PathBuf::from);
+    let object = explicit.clone().unwrap_or_else(|| {
+        manifest_dir.join("../target/ebpf/bpfel-unknown-none/release/provisioner-ebpf")
+    });
     println!("cargo:rerun-if-changed={}", object.display());
     if !object.is_file() {
-        eprintln!(
-            "error: the eBPF object {} does not exist.\n\
+        fail(&format!(
+            "the eBPF object {} does not exist.\n\
              Build it first with `cargo xtask build-ebpf` (it installs rust-src and bpf-linker \
              when missing), or point PROVISIONER_EBPF_OBJECT at a built object.",
             object.display()
-        );
-        std::process::exit(1);
+        ));
+    }
+    // An object given explicitly is taken as it is (the layout is still checked at load).
+    if explicit.is_none() {
+        let workspace = manifest_dir.join("..");
+        let (tree, files) = ebpf_sources_hash(&workspace).unwrap_or_else(|err| {
+            fail(&format!(
+                "hashing the eBPF sources under {}: {err}",
+                workspace.display()
+            ))
+        });
+        for file in files {
+            println!("cargo:rerun-if-changed={}", file.display());
+        }
+        let tree = format!("{tree:016x}");
+        match object_sources_hash(&object) {
+            Some(built) if built == tree => {}
+            built => fail(&format!(
+                "the eBPF object {} was built from other sources (hash {}) than the tree's \
+                 provisioner-ebpf and provisioner-common (hash {tree}): rebuild it with \
+                 `cargo xtask build-ebpf`.",
+                object.display(),
+                built
+                    .as_deref()
+                    .unwrap_or("none: built before sources were recorded"),
+            )),
+        }
     }
     let object = object.canonicalize().unwrap_or(object);
     println!(

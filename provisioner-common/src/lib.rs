@@ -203,10 +203,121 @@ pub struct BindMount {
     pub target: [u8; PATH_LEN],
 }
 
+// The layouts both sides rely on; a change here must change `ABI_VERSION` or the layout hash
+// (it does: the hash covers every size and the offsets below).
+const _: () = {
+    assert!(core::mem::size_of::<EventHeader>() == 48);
+    assert!(core::mem::size_of::<NetnsId>() == 16);
+    assert!(core::mem::size_of::<NetnsCreated>() == 96);
+    assert!(core::mem::size_of::<NetlinkMsg>() == 352);
+    assert!(core::mem::size_of::<Extack>() == 192);
+    assert!(core::mem::size_of::<DevEvent>() == 112);
+    assert!(core::mem::size_of::<Exec>() == 216);
+    assert!(core::mem::size_of::<BindMount>() == 328);
+};
+
+/// Bumped by hand for changes the layout hash cannot see (a field's meaning, a kind's number).
+pub const ABI_VERSION: u32 = 2;
+
+/// FNV-1a over `bytes`, continuing from `hash`.
+pub const fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// A hash of the record layouts: `ABI_VERSION`, every record's size and the offsets of the
+/// fields after the header.
+pub const fn layout_hash() -> u64 {
+    use core::mem::{offset_of, size_of};
+    let values: [usize; 24] = [
+        ABI_VERSION as usize,
+        size_of::<EventHeader>(),
+        offset_of!(EventHeader, ts_ns),
+        offset_of!(EventHeader, comm),
+        size_of::<NetnsId>(),
+        size_of::<NetnsCreated>(),
+        offset_of!(NetnsCreated, netns_cookie),
+        offset_of!(NetnsCreated, flags),
+        offset_of!(NetnsCreated, parent_comm),
+        size_of::<NetlinkMsg>(),
+        offset_of!(NetlinkMsg, sock_netns),
+        offset_of!(NetlinkMsg, data),
+        size_of::<Extack>(),
+        offset_of!(Extack, msg),
+        size_of::<DevEvent>(),
+        offset_of!(DevEvent, ifname),
+        offset_of!(DevEvent, qdisc),
+        size_of::<Exec>(),
+        offset_of!(Exec, filename),
+        size_of::<BindMount>(),
+        offset_of!(BindMount, source),
+        offset_of!(BindMount, target),
+        kind::COUNT as usize,
+        NETLINK_COPY,
+    ];
+    let mut hash = FNV_OFFSET;
+    let mut i = 0;
+    while i < values.len() {
+        hash = fnv1a(hash, &(values[i] as u64).to_le_bytes());
+        i += 1;
+    }
+    hash
+}
+
+/// What precedes the hash in [`abi_tag`].
+pub const ABI_MARKER: &[u8; 16] = b"provisioner-abi:";
+/// Length of [`abi_tag`]: the marker and 16 hex digits.
+pub const ABI_TAG_LEN: usize = ABI_MARKER.len() + 16;
+
+/// `provisioner-abi:<layout hash in hex>`: the eBPF object carries it, userspace compares it
+/// with its own before loading.
+pub const fn abi_tag() -> [u8; ABI_TAG_LEN] {
+    let mut hex = [0u8; 16];
+    let hash = layout_hash();
+    let mut d = 0;
+    while d < 16 {
+        let nibble = ((hash >> (60 - 4 * d)) & 0xf) as u8;
+        hex[d] = if nibble < 10 {
+            b'0' + nibble
+        } else {
+            b'a' + nibble - 10
+        };
+        d += 1;
+    }
+    tag(ABI_MARKER, &hex)
+}
+
+/// What precedes the sources hash in the object's sources tag.
+pub const SOURCES_MARKER: &[u8; 16] = b"provisioner-src:";
+
+/// `marker` followed by the first 16 bytes of `hex` (zero-padded).
+pub const fn tag(marker: &[u8; 16], hex: &[u8]) -> [u8; ABI_TAG_LEN] {
+    let mut tag = [0u8; ABI_TAG_LEN];
+    let mut i = 0;
+    while i < marker.len() {
+        tag[i] = marker[i];
+        i += 1;
+    }
+    let mut d = 0;
+    while d < 16 && d < hex.len() {
+        tag[marker.len() + d] = hex[d];
+        d += 1;
+    }
+    tag
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY (all): plain-old-data, `#[repr(C)]`, no padding holes left implicit.
     unsafe impl aya::Pod for super::EventHeader {}
+    unsafe impl aya::Pod for super::NetnsId {}
     unsafe impl aya::Pod for super::NetnsCreated {}
     unsafe impl aya::Pod for super::NetlinkMsg {}
     unsafe impl aya::Pod for super::Extack {}

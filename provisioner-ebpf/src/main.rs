@@ -77,6 +77,21 @@ static OFF_REGS_DI: Global<u32> = Global::new(0);
 static OFF_REGS_SI: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_REGS_DX: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_REGS_R10: Global<u32> = Global::new(0);
+
+/// The event layout this object was built with; userspace refuses an object whose tag differs
+/// from its own `provisioner_common::abi_tag()`.
+#[unsafe(no_mangle)]
+static PROVISIONER_EVENT_ABI: [u8; provisioner_common::ABI_TAG_LEN] = provisioner_common::abi_tag();
+
+/// The hash of the sources this object was built from (see build.rs); provisioner's build
+/// refuses an object whose hash is not the tree's.
+#[unsafe(no_mangle)]
+static PROVISIONER_EBPF_SOURCES: [u8; provisioner_common::ABI_TAG_LEN] = provisioner_common::tag(
+    provisioner_common::SOURCES_MARKER,
+    env!("PROVISIONER_EBPF_SOURCES").as_bytes(),
+);
 
 /// Offset of the first syscall argument (and of the return value) in a syscall tracepoint record.
 const SYSCALL_ARG0: usize = 16;
@@ -88,22 +103,72 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(kind::COUNT, 0);
 
-/// Flags of unshare calls in flight that asked for a new netns, by pid_tgid.
+/// Flags of unshare calls in flight that asked for a new netns, by pid_tgid (syscall
+/// tracepoint fallback only).
 #[map]
 static PENDING_UNSHARE: HashMap<u64, u64> = HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
 
+/// Events not sent because the netns of the task they are about could not be read, per kind.
+#[map]
+static NETNS_UNREADABLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(kind::COUNT, 0);
+
+/// An `unshare(CLONE_NEWNET)` seen at its capability check, before the namespace exists.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Unsharing {
+    flags: u64,
+    /// Cookie of the caller's netns before the call: a different one afterwards is the new one.
+    old_cookie: u64,
+    ts_ns: u64,
+}
+
+/// Unshares announced by `cap_capable` and not yet reported, by pid_tgid. Reported at the
+/// task's next traced step (mount, setns, exec, fork, netlink request, exit), once its netns
+/// changed.
+#[map]
+static UNSHARING: HashMap<u64, Unsharing> = HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+
+/// `bpf_ringbuf_submit` flags and `bpf_ringbuf_query` selector (`<linux/bpf.h>`).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
+/// Unread bytes in `EVENTS` from which a record wakes the reader up. Below it, records do not
+/// wake it (each wakeup is an IPI and a context switch in the daemon, per record); the reader
+/// drains the buffer on a short timer instead.
+const WAKEUP_BYTES: u64 = 256 * 1024;
+
+#[inline(always)]
+fn wakeup_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 #[inline(always)]
 fn count_lost(kind: u32) {
-    if let Some(counter) = LOST.get_ptr_mut(kind) {
+    count(&LOST, kind);
+}
+
+#[inline(always)]
+fn count(counters: &PerCpuArray<u64>, kind: u32) {
+    if let Some(counter) = counters.get_ptr_mut(kind) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *counter += 1 };
     }
 }
 
+/// The `T` at `base + offset` in kernel memory; `None` for a null `base` or an unreadable
+/// address.
 #[inline(always)]
 unsafe fn read_field<T>(base: *const u8, offset: u32) -> Option<T> {
+    if base.is_null() {
+        return None;
+    }
     // SAFETY: bpf_probe_read_kernel tolerates any address; a bad one yields an error.
-    unsafe { bpf_probe_read_kernel(base.add(offset as usize).cast::<T>()) }.ok()
+    // `wrapping_add`: the address is only handed to the helper, never dereferenced here.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<T>()) }.ok()
 }
 
 /// Cookie and inode of the network namespace of `task`.
@@ -155,10 +220,13 @@ fn fill_header(header: &mut EventHeader, kind: u32) {
     header.comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
 }
 
+/// Reports the netns of `task` as new; `at_ns` overrides the record's time (an unshare
+/// reported after the call).
 #[inline(always)]
-fn emit_netns_created(task: *const u8, origin: u32, flags: u64) {
+fn emit_netns_created(task: *const u8, origin: u32, flags: u64, at_ns: Option<u64>) {
     // SAFETY: task pointers come from the kernel; reads go through bpf_probe_read_kernel.
     let Some((cookie, inum)) = (unsafe { task_netns(task) }) else {
+        count(&NETNS_UNREADABLE, kind::NETNS_CREATED);
         return;
     };
     let Some(mut entry) = EVENTS.reserve::<NetnsCreated>(0) else {
@@ -169,6 +237,9 @@ fn emit_netns_created(task: *const u8, origin: u32, flags: u64) {
     // SAFETY: `record` points at a reserved, exclusively owned NetnsCreated slot.
     unsafe {
         fill_header(&mut (*record).header, kind::NETNS_CREATED);
+        if let Some(at_ns) = at_ns {
+            (*record).header.ts_ns = at_ns;
+        }
         (*record).netns_cookie = cookie;
         (*record).netns_inum = inum;
         (*record).origin = origin;
@@ -180,7 +251,104 @@ fn emit_netns_created(task: *const u8, origin: u32, flags: u64) {
         (*record).parent_pid = read_field(parent, OFF_TASK_TGID.load()).unwrap_or(0);
         (*record).parent_comm = read_field(parent, OFF_TASK_COMM.load()).unwrap_or([0; COMM_LEN]);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
+}
+
+// ---------------------------------------------------------------------------------------------
+// new namespaces and bind mounts
+//
+// Every syscall tracepoint (even one for a syscall nobody makes) puts every syscall of the node
+// on the slow path (SYSCALL_WORK_SYSCALL_TRACEPOINT on every task). So unshare and mount are
+// seen at their CAP_SYS_ADMIN check (`cap_capable`, a BTF tracepoint that costs nothing to
+// other syscalls), and the syscall tracepoints below are only a fallback for kernels without it.
+// ---------------------------------------------------------------------------------------------
+
+/// `CAP_SYS_ADMIN`: checked by unshare and setns of a namespace and by mount.
+const CAP_SYS_ADMIN: i32 = 21;
+/// x86_64 syscall numbers of the calls recognised at their capability check.
+const NR_MOUNT: u64 = 165;
+const NR_UNSHARE: u64 = 272;
+const NR_SETNS: u64 = 308;
+
+/// Reports the current task's unshare announced by `cap_capable`, if its netns changed since.
+#[inline(always)]
+fn flush_unshare() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: the entry is copied out before it is removed.
+    let Some(unsharing) = (unsafe { UNSHARING.get(pid_tgid) }).copied() else {
+        return;
+    };
+    let _ = UNSHARING.remove(pid_tgid);
+    // SAFETY: the current task pointer is only dereferenced through probe reads.
+    let current = unsafe { bpf_get_current_task() } as *const u8;
+    match unsafe { task_netns(current) } {
+        Some((cookie, _)) if cookie != unsharing.old_cookie => emit_netns_created(
+            current,
+            origin::UNSHARE,
+            unsharing.flags,
+            Some(unsharing.ts_ns),
+        ),
+        Some(_) => {} // the call failed: same namespace
+        None => count(&NETNS_UNREADABLE, kind::NETNS_CREATED),
+    }
+}
+
+/// `cap_capable(cred, target_ns, capable_ns, cap, ret)`: every capability check. Only
+/// CAP_SYS_ADMIN checks made by unshare, setns and mount do more than compare `cap`.
+#[btf_tracepoint(function = "cap_capable")]
+pub fn cap_capable(ctx: BtfTracePointContext) -> i32 {
+    let cap: i32 = ctx.arg(3);
+    if cap != CAP_SYS_ADMIN {
+        return 0;
+    }
+    // SAFETY: registers and user memory are only read through probe helpers.
+    unsafe {
+        let Some((nr, arg0, arg1, _)) = syscall_args() else {
+            return 0;
+        };
+        match nr {
+            NR_UNSHARE => {
+                // A previous unshare of this task is complete: its namespace is current.
+                flush_unshare();
+                if arg0 & CLONE_NEWNET != 0 {
+                    let unsharing = Unsharing {
+                        flags: arg0,
+                        old_cookie: current_netns().cookie,
+                        ts_ns: bpf_ktime_get_ns(),
+                    };
+                    if UNSHARING
+                        .insert(bpf_get_current_pid_tgid(), unsharing, 0)
+                        .is_err()
+                    {
+                        count_lost(kind::NETNS_CREATED);
+                    }
+                }
+            }
+            NR_SETNS => flush_unshare(),
+            NR_MOUNT => {
+                flush_unshare();
+                let Some(flags) = syscall_reg(OFF_REGS_R10.load()) else {
+                    return 0;
+                };
+                emit_bind_mount(flags, arg0 as *const u8, arg1 as *const u8);
+            }
+            _ => {}
+        }
+    }
+    0
+}
+
+/// `sched_process_exit(struct task_struct *p, bool group_dead)`: a task that unshared and did
+/// nothing traced since is reported before it goes.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: BtfTracePointContext) -> i32 {
+    flush_unshare();
+    // Keeps the ABI tag in the object (the linker drops statics no program reads).
+    // SAFETY: reading a byte of a static.
+    let _ = unsafe { core::ptr::read_volatile(&PROVISIONER_EVENT_ABI[0]) };
+    // SAFETY: as above.
+    let _ = unsafe { core::ptr::read_volatile(&PROVISIONER_EBPF_SOURCES[0]) };
+    0
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_unshare")]
@@ -206,7 +374,7 @@ pub fn sys_exit_unshare(ctx: TracePointContext) -> u32 {
     if ret == 0 {
         // SAFETY: the current task pointer is only dereferenced through probe reads.
         let current = unsafe { bpf_get_current_task() } as *const u8;
-        emit_netns_created(current, origin::UNSHARE, flags);
+        emit_netns_created(current, origin::UNSHARE, flags, None);
     }
     0
 }
@@ -217,8 +385,9 @@ pub fn sys_exit_unshare(ctx: TracePointContext) -> u32 {
 pub fn task_newtask(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let flags: u64 = ctx.arg(1);
+    flush_unshare();
     if flags & CLONE_NEWNET != 0 {
-        emit_netns_created(task, origin::CLONE, flags);
+        emit_netns_created(task, origin::CLONE, flags, None);
     }
     0
 }
@@ -235,11 +404,32 @@ const NR_SENDMSG: u64 = 46;
 const NR_RECVMSG: u64 = 47;
 
 /// Whether `sk` is a NETLINK_ROUTE socket: the only work every send/recv on the node pays.
+///
+/// `sk` is the tracepoint's BTF-typed `struct sock *` and the offsets are constants of the
+/// frozen .rodata, so the verifier checks these plain loads against the kernel's BTF and turns
+/// them into fault-tolerant loads: no helper call.
 #[inline(always)]
 unsafe fn is_route_sock(sk: *const u8) -> bool {
     unsafe {
-        read_field::<u16>(sk, OFF_SK_FAMILY.load()) == Some(AF_NETLINK)
-            && read_field::<u16>(sk, OFF_SK_PROTOCOL.load()) == Some(NETLINK_ROUTE)
+        let family =
+            core::ptr::read_volatile(sk.wrapping_add(OFF_SK_FAMILY.load() as usize).cast::<u16>());
+        if family != AF_NETLINK {
+            return false;
+        }
+        let protocol = core::ptr::read_volatile(
+            sk.wrapping_add(OFF_SK_PROTOCOL.load() as usize)
+                .cast::<u16>(),
+        );
+        protocol == NETLINK_ROUTE
+    }
+}
+
+/// The current task's saved user registers (x86_64 `pt_regs`).
+#[inline(always)]
+unsafe fn user_regs() -> *const u8 {
+    unsafe {
+        let task = generated::bpf_get_current_task_btf();
+        generated::bpf_task_pt_regs(task) as *const u8
     }
 }
 
@@ -247,11 +437,7 @@ unsafe fn is_route_sock(sk: *const u8) -> bool {
 #[inline(always)]
 unsafe fn syscall_args() -> Option<(u64, u64, u64, u64)> {
     unsafe {
-        let task = generated::bpf_get_current_task_btf();
-        let regs = generated::bpf_task_pt_regs(task) as *const u8;
-        if regs.is_null() {
-            return None;
-        }
+        let regs = user_regs();
         Some((
             read_field(regs, OFF_REGS_ORIG_AX.load())?,
             read_field(regs, OFF_REGS_DI.load())?,
@@ -259,6 +445,12 @@ unsafe fn syscall_args() -> Option<(u64, u64, u64, u64)> {
             read_field(regs, OFF_REGS_DX.load())?,
         ))
     }
+}
+
+/// One saved user register of the current task, at `offset` in `pt_regs`.
+#[inline(always)]
+unsafe fn syscall_reg(offset: u32) -> Option<u64> {
+    unsafe { read_field(user_regs(), offset) }
 }
 
 #[inline(always)]
@@ -290,16 +482,22 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
         );
         (*record).copied = if rc == 0 { n } else { 0 };
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
 }
 
 /// The first iovec of a `struct user_msghdr` (userspace ABI: msg_iov at 16): (base, len).
 #[inline(always)]
 unsafe fn first_iov(msg: *const u8) -> Option<(*const u8, u64)> {
     unsafe {
-        let iov: *const u8 = bpf_probe_read_user(msg.add(16).cast()).ok()?;
+        if msg.is_null() {
+            return None;
+        }
+        let iov: *const u8 = bpf_probe_read_user(msg.wrapping_add(16).cast()).ok()?;
+        if iov.is_null() {
+            return None;
+        }
         let base: *const u8 = bpf_probe_read_user(iov.cast()).ok()?;
-        let len: u64 = bpf_probe_read_user(iov.add(8).cast()).ok()?;
+        let len: u64 = bpf_probe_read_user(iov.wrapping_add(8).cast()).ok()?;
         Some((base, len))
     }
 }
@@ -321,6 +519,7 @@ pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
         if ret < 0 || !is_route_sock(sk) {
             return 0;
         }
+        flush_unshare();
         let Some((nr, fd, arg1, arg2)) = syscall_args() else {
             return 0;
         };
@@ -367,7 +566,10 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
             },
             _ => return 0,
         };
-        let Ok(msg_type) = bpf_probe_read_user::<u16>(buf.add(4).cast()) else {
+        if buf.is_null() {
+            return 0;
+        }
+        let Ok(msg_type) = bpf_probe_read_user::<u16>(buf.wrapping_add(4).cast()) else {
             return 0;
         };
         if msg_type == NLMSG_ERROR {
@@ -399,7 +601,7 @@ pub fn netlink_extack(ctx: BtfTracePointContext) -> i32 {
         (*record).msg[0] = 0;
         let _ = bpf_probe_read_kernel_str_bytes(msg, &mut (*record).msg);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
     0
 }
 
@@ -427,7 +629,7 @@ fn emit_dev(kind: u32, dev: *const u8, ops: *const u8) {
         (*record).ifname = read_field(dev, OFF_DEV_NAME.load()).unwrap_or([0; 16]);
         (*record).qdisc = read_field(ops, OFF_QDISC_OPS_ID.load()).unwrap_or([0; 16]);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
 }
 
 /// `qdisc_create(const struct Qdisc_ops *ops, struct net_device *dev, u32 parent)`
@@ -472,6 +674,7 @@ pub fn qdisc_destroy(ctx: BtfTracePointContext) -> i32 {
 pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
     let bprm: *const u8 = ctx.arg(2);
+    flush_unshare();
     let Some(mut entry) = EVENTS.reserve::<Exec>(0) else {
         count_lost(kind::EXEC);
         return 0;
@@ -491,22 +694,19 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
             read_field(bprm, OFF_BINPRM_FILENAME.load()).unwrap_or(core::ptr::null());
         let _ = bpf_probe_read_kernel_str_bytes(filename, &mut (*record).filename);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
     0
 }
 
-/// `mount(dev_name, dir_name, type, flags, data)`: only bind mounts (namespace pinning).
-#[tracepoint(category = "syscalls", name = "sys_enter_mount")]
-pub fn sys_enter_mount(ctx: TracePointContext) -> u32 {
-    let flags: u64 = arg(&ctx, 3).unwrap_or(0);
+/// A bind mount request (the record carries the caller's netns and the user's paths).
+#[inline(always)]
+fn emit_bind_mount(flags: u64, source: *const u8, target: *const u8) {
     if flags & MS_BIND == 0 {
-        return 0;
+        return;
     }
-    let source: *const u8 = arg(&ctx, 0).unwrap_or(core::ptr::null());
-    let target: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
     let Some(mut entry) = EVENTS.reserve::<BindMount>(0) else {
         count_lost(kind::BIND_MOUNT);
-        return 0;
+        return;
     };
     let record = entry.as_mut_ptr();
     // SAFETY: reserved slot; user strings are read through probe helpers.
@@ -519,7 +719,16 @@ pub fn sys_enter_mount(ctx: TracePointContext) -> u32 {
         let _ = bpf_probe_read_user_str_bytes(source, &mut (*record).source);
         let _ = bpf_probe_read_user_str_bytes(target, &mut (*record).target);
     }
-    entry.submit(0);
+    entry.submit(wakeup_flags());
+}
+
+/// `mount(dev_name, dir_name, type, flags, data)` (fallback for kernels without `cap_capable`).
+#[tracepoint(category = "syscalls", name = "sys_enter_mount")]
+pub fn sys_enter_mount(ctx: TracePointContext) -> u32 {
+    let flags: u64 = arg(&ctx, 3).unwrap_or(0);
+    let source: *const u8 = arg(&ctx, 0).unwrap_or(core::ptr::null());
+    let target: *const u8 = arg(&ctx, 1).unwrap_or(core::ptr::null());
+    emit_bind_mount(flags, source, target);
     0
 }
 

@@ -233,6 +233,7 @@ impl Collector for TraceCollector {
         let causes = [
             ("ring_buffer_full", &trace.lost_by_kind),
             ("undecodable", &trace.undecodable_by_kind),
+            ("netns_unreadable", &trace.netns_unreadable_by_kind),
         ];
         for (cause, by_kind) in causes {
             for (kind, n) in by_kind {

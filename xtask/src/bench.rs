@@ -27,6 +27,7 @@ pub mod netns;
 mod report;
 mod stats;
 mod svg;
+mod trace_overhead;
 mod ways;
 
 use std::path::{Path, PathBuf};
@@ -76,6 +77,47 @@ pub struct Options {
     pub no_components: bool,
     /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
     pub no_trace: bool,
+    /// Measure this provisioner binary instead of building one (e.g. another build to compare).
+    pub bin: Option<PathBuf>,
+}
+
+/// `--trace-overhead-only`: the tracer's cost alone, written to `--json` (default
+/// target/bench/trace-overhead.json).
+pub fn run_trace_overhead(opts: &Options) -> Result<()> {
+    require_root("bench")?;
+    let bin = match &opts.bin {
+        Some(bin) => bin.clone(),
+        None => build_dist()?,
+    };
+    catch_interrupt();
+    let stale = netns::remove_stale();
+    if stale > 0 {
+        detail(&format!(
+            "removed {stale} namespace(s) left by a killed run"
+        ));
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("provisioner-bench")
+        .tempdir()?;
+    let results = trace_overhead::run(&bin, tmp.path())?;
+    println!();
+    println!("{}", report::table(&[], &results.singles()));
+    let out_dir = workspace_root().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let path = opts
+        .json
+        .clone()
+        .unwrap_or_else(|| out_dir.join("trace-overhead.json"));
+    let document = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "binary": bin,
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "load_average_1m": load_average(),
+        "trace_overhead": results.json(),
+    });
+    std::fs::write(&path, serde_json::to_vec_pretty(&document)?)?;
+    println!("written: {}", path.display());
+    Ok(())
 }
 
 /// The target triple of the release build (given explicitly so that RUSTFLAGS only reach the
@@ -332,7 +374,10 @@ pub fn run(opts: &Options) -> Result<()> {
     if opts.count == 0 || opts.concurrent_count == 0 {
         bail!("--count and --concurrent-count must be at least 1");
     }
-    let bin = build_dist()?;
+    let bin = match &opts.bin {
+        Some(bin) => bin.clone(),
+        None => build_dist()?,
+    };
     let reference_bin = Path::new(REFERENCE_DIR).join("ptp");
     if !reference_bin.exists() {
         bail!(
@@ -577,10 +622,18 @@ pub fn run(opts: &Options) -> Result<()> {
         Some(binary) => Some(components::run(binary)?),
         None => None,
     };
+    let overhead = if opts.no_trace {
+        None
+    } else {
+        Some(trace_overhead::run(&bin, tmp.path())?)
+    };
 
     let load_after = load_average();
     warn_if_busy(load_after);
-    let (rows, singles) = rows(opts, &measured, &daemon_results, component_results.as_ref());
+    let (rows, mut singles) = rows(opts, &measured, &daemon_results, component_results.as_ref());
+    if let Some(overhead) = &overhead {
+        singles.extend(overhead.singles());
+    }
     let table = report::table(&rows, &singles);
     announce(
         "bench",
@@ -647,6 +700,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 "provision_sandboxes": daemon_results.provision.json(),
             },
             "components": component_results.as_ref().map(components::Results::json),
+            "trace_overhead": overhead.as_ref().map(trace_overhead::Results::json),
         },
         "wall_s": stats::round3(total.elapsed().as_secs_f64()),
     });

@@ -56,6 +56,12 @@ enum Command {
         /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
         #[arg(long)]
         no_trace: bool,
+        /// Only measure what tracing costs (sendmsg CPU and ADD latency, tracing on vs off).
+        #[arg(long)]
+        trace_overhead_only: bool,
+        /// Measure this provisioner binary instead of building one.
+        #[arg(long)]
+        bin: Option<std::path::PathBuf>,
     },
     /// Build, then wire sandboxes in private namespaces and show them (needs root).
     Demo,
@@ -79,16 +85,26 @@ fn main() -> Result<()> {
             json,
             no_components,
             no_trace,
-        } => bench::run(&bench::Options {
-            count,
-            concurrency,
-            concurrent_count,
-            sandboxes,
-            block,
-            json,
-            no_components,
-            no_trace,
-        }),
+            trace_overhead_only,
+            bin,
+        } => {
+            let opts = bench::Options {
+                count,
+                concurrency,
+                concurrent_count,
+                sandboxes,
+                block,
+                json,
+                no_components,
+                no_trace,
+                bin,
+            };
+            if trace_overhead_only {
+                bench::run_trace_overhead(&opts)
+            } else {
+                bench::run(&opts)
+            }
+        }
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
     }

@@ -198,7 +198,7 @@ impl KernelWatch {
             ..Shared::default()
         }));
         // Loading takes a few hundred ms (BTF parsing, verification): readiness does not wait.
-        tokio::spawn({
+        let spawned = driver::spawn_background({
             let shared = Arc::clone(&shared);
             async move {
                 let mut sink = WatchSink {
@@ -220,6 +220,10 @@ impl KernelWatch {
                 lock(&shared).unavailable = Some(why);
             }
         });
+        if let Err(err) = spawned {
+            tracing::error!(error = %err, "kernel watch thread could not start; provisioning continues without tracing");
+            lock(&shared).unavailable = Some(format!("kernel watch thread could not start: {err}"));
+        }
         Self { commands, shared }
     }
 

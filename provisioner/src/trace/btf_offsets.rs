@@ -46,6 +46,7 @@ const WANTED: &[(&str, &str, &str)] = &[
     ("OFF_REGS_DI", "pt_regs", "di"),
     ("OFF_REGS_SI", "pt_regs", "si"),
     ("OFF_REGS_DX", "pt_regs", "dx"),
+    ("OFF_REGS_R10", "pt_regs", "r10"),
 ];
 
 impl KernelOffsets {

@@ -118,6 +118,36 @@ enum Done {
     Found(PathBuf, SystemTime, Result<NetnsSnapshot, String>),
 }
 
+/// Nice value of the thread that runs a background driver (see [`spawn_background`]).
+const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Runs `driver` (a [`run`] and what follows it) on a thread of its own with a single-threaded
+/// runtime, at nice +10: the tracer's work (decoding, correlating, reading states) never takes
+/// a worker from the daemon's requests and yields the CPU to them when both want it.
+pub fn spawn_background<F>(driver: F) -> std::io::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("kernel-watch")
+        .build()?;
+    std::thread::Builder::new()
+        .name("kernel-watch".to_owned())
+        .spawn(move || {
+            // Linux applies a nice value per thread; threads this one starts (the runtime's
+            // blocking pool) inherit it.
+            let tid = libc::id_t::try_from(nix::unistd::gettid().as_raw()).unwrap_or_default();
+            // SAFETY: setpriority has no memory preconditions.
+            let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, BACKGROUND_NICE) };
+            if rc != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "kernel watch keeps the daemon's priority");
+            }
+            runtime.block_on(driver);
+        })?;
+    Ok(())
+}
+
 /// Loads the programs (off the async workers) and runs until `stop` completes or the event
 /// stream ends. Fails only when the programs cannot be loaded.
 pub async fn run<S: Sink>(

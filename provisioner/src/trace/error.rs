@@ -39,4 +39,14 @@ pub enum TraceError {
     Output(std::io::Error),
     #[error("the task loading the eBPF programs failed: {0}")]
     Worker(String),
+    #[error(
+        "the embedded eBPF object has event layout {object}, this binary decodes layout \
+         {expected}: rebuild the object with `cargo xtask build-ebpf`, then provisioner"
+    )]
+    AbiMismatch { object: String, expected: String },
+    #[error(
+        "the tracer reads x86_64 syscall numbers and registers (pt_regs); this is {0} (the \
+         daemon runs without tracing with --no-trace)"
+    )]
+    UnsupportedArch(&'static str),
 }

@@ -219,14 +219,14 @@ impl Default for Clock {
     }
 }
 
-fn read_record<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, DecodeError> {
+fn read_record<T: aya::Pod>(bytes: &[u8], kind: u32) -> Result<T, DecodeError> {
     if bytes.len() < std::mem::size_of::<T>() {
         return Err(DecodeError::Truncated {
             kind,
             len: bytes.len(),
         });
     }
-    // SAFETY: length checked; T is a #[repr(C)] plain-old-data record; read_unaligned copes
+    // SAFETY: length checked; `T: Pod` (every bit pattern is a valid T); read_unaligned copes
     // with the ring buffer's 8-byte alignment.
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }

@@ -18,16 +18,22 @@ use super::kernel_fs;
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PROVISIONER_EBPF_OBJECT"));
 
-/// Syscall tracepoints: (program, category, name).
-const TRACEPOINTS: &[(&str, &str, &str)] = &[
+/// Syscall tracepoints: (program, category, name). Any of them puts every syscall of the node
+/// on the slow path, so they are attached only where `cap_capable` is missing (kernels before
+/// 6.14).
+const SYSCALL_FALLBACK: &[(&str, &str, &str)] = &[
     ("sys_enter_unshare", "syscalls", "sys_enter_unshare"),
     ("sys_exit_unshare", "syscalls", "sys_exit_unshare"),
     ("sys_enter_mount", "syscalls", "sys_enter_mount"),
 ];
 
+/// The BTF tracepoint that sees unshare and mount at their CAP_SYS_ADMIN check.
+const CAP_CAPABLE: &str = "cap_capable";
+
 /// BTF tracepoints: (program, tracepoint).
 const BTF_TRACEPOINTS: &[(&str, &str)] = &[
     ("task_newtask", "task_newtask"),
+    ("sched_process_exit", "sched_process_exit"),
     ("netlink_extack", "netlink_extack"),
     ("qdisc_create", "qdisc_create"),
     ("qdisc_destroy", "qdisc_destroy"),
@@ -41,6 +47,10 @@ const BTF_TRACEPOINTS: &[(&str, &str)] = &[
 /// (a burst of hundreds of sandbox setups) and overflow is counted, never silent.
 const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
 
+/// How often the ring buffer is drained when records do not wake the reader (they do once
+/// 256 KiB are unread): the most a kernel event waits before the correlator sees it.
+const DRAIN_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Events that did not reach userspace or could not be decoded, per record kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LossCounters {
@@ -48,6 +58,8 @@ pub struct LossCounters {
     pub reserve_failures: Vec<(u32, u64)>,
     /// Records userspace could not decode, per kind.
     pub decode_failures: Vec<(u32, u64)>,
+    /// Records not sent because the task's network namespace could not be read, per kind.
+    pub netns_unreadable: Vec<(u32, u64)>,
 }
 
 impl LossCounters {
@@ -55,15 +67,27 @@ impl LossCounters {
         self.reserve_failures
             .iter()
             .chain(&self.decode_failures)
+            .chain(&self.netns_unreadable)
             .map(|(_, n)| n)
             .sum()
     }
+}
+
+/// How unshare and bind mounts are seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NamespaceHooks {
+    /// At their CAP_SYS_ADMIN check (`cap_capable`): no cost to other syscalls.
+    CapCapable,
+    /// Syscall tracepoints: every syscall of the node takes the slow path.
+    SyscallTracepoints,
 }
 
 /// The loaded and attached programs; detached when dropped.
 pub struct KernelTracer {
     ebpf: Ebpf,
     decode_failures: Arc<Vec<AtomicU64>>,
+    hooks: NamespaceHooks,
 }
 
 impl KernelTracer {
@@ -73,6 +97,10 @@ impl KernelTracer {
     pub fn start(
         channel_capacity: usize,
     ) -> Result<(Self, mpsc::Receiver<TraceEvent>), TraceError> {
+        if !cfg!(target_arch = "x86_64") {
+            return Err(TraceError::UnsupportedArch(std::env::consts::ARCH));
+        }
+        check_abi(EBPF_OBJECT)?;
         kernel_fs::ensure_mounted()?;
         let offsets = KernelOffsets::from_running_kernel()?;
         let mut loader = EbpfLoader::new();
@@ -81,35 +109,31 @@ impl KernelTracer {
         }
         loader.map_max_entries("EVENTS", EVENTS_BYTES);
         let mut ebpf = loader.load(EBPF_OBJECT)?;
-        for (program, category, name) in TRACEPOINTS {
-            let prog: &mut TracePoint = program_mut(&mut ebpf, program)?;
-            prog.load().map_err(|source| TraceError::Program {
-                program,
-                action: "load",
-                source,
-            })?;
-            prog.attach(category, name)
-                .map_err(|source| TraceError::Program {
-                    program,
-                    action: "attach",
-                    source,
-                })?;
-        }
         let btf = Btf::from_sys_fs()?;
         for (program, tracepoint) in BTF_TRACEPOINTS {
-            let prog: &mut BtfTracePoint = program_mut(&mut ebpf, program)?;
-            prog.load(tracepoint, &btf)
-                .map_err(|source| TraceError::Program {
-                    program,
-                    action: "load",
-                    source,
-                })?;
-            prog.attach().map_err(|source| TraceError::Program {
-                program,
-                action: "attach",
-                source,
-            })?;
+            attach_btf(&mut ebpf, &btf, program, tracepoint)?;
         }
+        let hooks = match attach_btf(&mut ebpf, &btf, CAP_CAPABLE, CAP_CAPABLE) {
+            Ok(()) => NamespaceHooks::CapCapable,
+            Err(err) => {
+                tracing::warn!(error = %err, "no cap_capable tracepoint: unshare and mount are traced with syscall tracepoints, which slow every syscall of the node");
+                for (program, category, name) in SYSCALL_FALLBACK {
+                    let prog: &mut TracePoint = program_mut(&mut ebpf, program)?;
+                    prog.load().map_err(|source| TraceError::Program {
+                        program,
+                        action: "load",
+                        source,
+                    })?;
+                    prog.attach(category, name)
+                        .map_err(|source| TraceError::Program {
+                            program,
+                            action: "attach",
+                            source,
+                        })?;
+                }
+                NamespaceHooks::SyscallTracepoints
+            }
+        };
         let events = ebpf.take_map("EVENTS").ok_or(TraceError::Map {
             map: "EVENTS",
             reason: "not in the object".into(),
@@ -129,24 +153,24 @@ impl KernelTracer {
             Self {
                 ebpf,
                 decode_failures,
+                hooks,
             },
             rx,
         ))
     }
 
+    /// How unshare and bind mounts are seen on this kernel.
+    pub fn namespace_hooks(&self) -> NamespaceHooks {
+        self.hooks
+    }
+
     /// Events lost so far, per kind.
     pub fn loss_counters(&self) -> LossCounters {
-        let mut counters = LossCounters::default();
-        if let Some(map) = self.ebpf.map("LOST")
-            && let Ok(lost) = PerCpuArray::<_, u64>::try_from(map)
-        {
-            for k in 0..kind::COUNT {
-                let n: u64 = lost.get(&k, 0).map(|v| v.iter().sum()).unwrap_or(0);
-                if n > 0 {
-                    counters.reserve_failures.push((k, n));
-                }
-            }
-        }
+        let mut counters = LossCounters {
+            reserve_failures: self.per_kind("LOST"),
+            netns_unreadable: self.per_kind("NETNS_UNREADABLE"),
+            ..LossCounters::default()
+        };
         for (k, n) in self.decode_failures.iter().enumerate() {
             let n = n.load(Ordering::Relaxed);
             if n > 0 {
@@ -155,6 +179,64 @@ impl KernelTracer {
         }
         counters
     }
+}
+
+impl KernelTracer {
+    /// The non-zero per-kind counters of the per-CPU array `map`, summed over CPUs.
+    fn per_kind(&self, map: &str) -> Vec<(u32, u64)> {
+        let Some(map) = self.ebpf.map(map) else {
+            return Vec::new();
+        };
+        let Ok(counters) = PerCpuArray::<_, u64>::try_from(map) else {
+            return Vec::new();
+        };
+        (0..kind::COUNT)
+            .filter_map(|k| {
+                let n: u64 = counters.get(&k, 0).map(|v| v.iter().sum()).unwrap_or(0);
+                (n > 0).then_some((k, n))
+            })
+            .collect()
+    }
+}
+
+/// Refuses an object whose records do not have this binary's layout (it would decode garbage).
+fn check_abi(object: &[u8]) -> Result<(), TraceError> {
+    let expected = provisioner_common::abi_tag();
+    let marker = provisioner_common::ABI_MARKER;
+    let found = object
+        .windows(expected.len())
+        .find(|w| w.starts_with(marker))
+        .map(|w| String::from_utf8_lossy(&w[marker.len()..]).into_owned());
+    let expected = String::from_utf8_lossy(&expected[marker.len()..]).into_owned();
+    match found {
+        Some(object) if object == expected => Ok(()),
+        Some(object) => Err(TraceError::AbiMismatch { object, expected }),
+        None => Err(TraceError::AbiMismatch {
+            object: "unknown (no ABI tag: built before the check existed)".to_owned(),
+            expected,
+        }),
+    }
+}
+
+fn attach_btf(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    program: &'static str,
+    tracepoint: &str,
+) -> Result<(), TraceError> {
+    let prog: &mut BtfTracePoint = program_mut(ebpf, program)?;
+    prog.load(tracepoint, btf)
+        .map_err(|source| TraceError::Program {
+            program,
+            action: "load",
+            source,
+        })?;
+    prog.attach().map_err(|source| TraceError::Program {
+        program,
+        action: "attach",
+        source,
+    })?;
+    Ok(())
 }
 
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, TraceError>
@@ -177,12 +259,23 @@ async fn read_ring(
     decode_failures: Arc<Vec<AtomicU64>>,
 ) {
     let clock = Clock::new();
+    let mut drain = tokio::time::interval(DRAIN_EVERY);
+    drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let Ok(mut guard) = ring.readable_mut().await else {
-            tracing::error!("ring buffer poll failed; kernel tracing stopped");
-            return;
-        };
-        let ring = guard.get_inner_mut();
+        // Records wake the reader only once the buffer fills up (see WAKEUP_BYTES in the eBPF
+        // programs): below that, it is drained on a timer.
+        tokio::select! {
+            guard = ring.readable_mut() => match guard {
+                // Cleared before draining: a record submitted meanwhile is drained below.
+                Ok(mut guard) => guard.clear_ready(),
+                Err(_) => {
+                    tracing::error!("ring buffer poll failed; kernel tracing stopped");
+                    return;
+                }
+            },
+            _ = drain.tick() => {}
+        }
+        let ring = ring.get_mut();
         let mut batch = Vec::new();
         while let Some(item) = ring.next() {
             match decode(&item, &clock) {
@@ -195,11 +288,36 @@ async fn read_ring(
                 }
             }
         }
-        guard.clear_ready();
         for event in batch {
             if tx.send(event).await.is_err() {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_object_has_this_binarys_layout() {
+        assert!(
+            check_abi(EBPF_OBJECT).is_ok(),
+            "{:?}",
+            check_abi(EBPF_OBJECT)
+        );
+    }
+
+    #[test]
+    fn an_object_with_another_layout_is_refused_naming_both() {
+        let mut object = b"...".to_vec();
+        object.extend_from_slice(provisioner_common::ABI_MARKER);
+        object.extend_from_slice(b"0123456789abcdef...");
+        let err = check_abi(&object).expect_err("other layout");
+        let text = err.to_string();
+        assert!(text.contains("0123456789abcdef"), "{text}");
+        assert!(text.contains("cargo xtask build-ebpf"), "{text}");
+        assert!(check_abi(b"no tag here").is_err());
     }
 }

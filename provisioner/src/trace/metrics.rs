@@ -18,6 +18,8 @@ pub struct TraceMetrics {
     pub lost_by_kind: BTreeMap<&'static str, u64>,
     /// Records userspace could not decode, by kind.
     pub undecodable_by_kind: BTreeMap<&'static str, u64>,
+    /// Records the kernel did not send because the task's netns could not be read, by kind.
+    pub netns_unreadable_by_kind: BTreeMap<&'static str, u64>,
 }
 
 impl TraceMetrics {
@@ -37,6 +39,7 @@ impl TraceMetrics {
             correlator,
             lost_by_kind: by_kind(&loss.reserve_failures),
             undecodable_by_kind: by_kind(&loss.decode_failures),
+            netns_unreadable_by_kind: by_kind(&loss.netns_unreadable),
         }
     }
 
@@ -45,6 +48,7 @@ impl TraceMetrics {
         self.lost_by_kind
             .values()
             .chain(self.undecodable_by_kind.values())
+            .chain(self.netns_unreadable_by_kind.values())
             .sum::<u64>()
             + self.correlator.evicted_namespaces
             + self.correlator.dropped_requests
@@ -64,12 +68,14 @@ mod tests {
         let loss = LossCounters {
             reserve_failures: vec![(kind::NETLINK_REQUEST, 3)],
             decode_failures: vec![(kind::EXEC, 1)],
+            netns_unreadable: vec![(kind::NETNS_CREATED, 2)],
         };
         let m = TraceMetrics::collect(&correlator, &loss);
         assert_eq!(m.correlator.verdicts.len(), Verdict::ALL.len());
         assert_eq!(m.correlator.verdicts["skipped"], 2);
         assert_eq!(m.correlator.verdicts["networked"], 0);
         assert_eq!(m.lost_by_kind["netlink_request"], 3);
-        assert_eq!(m.lost_total(), 4);
+        assert_eq!(m.netns_unreadable_by_kind["netns_created"], 2);
+        assert_eq!(m.lost_total(), 6);
     }
 }

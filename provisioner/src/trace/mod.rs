@@ -25,7 +25,7 @@ pub use events::{
     BindMount, DevChange, EventKind, Exec, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
     NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
 };
-pub use loader::{KernelTracer, LossCounters};
+pub use loader::{KernelTracer, LossCounters, NamespaceHooks};
 pub use metrics::TraceMetrics;
 pub use netns_id::netns_of_path;
 pub use sandbox_rules::{SandboxReason, SandboxRules};

@@ -1,0 +1,331 @@
+//! What kernel tracing costs: unrelated sendmsg work on the node and ADD latency, with a daemon
+//! that runs its kernel watch (the eBPF programs attached, the correlator fed) against one
+//! started with `--no-trace`.
+//!
+//! The programs are attached to the whole node, so the two conditions cannot run side by side:
+//! rounds alternate a daemon without tracing and one with it (which one goes first swaps every
+//! round), on the same node namespace and conf. Each round measures
+//! - UDP datagrams sent on `lo` in the node namespace: the sending thread's CPU time per call
+//!   (user + kernel, BPF included), the lowest of a few measurements (other load on the
+//!   machine still disturbs a thread's CPU time through caches and interrupts);
+//! - ADD then DEL of a block of sandboxes through the CNI plugin path and the API. As on a node,
+//!   the sandbox namespaces are created (not timed) once the daemon runs: a namespace the kernel
+//!   watch did not see being created is read at its first ADD, which is the cost of a restart,
+//!   not of an ADD.
+//!
+//! Figures are medians over rounds (sendmsg) and over every call (ADD).
+
+use std::net::UdpSocket;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use super::cni::{Plugin, plugin_stdin};
+use super::daemon::Daemon;
+use super::netns::Netns;
+use super::report::{Single, Target};
+use super::stats::{Samples, Summary};
+use super::ways::{self, Lane, Verb, Way};
+use super::{REFERENCE_DIR, check_interrupted, provisioner_conflist, write_conf};
+use crate::step::{announce, detail};
+
+/// Alternating rounds (each has a daemon with and one without tracing).
+const ROUNDS: usize = 10;
+/// Datagrams per sendmsg measurement.
+const SENDS: usize = 50_000;
+/// Sendmsg measurements per round and condition; the round's figure is the lowest (the one
+/// least disturbed by the other load on the machine).
+const BLASTS: usize = 3;
+/// Sandboxes added (then deleted) per round and condition, per way.
+const ADDS: usize = 20;
+/// Target of issue 9: at most this much slower with tracing, in percent.
+const TARGET_PERCENT: f64 = 5.0;
+
+/// What the rounds measured.
+pub struct Results {
+    /// Nanoseconds of CPU per sendto, one per round.
+    sendmsg_off_ns: Vec<f64>,
+    sendmsg_on_ns: Vec<f64>,
+    plugin_add_off: Samples,
+    plugin_add_on: Samples,
+    api_add_off: Samples,
+    api_add_on: Samples,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tracing {
+    Off,
+    On,
+}
+
+impl Tracing {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::On => "on",
+        }
+    }
+}
+
+/// Runs the rounds with `bin` (a provisioner binary) in namespaces of its own, under `tmp`.
+pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
+    announce(
+        "bench",
+        &format!(
+            "tracer overhead: {ROUNDS} rounds of a daemon without and one with its kernel watch: \
+             {BLASTS} x {SENDS} UDP sendto, then ADD + DEL x{ADDS} (plugin and API)"
+        ),
+    );
+    let node = Netns::new("ovhnode")?;
+    let mut results = Results {
+        sendmsg_off_ns: Vec::new(),
+        sendmsg_on_ns: Vec::new(),
+        plugin_add_off: Samples::default(),
+        plugin_add_on: Samples::default(),
+        api_add_off: Samples::default(),
+        api_add_on: Samples::default(),
+    };
+    for round in 0..ROUNDS {
+        let order = if round % 2 == 0 {
+            [Tracing::Off, Tracing::On]
+        } else {
+            [Tracing::On, Tracing::Off]
+        };
+        for tracing in order {
+            check_interrupted()?;
+            let dir = tmp.join(format!("overhead-{}", tracing.name()));
+            let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
+            write_conf(&dir, &conflist)?;
+            let extra: &[&str] = match tracing {
+                Tracing::Off => &["--no-trace"],
+                Tracing::On => &[],
+            };
+            let mut daemon = Daemon::spawn(bin, &node, &dir, extra)?;
+            daemon.wait_ready(Duration::from_secs(10))?;
+            if tracing == Tracing::On {
+                wait_attached(&daemon)?;
+            }
+            let tag = format!("{}{round}", tracing.name());
+            let plugin_pods = super::sandbox_namespaces(&format!("ovp{tag}-"), ADDS)?;
+            let api_pods = super::sandbox_namespaces(&format!("ova{tag}-"), ADDS)?;
+            let mut per_send = f64::INFINITY;
+            for _ in 0..BLASTS {
+                per_send = per_send.min(sendmsg_cpu_per_call(&node)?);
+            }
+            let lanes = [
+                Lane {
+                    way: Way::Plugin(
+                        Plugin {
+                            bin: bin.to_path_buf(),
+                            cni_path: REFERENCE_DIR.to_owned(),
+                            stdin: plugin_stdin(&conflist)?,
+                            node: &node,
+                        },
+                        &daemon,
+                    ),
+                    pods: &plugin_pods,
+                },
+                Lane {
+                    way: Way::Api(&daemon),
+                    pods: &api_pods,
+                },
+            ];
+            let phase = format!("o{}{round}-", tracing.name());
+            let ids: Vec<Vec<String>> = lanes.iter().map(|l| ways::ids(l, &phase, ADDS)).collect();
+            let mut added = ways::interleaved(&lanes, Verb::Add, &ids, ADDS, 1)?;
+            ways::interleaved(&lanes, Verb::Del, &ids, ADDS, 1)?;
+            drop(lanes);
+            drop(plugin_pods);
+            drop(api_pods);
+            daemon.stop()?;
+            ways::settle(&node)?;
+            let api = added.pop().unwrap_or_default();
+            let plugin = added.pop().unwrap_or_default();
+            detail(&format!(
+                "round {round}, tracing {:<3}: sendto {per_send:.0} ns CPU; ADD median plugin {:.2} ms, api {:.2} ms",
+                tracing.name(),
+                Summary::of(&plugin).median_ms,
+                Summary::of(&api).median_ms,
+            ));
+            match tracing {
+                Tracing::Off => {
+                    results.sendmsg_off_ns.push(per_send);
+                    results.plugin_add_off.extend(plugin);
+                    results.api_add_off.extend(api);
+                }
+                Tracing::On => {
+                    results.sendmsg_on_ns.push(per_send);
+                    results.plugin_add_on.extend(plugin);
+                    results.api_add_on.extend(api);
+                }
+            }
+        }
+    }
+    for line in results.lines() {
+        detail(&line);
+    }
+    Ok(results)
+}
+
+/// Polls the daemon until its kernel watch has attached the programs.
+fn wait_attached(daemon: &Daemon) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let answer = daemon.request(&json!({"op": "sandboxes"}))?;
+        match answer["tracing_unavailable"].as_str() {
+            None => return Ok(()),
+            Some(why) if started.elapsed() > Duration::from_secs(20) => {
+                bail!(
+                    "kernel watch not attached after 20 s: {why}; log:\n{}",
+                    daemon.log_tail()
+                )
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// CPU nanoseconds per UDP sendto on `lo` of `node`, measured on a thread that entered it.
+fn sendmsg_cpu_per_call(node: &Netns) -> Result<f64> {
+    let file = std::fs::File::open(node.path())
+        .with_context(|| format!("open {}", node.path().display()))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<f64> {
+                nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .context("setns into the node namespace")?;
+                let rx = UdpSocket::bind("127.0.0.1:0")?;
+                let tx = UdpSocket::bind("127.0.0.1:0")?;
+                let to = rx.local_addr()?;
+                let payload = [0u8; 64];
+                for _ in 0..1000 {
+                    tx.send_to(&payload, to)?;
+                }
+                let start = thread_cpu();
+                for _ in 0..SENDS {
+                    tx.send_to(&payload, to)?;
+                }
+                #[expect(clippy::cast_precision_loss, reason = "SENDS is small")]
+                let per_call =
+                    thread_cpu().saturating_sub(start).as_secs_f64() * 1e9 / SENDS as f64;
+                Ok(per_call)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("sendmsg thread panicked"))?
+    })
+}
+
+fn median(values: &[f64]) -> f64 {
+    super::median(values)
+}
+
+/// `on` relative to `off`, in percent.
+fn percent(off: f64, on: f64) -> f64 {
+    if off > 0.0 {
+        (on / off - 1.0) * 100.0
+    } else {
+        0.0
+    }
+}
+
+impl Results {
+    fn sendmsg(&self) -> (f64, f64, f64, f64) {
+        let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        (
+            median(&self.sendmsg_off_ns),
+            median(&self.sendmsg_on_ns),
+            best(&self.sendmsg_off_ns),
+            best(&self.sendmsg_on_ns),
+        )
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let (off, on, best_off, best_on) = self.sendmsg();
+        let mut lines = vec![format!(
+            "UDP sendto CPU per call: median off {off:.0} ns, on {on:.0} ns ({:+.1}%, {:+.0} ns); best off {best_off:.0}, on {best_on:.0} ({:+.1}%)",
+            percent(off, on),
+            on - off,
+            percent(best_off, best_on)
+        )];
+        for (way, off, on) in [
+            ("plugin", &self.plugin_add_off, &self.plugin_add_on),
+            ("api", &self.api_add_off, &self.api_add_on),
+        ] {
+            let (off, on) = (Summary::of(off), Summary::of(on));
+            lines.push(format!(
+                "{way} ADD median: off {:.2} ms, on {:.2} ms ({:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms",
+                off.median_ms,
+                on.median_ms,
+                percent(off.median_ms, on.median_ms),
+                off.p99_ms,
+                on.p99_ms,
+                off.cpu_ms,
+                on.cpu_ms
+            ));
+        }
+        lines
+    }
+
+    /// Rows for the report: each slowdown against the 5% target.
+    pub fn singles(&self) -> Vec<Single> {
+        let (off, on, _, _) = self.sendmsg();
+        let mut out = vec![Single {
+            metric: format!(
+                "tracing: unrelated UDP sendto, CPU per call (median of {ROUNDS} rounds)"
+            ),
+            unit: "% slower",
+            value: percent(off, on),
+            cpu_ms: None,
+            target: Target::AtMost(TARGET_PERCENT),
+            note: Some(format!("off {off:.0} ns, on {on:.0} ns per call")),
+        }];
+        for (way, off, on) in [
+            ("plugin", &self.plugin_add_off, &self.plugin_add_on),
+            ("API", &self.api_add_off, &self.api_add_on),
+        ] {
+            let (off, on) = (Summary::of(off), Summary::of(on));
+            out.push(Single {
+                metric: format!("tracing: {way} ADD median, on vs off (N={})", off.n),
+                unit: "% slower",
+                value: percent(off.median_ms, on.median_ms),
+                cpu_ms: None,
+                target: Target::AtMost(TARGET_PERCENT),
+                note: Some(format!(
+                    "off {:.2} ms, on {:.2} ms",
+                    off.median_ms, on.median_ms
+                )),
+            });
+        }
+        out
+    }
+
+    pub fn json(&self) -> Value {
+        let (off, on, best_off, best_on) = self.sendmsg();
+        let add = |s: &Samples| Summary::of(s).json();
+        json!({
+            "rounds": ROUNDS,
+            "sends_per_measurement": SENDS,
+            "measurements_per_round": BLASTS,
+            "adds_per_round": ADDS,
+            "sendto_cpu_ns": {
+                "off": self.sendmsg_off_ns,
+                "on": self.sendmsg_on_ns,
+                "median_off": off,
+                "median_on": on,
+                "median_slower_percent": percent(off, on),
+                "best_slower_percent": percent(best_off, best_on),
+            },
+            "plugin_add": { "off": add(&self.plugin_add_off), "on": add(&self.plugin_add_on) },
+            "api_add": { "off": add(&self.api_add_off), "on": add(&self.api_add_on) },
+        })
+    }
+}
