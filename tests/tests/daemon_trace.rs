@@ -278,6 +278,14 @@ fn restart_audits_live_sandboxes(down: Down) -> Result<()> {
     // While it is down: one sandbox loses its default route, another its namespace.
     pods[0].ip(&["route", "del", "default"])?;
     pods[1].delete()?;
+    // The kernel destroys a namespace after its last reference goes, asynchronously: while the
+    // daemon is down, audit-1's veth pair goes with it.
+    let gone_veth = provisioner::dataplane::host_ifname("audit-1", "eth0");
+    wait_until(
+        &format!("{gone_veth} gone with its namespace"),
+        Duration::from_secs(10),
+        || Ok((!node.links()?.contains(&gone_veth)).then_some(())),
+    )?;
     daemon.restart(&node, &[])?;
 
     let cookies: HashSet<u64> = pods
