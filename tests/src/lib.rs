@@ -182,17 +182,22 @@ pub fn wait_only_lo(netns: &Netns, limit: std::time::Duration) -> Result<()> {
     .with_context(|| format!("links left: {left:?}"))
 }
 
-/// A copy of `ip` named `containerd`: the namespaces it creates have a runtime as creator.
+/// `ip` under the name `containerd`: the namespaces it creates have a runtime as creator.
+///
+/// A symlink, not a copy: the kernel takes a process's comm from the path given to execve,
+/// and a binary written at test time fails to exec with ETXTBSY while another test thread
+/// forks and holds the write descriptor until its own exec.
 pub fn stand_in_runtime() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("stand-in-runtime-{}", std::process::id()));
         let path = dir.join("containerd");
-        let copied =
-            std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy("/usr/sbin/ip", &path));
+        let _ = std::fs::remove_file(&path);
+        let linked = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::os::unix::fs::symlink("/usr/sbin/ip", &path));
         assert!(
-            copied.is_ok(),
-            "copy /usr/sbin/ip to {}: {copied:?}",
+            linked.is_ok(),
+            "link {} to /usr/sbin/ip: {linked:?}",
             path.display()
         );
         path

@@ -4,6 +4,7 @@ mod bench;
 mod bootstrap;
 mod demo;
 mod ebpf;
+mod mutants;
 mod step;
 mod test;
 
@@ -61,6 +62,20 @@ enum Command {
     Demo,
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
     BuildRelease,
+    /// Mutation testing (cargo-mutants) of the modules unit-tested without root; see
+    /// docs/testing.md.
+    Mutants {
+        /// Files to mutate (globs relative to the workspace; repeatable). Default: cni/,
+        /// config/, ipam/range.rs, ipam/config.rs, trace/{netlink_parse,verdict,events}.rs.
+        #[arg(long)]
+        file: Vec<String>,
+        /// Upper bound on one mutant's test run, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Mutants built and tested at once.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -91,5 +106,14 @@ fn main() -> Result<()> {
         }),
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::Mutants {
+            file,
+            timeout,
+            jobs,
+        } => mutants::run(&mutants::Options {
+            files: file,
+            timeout,
+            jobs,
+        }),
     }
 }
