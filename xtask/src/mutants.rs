@@ -57,7 +57,7 @@ pub fn run(opts: &Options) -> Result<()> {
         cmd.arg("--file").arg(file);
     }
     // Only the unit tests: the integration tests need root and take minutes each.
-    cmd.args(["--", "--lib"]);
+    cmd.arg("--cargo-test-arg=--lib");
     let result = run_command(&mut cmd);
     detail(&format!(
         "caught / missed / timeout / unviable lists: {}/mutants.out/{{caught,missed,timeout,unviable}}.txt",
