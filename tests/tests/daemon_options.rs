@@ -269,3 +269,56 @@ fn racing_add_and_del_of_one_sandbox_leave_it_whole_or_gone() -> Result<()> {
     eprintln!("ADD last / DEL last: {outcomes:?}");
     Ok(())
 }
+
+/// The runtime's GC while an ADD of a sandbox it does not list yet is in flight: that sandbox is
+/// skipped (the daemon says so), never torn down under the ADD; a GC after the ADD removes it
+/// whole.
+#[test]
+fn gc_skips_a_sandbox_whose_add_is_in_flight() -> Result<()> {
+    const MAX_ROUNDS: usize = 30;
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
+        conflist("gcrace", "1.0.0", socket, "10.250.35.0/24", None)
+    })?;
+    daemon.wait_ready(PATIENCE)?;
+    let config = conflist("gcrace", "1.0.0", &daemon.socket, "10.250.35.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    let gc = serde_json::json!({"op": "gc", "network": null, "valid": []});
+    let pod = Netns::new("pod")?;
+    let skipped = "GC: operation in flight, skipped";
+    for round in 0..MAX_ROUNDS {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let add = std::thread::scope(|s| -> Result<_> {
+            let add = s.spawn(|| {
+                let add = run_plugin("ADD", "c-gc", Some(pod.path()), "eth0", &stdin);
+                done.store(true, std::sync::atomic::Ordering::Release);
+                add
+            });
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                testkit::daemon::call(&daemon.socket, &gc)?;
+            }
+            add.join()
+                .map_err(|_| anyhow::anyhow!("ADD thread panicked"))?
+        })?;
+        assert_eq!(add.code, 0, "round {round}: ADD under GC: {add:?}");
+        // Whole or gone: a GC after the ADD may have removed it, but never a part of it.
+        let held = allocations(&daemon)?;
+        let links = pod.links()?;
+        assert_eq!(
+            held.is_empty(),
+            !links.iter().any(|l| l == "eth0"),
+            "round {round}: allocations {held:?}, sandbox links {links:?}"
+        );
+        assert_eq!(
+            run_plugin("DEL", "c-gc", Some(pod.path()), "eth0", &stdin)?.code,
+            0
+        );
+        if daemon.log().contains(skipped) {
+            return Ok(());
+        }
+    }
+    anyhow::bail!(
+        "no GC ran while an ADD was in flight in {MAX_ROUNDS} rounds:\n{}",
+        daemon.log()
+    )
+}
