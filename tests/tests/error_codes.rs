@@ -8,21 +8,12 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use provisioner_tests::daemon_harness::{Daemon, PluginRun, conflist, plugin_stdin, run_plugin};
+use provisioner_tests::daemon_queries::allocations;
 use provisioner_tests::{Netns, wait_only_lo};
 use serde_json::Value;
 
 fn msg(run: &PluginRun) -> String {
     run.json()["msg"].as_str().unwrap_or_default().to_owned()
-}
-
-fn allocations(daemon: &Daemon) -> Result<Vec<Value>> {
-    let out = daemon.cli(&["list", "--json"])?;
-    anyhow::ensure!(
-        out.status.success(),
-        "list: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// A ready daemon serving `v4` (and `v6`), and the stdin of its plugin.

@@ -75,6 +75,9 @@ enum Command {
         /// Mutants built and tested at once.
         #[arg(long, default_value_t = 1)]
         jobs: usize,
+        /// Extra arguments for cargo-mutants (after `--`), e.g. `--iterate`, `--list`.
+        #[arg(last = true)]
+        extra: Vec<String>,
     },
 }
 
@@ -110,10 +113,12 @@ fn main() -> Result<()> {
             file,
             timeout,
             jobs,
+            extra,
         } => mutants::run(&mutants::Options {
             files: file,
             timeout,
             jobs,
+            extra,
         }),
     }
 }

@@ -30,6 +30,8 @@ pub struct Options {
     pub timeout: u64,
     /// Mutants built and tested at once.
     pub jobs: usize,
+    /// Passed to cargo-mutants as they are.
+    pub extra: Vec<String>,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -57,7 +59,7 @@ pub fn run(opts: &Options) -> Result<()> {
         cmd.arg("--file").arg(file);
     }
     // Only the unit tests: the integration tests need root and take minutes each.
-    cmd.arg("--cargo-test-arg=--lib");
+    cmd.arg("--cargo-test-arg=--lib").args(&opts.extra);
     let result = run_command(&mut cmd);
     detail(&format!(
         "caught / missed / timeout / unviable lists: {}/mutants.out/{{caught,missed,timeout,unviable}}.txt",
