@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, detail, output, run as run_command, workspace_root};
 
@@ -60,12 +60,28 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     // Only the unit tests: the integration tests need root and take minutes each.
     cmd.arg("--cargo-test-arg=--lib").args(&opts.extra);
-    let result = run_command(&mut cmd);
+    let status = cmd.status().context("run cargo mutants")?;
+    let lists = out.join("mutants.out");
     detail(&format!(
-        "caught / missed / timeout / unviable lists: {}/mutants.out/{{caught,missed,timeout,unviable}}.txt",
-        out.display()
+        "lists of caught, missed, timeout, unviable mutants: {}/*.txt",
+        lists.display()
     ));
-    result
+    // cargo-mutants' exit codes: 2 = some mutants missed, 3 = some timed out.
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(2) => bail!(
+            "mutants survived: see {} (docs/testing.md says how to read it)",
+            lists.join("missed.txt").display()
+        ),
+        Some(3) => bail!(
+            "mutants timed out: see {}",
+            lists.join("timeout.txt").display()
+        ),
+        _ => bail!(
+            "cargo mutants failed ({status}): see {}",
+            lists.join("debug.log").display()
+        ),
+    }
 }
 
 /// cargo-mutants on the provisioner package: a copy of the tree (the worktree is never

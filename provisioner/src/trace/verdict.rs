@@ -507,4 +507,25 @@ mod tests {
             assert_eq!(step.to_string(), text);
         }
     }
+
+    #[test]
+    fn timeline_entries_and_intent_keys_read_as_operators_see_them() {
+        let entry = TimelineEntry {
+            at: UNIX_EPOCH + Duration::from_millis(7_384_002),
+            pid: 4242,
+            comm: "ptp".into(),
+            step: Step::Exec {
+                filename: "/usr/lib/cni/ptp".into(),
+            },
+        };
+        assert_eq!(
+            entry.to_string(),
+            "02:03:04.002 ptp[4242] exec /usr/lib/cni/ptp"
+        );
+        let key = IntentKey {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        };
+        assert_eq!(key.to_string(), "container c1 (eth0)");
+    }
 }
