@@ -338,7 +338,44 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
-        assert!(text.contains("provisioner_operation_duration_seconds_bucket"));
+        assert!(
+            text.lines()
+                .any(|l| l == r#"provisioner_operation_duration_seconds_count{op="add"} 2"#),
+            "{text}"
+        );
+        // Each observation lands in the buckets at or above it: 0 below 1 ms, 1 from 1 ms
+        // (the 1 ms call), 2 from 2 ms, counts never decreasing.
+        let buckets: Vec<(f64, u64)> = text
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("provisioner_operation_duration_seconds_bucket{")?;
+                if !rest.contains(r#"op="add""#) {
+                    return None;
+                }
+                let le = rest.split("le=\"").nth(1)?.split('"').next()?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, l.rsplit(' ').next()?.parse().ok()?))
+            })
+            .collect();
+        assert!(buckets.len() > 3, "{text}");
+        assert!(
+            buckets
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            "{buckets:?}"
+        );
+        for (le, count) in &buckets {
+            let want = match *le {
+                le if le < 0.000_999 => 0,
+                le if le < 0.001_999 => 1,
+                _ => 2,
+            };
+            assert_eq!(*count, want, "bucket le={le}: {buckets:?}");
+        }
     }
 
     #[test]

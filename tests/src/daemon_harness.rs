@@ -1,12 +1,13 @@
 //! Starting the daemon for a test, and running the binary as a CNI plugin the way a runtime does.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
+
+use testkit::daemon::{Placement, write_conflist};
 
 use crate::{Netns, provisioner_bin};
 
@@ -30,21 +31,22 @@ pub fn conflist(name: &str, cni_version: &str, socket: &Path, v4: &str, v6: Opti
     })
 }
 
-/// The plugin config a runtime passes on stdin for one plugin of a conflist.
-pub fn plugin_stdin(conflist: &Value, cni_version: &str) -> Value {
-    let mut plugin = conflist["plugins"][0].clone();
-    plugin["cniVersion"] = Value::from(cni_version);
-    plugin["name"] = conflist["name"].clone();
-    plugin
+pub use testkit::cni::{Run as PluginRun, plugin_config as plugin_stdin, run_with_stdin};
+
+/// A running `provisioner daemon` whose host side is `node` (the process stays in the caller's
+/// namespace: its metrics address is the test's), with its files in a temp dir; stopped
+/// (SIGTERM, by pid) on drop.
+pub struct Daemon {
+    process: testkit::daemon::Daemon,
+    _dir: tempfile::TempDir,
 }
 
-/// A running `provisioner daemon` whose host side is `node`; stopped (SIGTERM, by pid) on drop.
-pub struct Daemon {
-    child: Option<Child>,
-    pub socket: PathBuf,
-    pub conf_dir: PathBuf,
-    pub data_dir: PathBuf,
-    _dir: tempfile::TempDir,
+impl std::ops::Deref for Daemon {
+    type Target = testkit::daemon::Daemon;
+
+    fn deref(&self) -> &Self::Target {
+        &self.process
+    }
 }
 
 impl Daemon {
@@ -57,13 +59,8 @@ impl Daemon {
     /// Like [`Daemon::start`] with extra daemon arguments.
     pub fn start_with(node: &Netns, config: Option<&Value>, extra: &[&str]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let conf_dir = dir.path().join("net.d");
-        std::fs::create_dir_all(&conf_dir)?;
         if let Some(config) = config {
-            std::fs::write(
-                conf_dir.join("10-provisioner.conflist"),
-                serde_json::to_vec_pretty(config)?,
-            )?;
+            write_conflist(dir.path(), config)?;
         }
         Self::spawn(node, dir, extra)
     }
@@ -84,81 +81,35 @@ impl Daemon {
         config: impl FnOnce(&Path) -> Value,
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let conf_dir = dir.path().join("net.d");
-        std::fs::create_dir_all(&conf_dir)?;
         let config = config(&dir.path().join("provisioner.sock"));
-        std::fs::write(
-            conf_dir.join("10-provisioner.conflist"),
-            serde_json::to_vec_pretty(&config)?,
-        )?;
+        write_conflist(dir.path(), &config)?;
         Self::spawn(node, dir, extra)
     }
 
     fn spawn(node: &Netns, dir: tempfile::TempDir, extra: &[&str]) -> Result<Self> {
-        let mut daemon = Self {
-            child: None,
-            socket: dir.path().join("provisioner.sock"),
-            conf_dir: dir.path().join("net.d"),
-            data_dir: dir.path().join("data"),
-            _dir: dir,
-        };
-        daemon.launch(node, extra)?;
+        let process = testkit::daemon::Daemon::spawn_placed(
+            &provisioner_bin(),
+            node,
+            Placement::Outside,
+            dir.path(),
+            extra,
+        )?;
+        let mut daemon = Self { process, _dir: dir };
+        daemon.process.wait_listening(LISTENING_WITHIN)?;
         Ok(daemon)
     }
 
     /// Starts the daemon process again on the same socket, conf dir and data dir, after it
-    /// was stopped or killed.
+    /// was stopped or killed, and waits until its socket answers.
     pub fn restart(&mut self, node: &Netns, extra: &[&str]) -> Result<()> {
-        if self.child.is_some() {
-            bail!("the daemon still runs");
-        }
-        self.launch(node, extra)
-    }
-
-    fn launch(&mut self, node: &Netns, extra: &[&str]) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self._dir.path().join("daemon.log"))?;
-        let child = Command::new(provisioner_bin())
-            .arg("daemon")
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--conf-dir")
-            .arg(&self.conf_dir)
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--host-netns")
-            .arg(node.path())
-            .args(extra)
-            .env("PROVISIONER_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("spawn provisioner daemon")?;
-        self.child = Some(child);
-        self.wait_listening(Duration::from_secs(10))
-    }
-
-    fn wait_listening(&self, limit: Duration) -> Result<()> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!(
-            "daemon did not listen on {} within {limit:?}; log:\n{}",
-            self.socket.display(),
-            self.log()
-        )
+        self.process.respawn(node, Placement::Outside, extra)?;
+        self.process.wait_listening(LISTENING_WITHIN)?;
+        Ok(())
     }
 
     /// The daemon's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("daemon.log")).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// Runs a CLI verb against this daemon (`provisioner <args> --socket S`).
@@ -204,58 +155,19 @@ impl Daemon {
         .with_context(|| format!("log:\n{}", self.log()))
     }
 
-    /// The daemon's pid while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     /// Kills the daemon with SIGKILL (as a crash would) and reaps it.
     pub fn kill(&mut self) -> Result<()> {
-        let mut child = self.child.take().context("daemon already stopped")?;
-        child.kill()?;
-        child.wait()?;
-        Ok(())
+        self.process.kill()
     }
 
-    /// Stops the daemon with SIGTERM and waits for it.
+    /// Stops the daemon with SIGTERM and waits for it (SIGKILL after 10 s, an error then).
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
-        let mut child = self.child.take().context("daemon already stopped")?;
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
-        Ok(child.wait()?)
+        self.process.stop_status()
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            let _ = self.stop();
-        }
-    }
-}
-
-/// What a CNI plugin invocation printed and returned.
-#[derive(Debug)]
-pub struct PluginRun {
-    pub code: i32,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl PluginRun {
-    /// stdout as JSON (Null when empty).
-    pub fn json(&self) -> Value {
-        if self.stdout.trim().is_empty() {
-            return Value::Null;
-        }
-        serde_json::from_str(&self.stdout).unwrap_or(Value::Null)
-    }
-
-    /// The CNI error code printed on stdout, if any.
-    pub fn error_code(&self) -> Option<u64> {
-        self.json().get("code").and_then(Value::as_u64)
-    }
-}
+/// How long a daemon may take to answer on its socket after its start.
+const LISTENING_WITHIN: Duration = Duration::from_secs(10);
 
 /// Executes the binary exactly as a runtime does: CNI_* env, config on stdin, result on stdout.
 pub fn run_plugin(
@@ -265,32 +177,13 @@ pub fn run_plugin(
     ifname: &str,
     stdin: &[u8],
 ) -> Result<PluginRun> {
-    let mut cmd = Command::new(provisioner_bin());
-    cmd.env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container_id)
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", "/opt/cni/bin")
-        .env(
-            "CNI_NETNS",
-            netns.map(|p| p.display().to_string()).unwrap_or_default(),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let cmd = testkit::cni::command(
+        &provisioner_bin(),
+        command,
+        container_id,
+        netns,
+        ifname,
+        "/opt/cni/bin",
+    );
     run_with_stdin(cmd, stdin)
-}
-
-/// Runs `cmd`, feeding `stdin`.
-pub fn run_with_stdin(mut cmd: Command, stdin: &[u8]) -> Result<PluginRun> {
-    let mut child = cmd.spawn().context("spawn plugin")?;
-    if let Some(mut pipe) = child.stdin.take() {
-        pipe.write_all(stdin)?;
-    }
-    let out = child.wait_with_output()?;
-    Ok(PluginRun {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
 }

@@ -1,10 +1,7 @@
 //! The reference CNI plugins (Debian's containernetworking-plugins), run as a runtime runs
 //! them, with their host side in a "node" namespace.
 
-use std::os::fd::AsFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use anyhow::{Result, bail};
 
@@ -37,24 +34,15 @@ impl Ptp<'_> {
             "ipam": {"type": "host-local", "subnet": self.subnet,
                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": self.data_dir},
         });
-        let node_fd = std::fs::File::open(self.node.path())?;
-        let mut cmd = Command::new(&plugin);
-        cmd.env_clear()
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", container_id)
-            .env("CNI_NETNS", netns)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", REFERENCE_DIR)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: setns is async-signal-safe; the fd stays open until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sched::setns(node_fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        let mut cmd = testkit::cni::command(
+            &plugin,
+            command,
+            container_id,
+            Some(netns),
+            "eth0",
+            REFERENCE_DIR,
+        );
+        self.node.enter(&mut cmd)?;
         let run = run_with_stdin(cmd, config.to_string().as_bytes())?;
         if run.code != 0 {
             bail!(

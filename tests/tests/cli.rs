@@ -2,10 +2,11 @@
 
 use std::io::{Read, Write};
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::{Netns, provisioner_bin, wait_until};
+use provisioner_tests::{Netns, provisioner_bin, wait_only_lo, wait_until};
 use serde_json::Value;
 
 /// Runs the binary inside `node` (as an operator on the node would), returning stdout.
@@ -90,7 +91,10 @@ fn in_process_add_check_del() -> Result<()> {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
-    assert!(!pod.ip(&["link"])?.contains("eth0"), "eth0 left after del");
+    assert!(pod.links()?.is_empty(), "links left in the pod after del");
+    // The node side too: the host veth goes (retired, then deleted) although the process that
+    // removed it has exited.
+    wait_only_lo(&node, Duration::from_secs(10))?;
     Ok(())
 }
 

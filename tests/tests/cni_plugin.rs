@@ -5,8 +5,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use provisioner::dataplane::host_ifname;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::{Netns, wait_only_lo};
+use provisioner_tests::{Netns, wait_only_lo, wait_until};
 use serde_json::Value;
 
 const VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -203,11 +204,11 @@ fn check_after_route_removed_fails_naming_it() -> Result<()> {
         "eth0",
         &serde_json::to_vec(&check_conf)?,
     )?;
-    assert_ne!(check.code, 0);
+    assert_eq!(check.error_code(), Some(105), "{check:?}");
     let msg = check.json()["msg"].as_str().unwrap_or_default().to_owned();
     assert!(
-        msg.contains("0.0.0.0/0"),
-        "CHECK must name the default route: {msg}"
+        msg.contains("0.0.0.0/0") && msg.contains("c-check"),
+        "CHECK must name the sandbox and the default route: {msg}"
     );
     assert_eq!(
         run_plugin("DEL", "c-check", Some(pod.path()), "eth0", &stdin)?.code,
@@ -222,10 +223,9 @@ fn gc_releases_every_attachment_not_listed() -> Result<()> {
     let (daemon, config) = started_daemon(&node, "gcnet", "10.250.4.0/24")?;
     let stdin = stdin_for(&config, "1.1.0");
     let (a, b) = (Netns::new("gca")?, Netns::new("gcb")?);
-    assert_eq!(
-        run_plugin("ADD", "keep", Some(a.path()), "eth0", &stdin)?.code,
-        0
-    );
+    let keep = run_plugin("ADD", "keep", Some(a.path()), "eth0", &stdin)?;
+    assert_eq!(keep.code, 0, "{keep:?}");
+    let keep_result = keep.json();
     assert_eq!(
         run_plugin("ADD", "drop", Some(b.path()), "eth0", &stdin)?.code,
         0
@@ -238,9 +238,34 @@ fn gc_releases_every_attachment_not_listed() -> Result<()> {
     let left = list(&daemon)?;
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["container_id"], "keep");
+    assert!(b.links()?.is_empty(), "GC'd sandbox still wired");
+    // The kept sandbox is still wired and its host veth still there; the collected one's host
+    // veth is gone (retired at once, deleted by the reaper).
+    let kept_address = left[0]["addresses"][0].as_str().unwrap_or_default();
+    let shown = a.ip(&["-o", "addr", "show", "dev", "eth0"])?;
     assert!(
-        !b.ip(&["link"])?.contains("eth0"),
-        "GC'd sandbox still wired"
+        !kept_address.is_empty() && shown.contains(kept_address),
+        "kept sandbox lost {kept_address}: {shown}"
+    );
+    let keep_veth = host_ifname("keep", "eth0");
+    let mut links = Vec::new();
+    wait_until("only the kept host veth", REAPED_WITHIN, || {
+        links = node.links()?;
+        Ok((links == [keep_veth.clone()]).then_some(()))
+    })
+    .with_context(|| format!("node links: {links:?}"))?;
+    let mut check_conf = plugin_stdin(&config, "1.1.0");
+    check_conf["prevResult"] = keep_result;
+    let check = run_plugin(
+        "CHECK",
+        "keep",
+        Some(a.path()),
+        "eth0",
+        &serde_json::to_vec(&check_conf)?,
+    )?;
+    assert_eq!(
+        check.code, 0,
+        "the kept sandbox passes CHECK after GC: {check:?}"
     );
     Ok(())
 }
@@ -260,16 +285,27 @@ fn version_status_and_error_codes() -> Result<()> {
         );
     }
 
-    // Daemon with an empty conf dir: STATUS answers 50 with the reason.
+    // Daemon with an empty conf dir: STATUS answers 50 with the reason (once the daemon has
+    // read its conf dir: before, the reason is that it has not).
     let empty = Daemon::start(&node, None)?;
-    let mut config = conflist("stnet", "1.1.0", &empty.socket, "10.250.5.0/24", None);
-    let status = run_plugin("STATUS", "", None, "", &stdin_for(&config, "1.1.0"))?;
-    assert_eq!(status.error_code(), Some(50), "{status:?}");
-    assert!(
-        status.json()["msg"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("no"),
+    let config = conflist("stnet", "1.1.0", &empty.socket, "10.250.5.0/24", None);
+    let conf_dir = empty.conf_dir.display().to_string();
+    let mut status = None;
+    wait_until(
+        "STATUS naming the empty conf dir",
+        Duration::from_secs(10),
+        || {
+            let answer = run_plugin("STATUS", "", None, "", &stdin_for(&config, "1.1.0"))?;
+            let msg = answer.json()["msg"].as_str().unwrap_or_default().to_owned();
+            let done = msg.contains("no network with type provisioner") && msg.contains(&conf_dir);
+            status = Some(answer);
+            Ok(done.then_some(()))
+        },
+    )
+    .with_context(|| format!("last STATUS: {status:?}"))?;
+    assert_eq!(
+        status.as_ref().and_then(|s| s.error_code()),
+        Some(50),
         "{status:?}"
     );
     // ADD while not ready: 11 (try again later), nothing allocated.
@@ -282,10 +318,15 @@ fn version_status_and_error_codes() -> Result<()> {
         &stdin_for(&config, "1.1.0"),
     )?;
     assert_eq!(add.error_code(), Some(11), "{add:?}");
-    drop(empty);
-
-    let (daemon, ready_config) = started_daemon(&node, "stnet", "10.250.5.0/24")?;
-    config = ready_config;
+    assert!(pod.links()?.is_empty(), "ADD while not ready wired the pod");
+    // Once its config arrives, the daemon's store shows that nothing was allocated meanwhile.
+    std::fs::write(
+        empty.conf_dir.join("10-provisioner.conflist"),
+        serde_json::to_vec(&config)?,
+    )?;
+    wait_ready(&empty)?;
+    assert!(list(&empty)?.is_empty(), "ADD while not ready allocated");
+    let daemon = empty;
     let stdin = stdin_for(&config, "1.1.0");
     assert_eq!(run_plugin("STATUS", "", None, "", &stdin)?.code, 0);
 

@@ -4,9 +4,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
-use provisioner_tests::Netns;
+use anyhow::{Context, Result, bail};
+use provisioner::dataplane::host_ifname;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
+use provisioner_tests::{Netns, wait_until};
 use serde_json::Value;
 
 fn status(daemon: &Daemon) -> Result<Value> {
@@ -66,9 +67,16 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
 
     // In-place truncate then write in two steps: never a partial config.
     let text = serde_json::to_vec(&good("net-inplace"))?;
+    let written_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
     std::fs::write(&file, &text[..text.len() / 2])?;
-    std::thread::sleep(Duration::from_millis(150));
-    let s = status(&daemon)?;
+    // The watcher has read the half-written file once it reports a load attempt made after it
+    // was written.
+    let s = wait_status(&daemon, "a load attempt of the half-written file", |s| {
+        s["last_load"]["at"].as_f64().unwrap_or_default() >= written_at
+    })?;
+    assert_eq!(s["last_load"]["ok"], false, "{s}");
     assert_eq!(
         network_name(&s),
         Some("net-mv"),
@@ -197,7 +205,20 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
     assert!(!daemon.socket.exists(), "socket removed on stop");
 
     // While it is down: one sandbox disappears, and a host veth is left without allocation.
+    // The kernel destroys a namespace (and with it the veth's peer, so the host end too) after
+    // the last reference goes, asynchronously: wait for it, or the restarted daemon could
+    // still find the lost sandbox's link and take it for a live one.
+    let lost_veth = host_ifname("lost", "eth0");
+    assert!(
+        node.links()?.contains(&lost_veth),
+        "{lost_veth} not in the node"
+    );
     lost.delete()?;
+    wait_until(
+        &format!("{lost_veth} gone with its namespace"),
+        Duration::from_secs(10),
+        || Ok((!node.links()?.contains(&lost_veth)).then_some(())),
+    )?;
     node.ip(&[
         "link",
         "add",
@@ -215,10 +236,19 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
     let left: Vec<Value> = serde_json::from_slice(&out.stdout)?;
     assert_eq!(left.len(), 1, "{left:?}\n{}", restarted.log());
     assert_eq!(left[0]["container_id"], "keep");
-    assert!(
-        !node.ip(&["link"])?.contains("pvn00000000dead"),
-        "leftover veth not removed"
-    );
+    // Reconciliation removed the stray link, and with it its peer; nothing else but the kept
+    // sandbox's host veth is left (retired links are reaped in the background).
+    let keep_veth = host_ifname("keep", "eth0");
+    let mut links = Vec::new();
+    wait_until(
+        "only the kept sandbox's veth in the node",
+        Duration::from_secs(10),
+        || {
+            links = node.links()?;
+            Ok((links == [keep_veth.clone()]).then_some(()))
+        },
+    )
+    .with_context(|| format!("links left in the node: {links:?}\n{}", restarted.log()))?;
     config["plugins"][0]["socket"] = Value::from(restarted.socket.display().to_string());
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     assert_eq!(

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use provisioner::dataplane::{
     Dataplane, DataplaneError, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, PodAddress, RouteSpec,
-    SandboxSpec, SetupStep, host_ifname, is_graveyard_ifname,
+    SandboxSpec, SetupStep, graveyard_ifname, host_ifname, is_graveyard_ifname,
 };
 use provisioner_tests::Netns;
 
@@ -457,10 +457,16 @@ async fn errors_name_operation_object_and_netns() -> Result<()> {
     };
     let err = dp.setup(&s).await.expect_err("missing netns");
     ensure!(err.setup_step() == Some(SetupStep::SandboxNetns), "{err}");
-    ensure!(
-        err.to_string().contains("does-not-exist-dataplane"),
-        "{err}"
-    );
+    let text = err.to_string();
+    for part in [
+        "setup of nons",             // the operation and its sandbox
+        "sandbox-netns",             // the step
+        "open netns",                // what failed
+        "does-not-exist-dataplane",  // on which object
+        "No such file or directory", // why
+    ] {
+        ensure!(text.contains(part), "{part:?} missing in: {text}");
+    }
     Ok(())
 }
 
@@ -584,11 +590,16 @@ async fn delete_host_link_retires_leftovers_and_graveyard_links() -> Result<()> 
     let out = dp.setup(&s).await?;
     dp.delete_host_link(&out.host_ifname).await?;
     assert_not_routed(&node, "10.244.13.2")?;
-    // A graveyard link is accepted too (reconciliation after a crash).
-    for name in veths(&node)? {
-        dp.delete_host_link(&name).await?;
-    }
+    // A graveyard link is accepted too (reconciliation after a crash: one left behind by a
+    // killed process), and its peer goes with it.
+    let graveyard = graveyard_ifname(0xbeef);
+    node.ip(&[
+        "link", "add", &graveyard, "type", "veth", "peer", "name", "gyleft0",
+    ])?;
+    dp.delete_host_link(&graveyard).await?;
     settle(&dp).await?;
     assert_node_clean(&node)?;
+    let left = links(&node)?;
+    ensure!(left == ["lo"], "links left in the node: {left:?}");
     assert_sandbox_clean(&sb)
 }

@@ -262,43 +262,27 @@ fn data_dir_is_created_private() {
 fn concurrent_16_threads_x_50_keys_all_distinct() {
     let dir = tempfile::tempdir().unwrap();
     let a = Arc::new(open(dir.path(), r#"{"subnet":"10.244.0.0/22"}"#));
-    let start = Instant::now();
     let handles: Vec<_> = (0..16)
         .map(|t| {
             let a = Arc::clone(&a);
             std::thread::spawn(move || {
-                let mut lat = Vec::new();
-                let mut ips = Vec::new();
-                for k in 0..50 {
-                    let t0 = Instant::now();
-                    let al = a
-                        .allocate(&AllocationKey::new(format!("t{t}-k{k}"), "eth0"))
-                        .unwrap();
-                    lat.push(t0.elapsed());
-                    ips.push(al.ips[0].address.ip());
-                }
-                (ips, lat)
+                (0..50)
+                    .map(|k| {
+                        let key = AllocationKey::new(format!("t{t}-k{k}"), "eth0");
+                        a.allocate(&key).unwrap().ips[0].address.ip()
+                    })
+                    .collect::<Vec<_>>()
             })
         })
         .collect();
     let mut all = HashSet::new();
-    let mut lat = Vec::new();
     for h in handles {
-        let (ips, l) = h.join().unwrap();
-        for ip in ips {
+        for ip in h.join().unwrap() {
             assert!(all.insert(ip), "duplicate {ip}");
         }
-        lat.extend(l);
     }
     assert_eq!(all.len(), 800);
     assert_eq!(a.count().unwrap(), 800);
-    lat.sort();
-    eprintln!(
-        "16x50 concurrent allocate: total {:?}, p50 {:?}, p99 {:?}",
-        start.elapsed(),
-        lat[lat.len() / 2],
-        lat[lat.len() * 99 / 100]
-    );
 }
 
 #[test]
@@ -313,14 +297,19 @@ fn v6_slash_64_is_quick() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
-/// Child half of `crash_after_commit_keeps_allocations`: allocates, then dies without any
-/// cleanup (no drop, no close), like a daemon killed mid-flight.
-#[test]
-fn crash_child() {
-    let Some(dir) = std::env::var_os("IPAM_CRASH_CHILD_DIR") else {
-        return;
-    };
-    let a = open(std::path::Path::new(&dir), r#"{"subnet":"10.244.0.0/22"}"#);
+/// Runs the calling test again in a child process (the same test binary, only that test) with
+/// `var` set to `dir`: the test sees the variable and plays the child's part.
+fn rerun_as_child(test: &str, var: &str, dir: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env(var, dir);
+    cmd
+}
+
+/// The child's part of `crash_after_commit_keeps_allocations`: allocates, then dies without
+/// any cleanup (no drop, no close), like a daemon killed mid-flight.
+fn allocate_then_abort(dir: &std::path::Path) -> ! {
+    let a = open(dir, r#"{"subnet":"10.244.0.0/22"}"#);
     for i in 0..50 {
         a.allocate(&key(i)).unwrap();
     }
@@ -328,16 +317,23 @@ fn crash_child() {
     std::process::abort();
 }
 
+const CRASH_CHILD_DIR: &str = "IPAM_CRASH_CHILD_DIR";
+
 #[test]
 fn crash_after_commit_keeps_allocations() {
+    if let Some(dir) = std::env::var_os(CRASH_CHILD_DIR) {
+        allocate_then_abort(std::path::Path::new(&dir));
+    }
     let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child", "--test-threads=1"])
-        .env("IPAM_CRASH_CHILD_DIR", dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
+    let status = rerun_as_child(
+        "crash_after_commit_keeps_allocations",
+        CRASH_CHILD_DIR,
+        dir.path(),
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .status()
+    .unwrap();
     assert!(!status.success(), "child must die by abort");
     let (a, report) = Allocator::open(
         dir.path(),
@@ -358,20 +354,16 @@ fn crash_after_commit_keeps_allocations() {
     assert!(!held.contains(&new.ips[0].address.ip()));
 }
 
-/// Child half of `crash_during_concurrent_allocations_keeps_every_answer`: 16 threads allocate
+/// The child's part of `crash_during_concurrent_allocations_keeps_every_answer`: 16 threads allocate
 /// (and release every fifth key), print each answer as soon as it returns, and one of them aborts
 /// the process while the others are mid-call.
-#[test]
-fn crash_child_concurrent() {
+fn allocate_concurrently_then_abort(dir: &std::path::Path) -> ! {
     use std::io::Write;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let Some(dir) = std::env::var_os("IPAM_CRASH_CONCURRENT_DIR") else {
-        return;
-    };
-    let a = Arc::new(open(
-        std::path::Path::new(&dir),
-        r#"{"subnet":"10.244.0.0/22"}"#,
-    ));
+    let a = Arc::new(open(dir, r#"{"subnet":"10.244.0.0/22"}"#));
+    // The test harness's "test <name> ... " has no line end yet: start the answers on a line
+    // of their own.
+    std::io::stdout().write_all(b"\n").unwrap();
     let answered = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..16)
         .map(|t| {
@@ -403,15 +395,22 @@ fn crash_child_concurrent() {
     std::process::abort();
 }
 
+const CRASH_CONCURRENT_DIR: &str = "IPAM_CRASH_CONCURRENT_DIR";
+
 #[test]
 fn crash_during_concurrent_allocations_keeps_every_answer() {
+    if let Some(dir) = std::env::var_os(CRASH_CONCURRENT_DIR) {
+        allocate_concurrently_then_abort(std::path::Path::new(&dir));
+    }
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child_concurrent", "--test-threads=1"])
-        .env("IPAM_CRASH_CONCURRENT_DIR", dir.path())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = rerun_as_child(
+        "crash_during_concurrent_allocations_keeps_every_answer",
+        CRASH_CONCURRENT_DIR,
+        dir.path(),
+    )
+    .stderr(std::process::Stdio::null())
+    .output()
+    .unwrap();
     assert!(!out.status.success(), "child must die by abort");
     let stdout = String::from_utf8(out.stdout).unwrap();
     let mut answered = std::collections::HashMap::new();

@@ -1,5 +1,6 @@
 //! The eBPF pipeline end to end: a netns created by unshare or clone(CLONE_NEWNET) is reported
-//! exactly once, with the cookie that SO_NETNS_COOKIE reads inside it.
+//! exactly once (no duplicate before the event of a namespace created after it), with the
+//! cookie that SO_NETNS_COOKIE reads inside it.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -8,37 +9,54 @@ use provisioner::trace::{EventKind, KernelTracer, NetnsOrigin, TraceEvent};
 use provisioner_tests::{current_netns_cookie, require_root};
 use tokio::sync::mpsc::Receiver;
 
-/// Collects every NetnsCreated event for `cookie` seen within `wait`, and for a grace period
-/// after the first one (a duplicate would arrive right behind it).
-async fn events_for(rx: &mut Receiver<TraceEvent>, cookie: u64, wait: Duration) -> Vec<TraceEvent> {
+/// A namespace created by a fresh thread that unshares; its cookie.
+fn unshared_netns_cookie() -> anyhow::Result<(u64, i32)> {
+    std::thread::spawn(|| -> anyhow::Result<(u64, i32)> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+        Ok((current_netns_cookie()?, nix::unistd::gettid().as_raw()))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("unshare thread panicked"))?
+}
+
+/// Every NetnsCreated event for `cookie` up to the one of a marker namespace created after it.
+/// The events share one ring buffer, read in the order they were reserved, so a duplicate
+/// report of `cookie` (made when it was created) cannot arrive after the marker's.
+async fn events_for(
+    rx: &mut Receiver<TraceEvent>,
+    cookie: u64,
+    limit: Duration,
+) -> anyhow::Result<Vec<TraceEvent>> {
+    let (marker, _) = unshared_netns_cookie()?;
     let mut found = Vec::new();
-    let mut deadline = tokio::time::Instant::now() + wait;
-    while let Ok(Some(event)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => anyhow::bail!("the tracer's event stream ended"),
+            Err(_) => anyhow::bail!(
+                "no event for the marker namespace within {limit:?}; for {cookie}: {found:?}"
+            ),
+        };
         let EventKind::NetnsCreated(created) = &event.kind else {
             continue;
         };
+        if created.netns_cookie == marker {
+            return Ok(found);
+        }
         if created.netns_cookie == cookie {
-            if found.is_empty() {
-                deadline = tokio::time::Instant::now() + Duration::from_millis(300);
-            }
             found.push(event);
         }
     }
-    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unshare_reports_one_event_with_the_right_cookie() -> anyhow::Result<()> {
     require_root();
     let (tracer, mut rx) = KernelTracer::start(4096)?;
-    let (cookie, tid) = std::thread::spawn(|| -> anyhow::Result<(u64, i32)> {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
-        Ok((current_netns_cookie()?, nix::unistd::gettid().as_raw()))
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("unshare thread panicked"))??;
+    let (cookie, tid) = unshared_netns_cookie()?;
 
-    let events = events_for(&mut rx, cookie, Duration::from_secs(2)).await;
+    let events = events_for(&mut rx, cookie, Duration::from_secs(10)).await?;
     assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
     let event = &events[0];
     let EventKind::NetnsCreated(created) = &event.kind else {
@@ -81,7 +99,7 @@ async fn clone_with_newnet_reports_the_child_namespace() -> anyhow::Result<()> {
     let cookie = u64::from_ne_bytes(buf);
     assert_ne!(cookie, 0, "child could not read its netns cookie");
 
-    let events = events_for(&mut rx, cookie, Duration::from_secs(2)).await;
+    let events = events_for(&mut rx, cookie, Duration::from_secs(10)).await?;
     assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
     let EventKind::NetnsCreated(created) = &events[0].kind else {
         panic!("not NetnsCreated: {:?}", events[0]);

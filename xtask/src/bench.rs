@@ -19,9 +19,7 @@
 //!
 //! One module per part; a new measurement is a new module under `bench/` with a call in `run`.
 
-mod cni;
 mod components;
-mod daemon;
 mod floor;
 pub mod netns;
 mod report;
@@ -40,9 +38,10 @@ use serde_json::{Value, json};
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
 use crate::{bootstrap, ebpf};
 
-pub use cni::{Plugin, plugin_stdin};
-pub use daemon::Daemon;
 pub use netns::{Netns, require_root};
+pub use testkit::cni::{Plugin, plugin_stdin};
+pub use testkit::daemon::Daemon;
+use testkit::daemon::write_conflist;
 
 use report::{Row, Single, Target};
 use stats::{Samples, Summary};
@@ -243,17 +242,6 @@ fn reference_conflist(data_dir: &Path) -> Value {
             }
         }]
     })
-}
-
-/// Writes `conflist` as `<dir>/net.d/10-provisioner.conflist` (the daemon's conf dir).
-fn write_conf(dir: &Path, conflist: &Value) -> Result<()> {
-    let conf_dir = dir.join("net.d");
-    std::fs::create_dir_all(&conf_dir)?;
-    std::fs::write(
-        conf_dir.join("10-provisioner.conflist"),
-        serde_json::to_vec_pretty(conflist)?,
-    )?;
-    Ok(())
 }
 
 /// Starts a daemon in `dir` (conf already there) and waits for ready; start-to-ready time.
@@ -477,14 +465,14 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut fresh_starts_ms = Vec::new();
     for i in 0..EXTRA_STARTS {
         let dir = tmp.path().join(format!("start{i}"));
-        write_conf(&dir, &provisioner_conflist(&dir.join("provisioner.sock")))?;
+        write_conflist(&dir, &provisioner_conflist(&dir.join("provisioner.sock")))?;
         let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
         fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
         daemon.stop()?;
     }
     let dir = tmp.path().join("daemon");
     let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
-    write_conf(&dir, &conflist)?;
+    write_conflist(&dir, &conflist)?;
     let (mut daemon, ready) = start_daemon(&bin, &node_prov, &dir, opts)?;
     fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
     let rss_idle_kib = daemon.rss_kib()?;
@@ -504,7 +492,7 @@ pub fn run(opts: &Options) -> Result<()> {
                 way: Way::Reference(Plugin {
                     bin: reference_bin,
                     cni_path: REFERENCE_DIR.to_owned(),
-                    stdin: cni::plugin_stdin(&reference_conflist(&tmp.path().join("host-local")))?,
+                    stdin: plugin_stdin(&reference_conflist(&tmp.path().join("host-local")))?,
                     node: &node_ref,
                 }),
                 pods: &pods_ref,
@@ -514,7 +502,7 @@ pub fn run(opts: &Options) -> Result<()> {
                     Plugin {
                         bin: bin.clone(),
                         cni_path: REFERENCE_DIR.to_owned(),
-                        stdin: cni::plugin_stdin(&conflist)?,
+                        stdin: plugin_stdin(&conflist)?,
                         node: &node_prov,
                     },
                     &daemon,
@@ -558,7 +546,7 @@ pub fn run(opts: &Options) -> Result<()> {
     ways::settle(&node_prov)?;
     let dir = tmp.path().join("rss");
     let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
-    write_conf(&dir, &conflist)?;
+    write_conflist(&dir, &conflist)?;
     let (mut daemon, _) = start_daemon(&bin, &node_prov, &dir, opts)?;
     let n = opts.sandboxes;
     announce(

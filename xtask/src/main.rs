@@ -4,6 +4,7 @@ mod bench;
 mod bootstrap;
 mod demo;
 mod ebpf;
+mod mutants;
 mod step;
 mod test;
 
@@ -67,6 +68,23 @@ enum Command {
     Demo,
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
     BuildRelease,
+    /// Mutation testing (cargo-mutants) of the modules unit-tested without root; see
+    /// docs/testing.md.
+    Mutants {
+        /// Files to mutate (globs relative to the workspace; repeatable). Default: cni/,
+        /// config/, ipam/range.rs, ipam/config.rs, trace/{netlink_parse,verdict,events}.rs.
+        #[arg(long)]
+        file: Vec<String>,
+        /// Upper bound on one mutant's test run, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Mutants built and tested at once.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Extra arguments for cargo-mutants (after `--`), e.g. `--iterate`, `--list`.
+        #[arg(last = true)]
+        extra: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -107,5 +125,16 @@ fn main() -> Result<()> {
         }
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::Mutants {
+            file,
+            timeout,
+            jobs,
+            extra,
+        } => mutants::run(&mutants::Options {
+            files: file,
+            timeout,
+            jobs,
+            extra,
+        }),
     }
 }

@@ -280,4 +280,34 @@ mod tests {
         assert_eq!(sniff_version(br#"{"cniVersion":"9.9.9"}"#), None);
         assert_eq!(sniff_version(b"garbage"), None);
     }
+
+    #[test]
+    fn wrong_types_are_code_7_naming_field_and_type() {
+        for (config, field, got) in [
+            (
+                json!({"cniVersion":"1.0.0","name": 7,"type":"t"}),
+                "\"name\" must be a string",
+                "got a number",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","type":"t","prevResult": [1]}),
+                "\"prevResult\" must be an object",
+                "got an array",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","type":"t","runtimeConfig": true}),
+                "\"runtimeConfig\" must be an object",
+                "got a boolean",
+            ),
+            (
+                json!({"cniVersion":"1.0.0","name":"n","type":{}}),
+                "\"type\" must be a string",
+                "got an object",
+            ),
+        ] {
+            let e = parse(&config).expect_err("wrong type");
+            assert_eq!(e.code, CniError::INVALID_NETWORK_CONFIG, "{}", e.msg);
+            assert!(e.msg.contains(field) && e.msg.contains(got), "{}", e.msg);
+        }
+    }
 }

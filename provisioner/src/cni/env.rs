@@ -545,26 +545,30 @@ mod tests {
         assert!(e.msg.contains("not a namespace file"), "{}", e.msg);
     }
 
-    /// Positive case: a thread unshares its netns (needs CAP_SYS_ADMIN; skipped without it).
+    /// Positive case: the namespace of a child that unshared a user and a network namespace
+    /// (allowed without root where unprivileged user namespaces are; fails, never skips,
+    /// where neither is available).
     #[test]
     fn netns_path_accepts_another_netns() {
-        use std::sync::mpsc;
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (done_tx, done_rx) = mpsc::channel::<()>();
-        let t = std::thread::spawn(move || {
-            let r = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                .map(|()| nix::unistd::gettid());
-            let _ = ready_tx.send(r);
-            let _ = done_rx.recv();
-        });
-        let tid = ready_rx.recv().expect("thread reports");
-        if let Ok(tid) = tid {
-            let path = PathBuf::from(format!("/proc/self/task/{tid}/ns/net"));
-            assert_eq!(validate_netns_path(&path), Ok(()));
-        } else {
-            eprintln!("skipping: cannot unshare a netns here: {tid:?}");
+        use nix::sched::CloneFlags;
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("30");
+        // SAFETY: between fork and exec the closure only calls unshare(2), which is
+        // async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)
+            });
         }
-        let _ = done_tx.send(());
-        t.join().expect("thread joins");
+        let mut child = cmd
+            .spawn()
+            .expect("a child in new user and network namespaces (needs root or user namespaces)");
+        let path = PathBuf::from(format!("/proc/{}/ns/net", child.id()));
+        let checked = validate_netns_path(&path);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(checked, Ok(()), "{}", path.display());
     }
 }

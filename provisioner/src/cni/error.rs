@@ -161,19 +161,31 @@ mod tests {
             (CniError::TRY_AGAIN_LATER, 11),
             (CniError::PLUGIN_NOT_AVAILABLE, 50),
             (CniError::LIMITED_CONNECTIVITY, 51),
+            // provisioner's own, as the README documents them
+            (CniError::INTERNAL, 100),
+            (CniError::ADDRESS_EXHAUSTED, 101),
+            (CniError::INTERFACE_EXISTS, 102),
+            (CniError::CONFIG_MISMATCH, 103),
+            (CniError::DATAPLANE_FAILURE, 104),
+            (CniError::CHECK_FAILED, 105),
         ];
         for (c, want) in codes {
             assert_eq!(c, want);
         }
-        for c in [
-            CniError::INTERNAL,
-            CniError::ADDRESS_EXHAUSTED,
-            CniError::INTERFACE_EXISTS,
-            CniError::CONFIG_MISMATCH,
-            CniError::DATAPLANE_FAILURE,
-            CniError::CHECK_FAILED,
+    }
+
+    #[test]
+    fn constructors_set_their_codes() {
+        for (e, code) in [
+            (CniError::incompatible_version("v"), 1),
+            (CniError::invalid_env("e"), 4),
+            (CniError::decode("d"), 6),
+            (CniError::invalid_config("c"), 7),
+            (CniError::try_again_later("t"), 11),
+            (CniError::internal("i"), 100),
         ] {
-            assert!(c >= 100, "provisioner codes must be >= 100");
+            assert_eq!(e.code, code, "{e}");
+            assert!(e.details.is_empty());
         }
     }
 

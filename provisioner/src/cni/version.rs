@@ -108,6 +108,11 @@ mod tests {
             let e = CniVersion::parse(bad).expect_err("must be unsupported");
             assert_eq!(e.code, CniError::INCOMPATIBLE_VERSION);
             assert!(e.msg.contains(&format!("\"{bad}\"")), "{}", e.msg);
+            assert!(
+                e.msg.contains("(supported: 0.3.1, 0.4.0, 1.0.0, 1.1.0)"),
+                "the answer says what would work: {}",
+                e.msg
+            );
         }
     }
 

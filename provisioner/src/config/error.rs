@@ -119,3 +119,41 @@ impl fmt::Display for FoundList<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::conf_dir::SkipReason;
+
+    #[test]
+    fn no_network_lists_every_file_it_skipped() {
+        let dir = PathBuf::from("/etc/cni/net.d");
+        let empty = ConfigError::NoNetwork {
+            dir: dir.clone(),
+            found: vec![],
+        };
+        assert_eq!(
+            empty.to_string(),
+            "no network with type provisioner in /etc/cni/net.d: no .conf, .conflist or .json files"
+        );
+        let found = vec![
+            SkippedFile {
+                file: dir.join("05-lo.conflist"),
+                reason: SkipReason::LoopbackOnly,
+            },
+            SkippedFile {
+                file: dir.join("10-other.conflist"),
+                reason: SkipReason::OtherTypes(vec!["bridge".to_owned()]),
+            },
+        ];
+        let text = ConfigError::NoNetwork { dir, found }.to_string();
+        let listed = text
+            .split_once(": ")
+            .map(|(_, list)| list)
+            .unwrap_or_default();
+        let parts: Vec<&str> = listed.split(", ").collect();
+        assert_eq!(parts.len(), 2, "{text}");
+        assert!(parts[0].starts_with("05-lo.conflist ("), "{text}");
+        assert!(parts[1].starts_with("10-other.conflist ("), "{text}");
+    }
+}

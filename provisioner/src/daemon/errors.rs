@@ -61,3 +61,166 @@ impl From<CniError> for Response {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+    use crate::dataplane::{CheckFailure, SetupStep};
+
+    const SANDBOX: &str = "sandbox c1 (eth0 in /run/netns/p)";
+
+    fn sandbox() -> String {
+        SANDBOX.to_owned()
+    }
+
+    fn dataplane(source: DataplaneError) -> SandboxError {
+        SandboxError::Dataplane {
+            sandbox: sandbox(),
+            source,
+        }
+    }
+
+    fn os_error() -> io::Error {
+        io::Error::from_raw_os_error(libc::EPERM)
+    }
+
+    fn check_failure() -> CheckFailure {
+        CheckFailure {
+            problems: vec!["route 0.0.0.0/0 missing".to_owned()],
+        }
+    }
+
+    /// Every kind of failure gets the code the README promises, and the message names the
+    /// sandbox (where the failure is about one).
+    #[test]
+    fn every_failure_maps_to_its_documented_code() {
+        let cases: Vec<(SandboxError, u32)> = vec![
+            (SandboxError::Config("no network".to_owned()), 7),
+            (
+                SandboxError::Ipam {
+                    sandbox: sandbox(),
+                    source: IpamError::Exhausted {
+                        key: "c1/eth0".to_owned(),
+                        range_sets: vec!["10.0.0.0/30".to_owned()],
+                    },
+                },
+                101,
+            ),
+            (
+                SandboxError::Ipam {
+                    sandbox: sandbox(),
+                    source: IpamError::Corrupt {
+                        path: "/var/lib/p/store".into(),
+                        what: "c1".to_owned(),
+                        reason: "truncated".to_owned(),
+                    },
+                },
+                100,
+            ),
+            (
+                SandboxError::Worker {
+                    sandbox: sandbox(),
+                    reason: "panicked".to_owned(),
+                },
+                100,
+            ),
+            (
+                dataplane(DataplaneError::InterfaceExists {
+                    ifname: "eth0".to_owned(),
+                    netns: "/run/netns/p".to_owned(),
+                }),
+                102,
+            ),
+            (
+                dataplane(DataplaneError::Setup {
+                    container_id: "c1".to_owned(),
+                    step: SetupStep::CheckNames,
+                    source: Box::new(DataplaneError::InterfaceExists {
+                        ifname: "eth0".to_owned(),
+                        netns: "/run/netns/p".to_owned(),
+                    }),
+                    rollback_errors: vec![],
+                }),
+                102,
+            ),
+            (
+                dataplane(DataplaneError::Setup {
+                    container_id: "c1".to_owned(),
+                    step: SetupStep::SandboxNetns,
+                    source: Box::new(DataplaneError::OpenNetns {
+                        netns: "/run/netns/p".to_owned(),
+                        source: io::Error::from_raw_os_error(libc::ENOENT),
+                    }),
+                    rollback_errors: vec![],
+                }),
+                3,
+            ),
+            (
+                dataplane(DataplaneError::EnterNetns {
+                    netns: "/run/netns/p".to_owned(),
+                    source: os_error(),
+                }),
+                3,
+            ),
+            (
+                dataplane(DataplaneError::InvalidSpec("no address".to_owned())),
+                7,
+            ),
+            (
+                dataplane(DataplaneError::Netlink {
+                    op: "add address".to_owned(),
+                    netns: "/run/netns/p".to_owned(),
+                    source: os_error(),
+                }),
+                104,
+            ),
+            (
+                SandboxError::Verify {
+                    sandbox: sandbox(),
+                    source: check_failure(),
+                },
+                104,
+            ),
+            (
+                SandboxError::Check {
+                    sandbox: sandbox(),
+                    source: check_failure(),
+                },
+                105,
+            ),
+            (
+                SandboxError::PrevResultMismatch {
+                    sandbox: sandbox(),
+                    claimed: "10.0.0.9/24".to_owned(),
+                    allocated: "10.0.0.2/24".to_owned(),
+                },
+                105,
+            ),
+            (SandboxError::NotFound { sandbox: sandbox() }, 3),
+        ];
+        for (err, code) in cases {
+            let cni = cni_error(&err);
+            assert_eq!(cni.code, code, "{err:?}");
+            assert_eq!(cni.msg, err.to_string());
+            if !matches!(err, SandboxError::Config(_)) {
+                assert!(cni.msg.contains(SANDBOX), "{}", cni.msg);
+            }
+        }
+    }
+
+    #[test]
+    fn the_answer_carries_code_message_and_details() {
+        let answer = Response::from(CniError::new(104, "add address").with_details("EPERM"));
+        match answer {
+            Response::Error { code, msg, details } => {
+                assert_eq!(
+                    (code, msg.as_str(), details.as_str()),
+                    (104, "add address", "EPERM")
+                );
+            }
+            other => panic!("not an error answer: {other:?}"),
+        }
+    }
+}

@@ -404,3 +404,128 @@ fn serialize_display_list<S: serde::Serializer, T: std::fmt::Display>(
 ) -> Result<S::Ok, S::Error> {
     s.collect_seq(v.iter().map(ToString::to_string))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn only_skipped_partial_and_failed_are_alarms() {
+        for v in Verdict::ALL {
+            assert_eq!(
+                v.is_alarm(),
+                matches!(v, Verdict::Skipped | Verdict::Partial | Verdict::Failed),
+                "{}",
+                v.as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn evidence_and_creator_read_as_operators_see_them() {
+        let at = UNIX_EPOCH + Duration::from_millis(3_661_500);
+        assert_eq!(Evidence::Trace.to_string(), "the kernel trace");
+        assert_eq!(
+            Evidence::Snapshot { at }.to_string(),
+            "its state read at 01:01:01.500"
+        );
+        assert_eq!(
+            Evidence::Nothing.to_string(),
+            "nothing (history not seen, state unreadable)"
+        );
+        assert_eq!(
+            Creator::default().to_string(),
+            "an unknown process (created before tracing)"
+        );
+        let creator = Creator {
+            pid: 42,
+            comm: "containerd".into(),
+            parent_pid: 1,
+            parent_comm: "systemd".into(),
+            cgroup_id: 7,
+        };
+        assert_eq!(
+            creator.to_string(),
+            "containerd (pid 42, parent systemd pid 1, cgroup 7)"
+        );
+    }
+
+    #[test]
+    fn timeline_steps_read_as_operators_see_them() {
+        let rejected = Step::Request {
+            op: "newaddr",
+            detail: "10.0.0.2/24 on eth0".into(),
+            status: RequestStatus::Rejected {
+                errno: -libc::EEXIST,
+                extack: Some("address exists".into()),
+            },
+        };
+        for (step, text) in [
+            (
+                rejected,
+                "newaddr 10.0.0.2/24 on eth0 REJECTED: EEXIST (File exists) (address exists)",
+            ),
+            (
+                Step::Request {
+                    op: "newlink",
+                    detail: "eth0".into(),
+                    status: RequestStatus::Acked,
+                },
+                "newlink eth0 (ack)",
+            ),
+            (
+                Step::UnmatchedReply {
+                    op: "newroute",
+                    errno: -libc::ENETUNREACH,
+                    extack: None,
+                },
+                "newroute rejected: ENETUNREACH (Network is unreachable)",
+            ),
+            (
+                Step::Created {
+                    origin: "unshare".into(),
+                },
+                "netns created (unshare)",
+            ),
+            (
+                Step::DevUp {
+                    ifname: "eth0".into(),
+                    ifindex: 3,
+                },
+                "device eth0 (#3) up",
+            ),
+            (
+                Step::Verdict {
+                    verdict: Verdict::Skipped,
+                },
+                "verdict skipped",
+            ),
+            (Step::Destroyed, "netns destroyed"),
+        ] {
+            assert_eq!(step.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn timeline_entries_and_intent_keys_read_as_operators_see_them() {
+        let entry = TimelineEntry {
+            at: UNIX_EPOCH + Duration::from_millis(7_384_002),
+            pid: 4242,
+            comm: "ptp".into(),
+            step: Step::Exec {
+                filename: "/usr/lib/cni/ptp".into(),
+            },
+        };
+        assert_eq!(
+            entry.to_string(),
+            "02:03:04.002 ptp[4242] exec /usr/lib/cni/ptp"
+        );
+        let key = IntentKey {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        };
+        assert_eq!(key.to_string(), "container c1 (eth0)");
+    }
+}

@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use super::cni::{Plugin, plugin_stdin};
-use super::daemon::Daemon;
 use super::netns::Netns;
 use super::report::{Single, Target};
 use super::stats::{Samples, Summary};
 use super::ways::{self, Lane, Verb, Way};
-use super::{REFERENCE_DIR, check_interrupted, provisioner_conflist, write_conf};
+use super::{REFERENCE_DIR, check_interrupted, provisioner_conflist};
 use crate::step::{announce, detail};
+use testkit::cni::{Plugin, plugin_stdin};
+use testkit::daemon::{Daemon, write_conflist};
 
 /// Alternating rounds (each has a daemon with and one without tracing).
 const ROUNDS: usize = 10;
@@ -98,7 +98,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             check_interrupted()?;
             let dir = tmp.join(format!("overhead-{}", tracing.name()));
             let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
-            write_conf(&dir, &conflist)?;
+            write_conflist(&dir, &conflist)?;
             let extra: &[&str] = match tracing {
                 Tracing::Off => &["--no-trace"],
                 Tracing::On => &[],

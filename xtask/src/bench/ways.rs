@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cni::Plugin;
-use super::daemon::{self, Daemon, sandbox_request};
 use super::netns::Netns;
 use super::stats::Samples;
 use super::{INTERRUPTED, check_interrupted};
 use crate::step::detail;
+use testkit::cni::Plugin;
+use testkit::daemon::{self, Daemon, sandbox_request};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Verb {

@@ -1,7 +1,6 @@
 //! Executing a CNI plugin exactly as a runtime does: CNI_* environment, the plugin's config on
-//! stdin, the result on stdout; the child enters the "node" namespace with setns(2) first.
-//! The child is reaped with wait4(2), which also gives the CPU time it used (with its own
-//! children, e.g. host-local under ptp).
+//! stdin, the result on stdout. The child is reaped with wait4(2), which also gives the CPU
+//! time it used (with its own children, e.g. host-local under ptp).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -11,19 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::netns::Netns;
+use crate::Netns;
 
-/// One plugin binary with the config a runtime would pass it.
-pub struct Plugin<'a> {
-    pub bin: PathBuf,
-    /// CNI_PATH (where the plugin finds its IPAM plugin).
-    pub cni_path: String,
-    /// The plugin object with `cniVersion` and `name` added.
-    pub stdin: Vec<u8>,
-    pub node: &'a Netns,
-}
-
-/// What one invocation did.
+/// What one invocation printed and returned.
+#[derive(Debug)]
 pub struct Run {
     pub code: i32,
     pub stdout: String,
@@ -35,40 +25,79 @@ pub struct Run {
 }
 
 impl Run {
+    /// stdout as JSON (Null when empty or not JSON).
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.stdout).unwrap_or(Value::Null)
     }
+
+    /// The CNI error code printed on stdout, if any.
+    pub fn error_code(&self) -> Option<u64> {
+        self.json().get("code").and_then(Value::as_u64)
+    }
+}
+
+/// `bin` with the environment a runtime sets for `command` (ADD, DEL, ...) and nothing else;
+/// stdin, stdout and stderr piped.
+pub fn command(
+    bin: &Path,
+    command: &str,
+    container_id: &str,
+    netns: Option<&Path>,
+    ifname: &str,
+    cni_path: &str,
+) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container_id)
+        .env("CNI_NETNS", netns.unwrap_or(Path::new("")))
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_PATH", cni_path)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs `cmd` (stdio piped), feeding it `stdin`.
+pub fn run_with_stdin(mut cmd: Command, stdin: &[u8]) -> Result<Run> {
+    let started = Instant::now();
+    let child = cmd.spawn().with_context(|| format!("spawn {cmd:?}"))?;
+    let (code, stdout, stderr, cpu) =
+        feed_and_reap(child, stdin).with_context(|| format!("run {cmd:?}"))?;
+    Ok(Run {
+        code,
+        stdout,
+        stderr,
+        elapsed: started.elapsed(),
+        cpu,
+    })
+}
+
+/// One plugin binary with the config a runtime would pass it, run in the "node" namespace.
+pub struct Plugin<'a> {
+    pub bin: PathBuf,
+    /// CNI_PATH (where the plugin finds its IPAM plugin).
+    pub cni_path: String,
+    /// The plugin object with `cniVersion` and `name` added.
+    pub stdin: Vec<u8>,
+    pub node: &'a Netns,
 }
 
 impl Plugin<'_> {
     /// Runs `command` (ADD, DEL, ...) for `container_id` in `netns` (ifname eth0).
     pub fn exec(&self, command: &str, container_id: &str, netns: &Path) -> Result<Run> {
-        let mut cmd = Command::new(&self.bin);
-        cmd.env_clear()
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", container_id)
-            .env("CNI_NETNS", netns)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", &self.cni_path)
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = self::command(
+            &self.bin,
+            command,
+            container_id,
+            Some(netns),
+            "eth0",
+            &self.cni_path,
+        );
         self.node.enter(&mut cmd)?;
-        let started = Instant::now();
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {}", self.bin.display()))?;
-        let (code, stdout, stderr, cpu) = feed_and_reap(child, &self.stdin)
-            .with_context(|| format!("run {}", self.bin.display()))?;
-        let elapsed = started.elapsed();
-        Ok(Run {
-            code,
-            stdout,
-            stderr,
-            elapsed,
-            cpu,
-        })
+        run_with_stdin(cmd, &self.stdin)
     }
 
     /// Like [`Plugin::exec`], failing unless the plugin exits 0.
@@ -133,13 +162,20 @@ fn timeval(t: libc::timeval) -> Duration {
         + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
 }
 
-/// The stdin a runtime passes for the first plugin of `conflist`.
-pub fn plugin_stdin(conflist: &Value) -> Result<Vec<u8>> {
+/// The config a runtime passes on stdin to the first plugin of `conflist`, labelled with
+/// `cni_version`.
+pub fn plugin_config(conflist: &Value, cni_version: &str) -> Value {
     let mut plugin = conflist["plugins"][0].clone();
-    if !plugin.is_object() {
+    plugin["cniVersion"] = Value::from(cni_version);
+    plugin["name"] = conflist["name"].clone();
+    plugin
+}
+
+/// The stdin a runtime passes to the first plugin of `conflist`, in the conflist's version.
+pub fn plugin_stdin(conflist: &Value) -> Result<Vec<u8>> {
+    if !conflist["plugins"][0].is_object() {
         bail!("conflist without plugins: {conflist}");
     }
-    plugin["cniVersion"] = conflist["cniVersion"].clone();
-    plugin["name"] = conflist["name"].clone();
-    Ok(serde_json::to_vec(&plugin)?)
+    let version = conflist["cniVersion"].as_str().unwrap_or_default();
+    Ok(serde_json::to_vec(&plugin_config(conflist, version))?)
 }

@@ -1,24 +1,38 @@
-//! A `provisioner daemon` started for the bench or the demo, spoken to over its socket with
-//! serde_json (xtask does not depend on the provisioner crate), and stopped by pid on drop.
+//! A `provisioner daemon` process started for a test, the bench or the demo, spoken to over its
+//! socket with serde_json (one request line, one answer line), and stopped by pid on drop.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use super::netns::Netns;
+use crate::Netns;
 
 /// How long one request may take before the caller gives up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running daemon whose host side is a "node" namespace; SIGTERM (by pid) on drop.
+/// How long SIGTERM is given before SIGKILL.
+const STOP_LIMIT: Duration = Duration::from_secs(10);
+
+/// Where the daemon process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Inside the node namespace (as on a node: its metrics address is the node's).
+    InNode,
+    /// In the caller's namespace, told the node's with `--host-netns` only.
+    Outside,
+}
+
+/// A running daemon whose host side is a "node" namespace: `<bin> daemon` with its socket, conf
+/// dir (`net.d`), data dir (`data`) and log (`daemon.log`) under one directory.
 pub struct Daemon {
     child: Option<Child>,
     spawned_at: Instant,
+    bin: PathBuf,
     pub socket: PathBuf,
     pub conf_dir: PathBuf,
     pub data_dir: PathBuf,
@@ -26,48 +40,70 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Spawns `bin daemon` with its socket, conf dir (`net.d`), data dir (`data`) and log under
-    /// `dir`, running inside `node` and with `--host-netns` pointing at it. Does not wait.
+    /// Spawns the daemon inside `node` with its files under `dir`. Does not wait.
     pub fn spawn(bin: &Path, node: &Netns, dir: &Path, extra: &[&str]) -> Result<Self> {
-        let socket = dir.join("provisioner.sock");
+        Self::spawn_placed(bin, node, Placement::InNode, dir, extra)
+    }
+
+    /// Spawns the daemon, placed as said, with its files under `dir`. Does not wait.
+    pub fn spawn_placed(
+        bin: &Path,
+        node: &Netns,
+        placement: Placement,
+        dir: &Path,
+        extra: &[&str],
+    ) -> Result<Self> {
         let conf_dir = dir.join("net.d");
-        let data_dir = dir.join("data");
-        let log = dir.join("daemon.log");
         std::fs::create_dir_all(&conf_dir)
             .with_context(|| format!("create {}", conf_dir.display()))?;
-        let log_file = std::fs::OpenOptions::new()
+        let mut daemon = Self {
+            child: None,
+            spawned_at: Instant::now(),
+            bin: bin.to_path_buf(),
+            socket: dir.join("provisioner.sock"),
+            conf_dir,
+            data_dir: dir.join("data"),
+            log: dir.join("daemon.log"),
+        };
+        daemon.respawn(node, placement, extra)?;
+        Ok(daemon)
+    }
+
+    /// Starts the process again on the same socket, conf dir, data dir and log, after it was
+    /// stopped or killed. Does not wait.
+    pub fn respawn(&mut self, node: &Netns, placement: Placement, extra: &[&str]) -> Result<()> {
+        if self.child.is_some() {
+            bail!("the daemon still runs");
+        }
+        let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log)
-            .with_context(|| format!("open {}", log.display()))?;
-        let mut cmd = Command::new(bin);
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        let mut cmd = Command::new(&self.bin);
         cmd.arg("daemon")
             .arg("--socket")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--conf-dir")
-            .arg(&conf_dir)
+            .arg(&self.conf_dir)
             .arg("--data-dir")
-            .arg(&data_dir)
+            .arg(&self.data_dir)
             .arg("--host-netns")
             .arg(node.path())
             .args(extra)
             .env("PROVISIONER_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log_file);
-        node.enter(&mut cmd)?;
-        let spawned_at = Instant::now();
+            .stderr(log);
+        if placement == Placement::InNode {
+            node.enter(&mut cmd)?;
+        }
+        self.spawned_at = Instant::now();
         let child = cmd
             .spawn()
-            .with_context(|| format!("spawn {} daemon", bin.display()))?;
-        Ok(Self {
-            child: Some(child),
-            spawned_at,
-            socket,
-            conf_dir,
-            data_dir,
-            log,
-        })
+            .with_context(|| format!("spawn {} daemon", self.bin.display()))?;
+        self.child = Some(child);
+        Ok(())
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -152,43 +188,76 @@ impl Daemon {
         ))
     }
 
+    /// The daemon's log so far (every run of it).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The last lines of the daemon's log.
     pub fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let log = self.log_text();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
-    /// SIGTERM by pid, then waits (SIGKILL after 10 s).
+    /// SIGTERM by pid, then waits (SIGKILL after 10 s); fails unless it exited with success.
+    /// Nothing to do when it does not run.
     pub fn stop(&mut self) -> Result<()> {
-        let Some(mut child) = self.child.take() else {
+        if self.child.is_none() {
             return Ok(());
-        };
+        }
+        let exit = self.stop_status()?;
+        if !exit.success() {
+            bail!("daemon exited with {exit}; log:\n{}", self.log_tail());
+        }
+        Ok(())
+    }
+
+    /// SIGTERM by pid, then waits (SIGKILL after 10 s, an error then); how it exited.
+    pub fn stop_status(&mut self) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("daemon already stopped")?;
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
             .context("SIGTERM the daemon")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + STOP_LIMIT;
         loop {
             if let Some(exit) = child.try_wait()? {
-                if !exit.success() {
-                    bail!("daemon exited with {exit}; log:\n{}", self.log_tail());
-                }
-                return Ok(());
+                return Ok(exit);
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("daemon ignored SIGTERM for 10 s: killed");
+                bail!("daemon ignored SIGTERM for {STOP_LIMIT:?}: killed");
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// SIGKILL (as a crash would), by pid, and reaps it.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("daemon already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.stop();
+        if self.child.is_some() {
+            let _ = self.stop_status();
+        }
     }
+}
+
+/// Writes `conflist` as `<dir>/net.d/10-provisioner.conflist`: the conf dir of a daemon whose
+/// files are under `dir`.
+pub fn write_conflist(dir: &Path, conflist: &Value) -> Result<()> {
+    let conf_dir = dir.join("net.d");
+    std::fs::create_dir_all(&conf_dir).with_context(|| format!("create {}", conf_dir.display()))?;
+    let file = conf_dir.join("10-provisioner.conflist");
+    std::fs::write(&file, serde_json::to_vec_pretty(conflist)?)
+        .with_context(|| format!("write {}", file.display()))
 }
 
 /// One request line, one response line (the daemon's protocol).

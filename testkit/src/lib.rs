@@ -1,0 +1,55 @@
+//! What the integration tests (tests/) and the bench and demo (xtask/) share: private network
+//! namespaces removed on drop, the `provisioner daemon` process, the binary exec'd as a CNI
+//! plugin the way a runtime does. Nothing here touches the root namespace's links, routes or
+//! sysctls, and processes are stopped by pid only.
+
+pub mod cni;
+pub mod daemon;
+pub mod netns;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+pub use netns::Netns;
+
+/// Runs a command, failing with its stderr when it exits non-zero; its stdout.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("spawn {program} {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Polls `check` until it returns a value, at most `limit`; the error says what was awaited.
+pub fn wait_until<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let started = Instant::now();
+    loop {
+        if let Some(done) = check()? {
+            return Ok(done);
+        }
+        if started.elapsed() > limit {
+            bail!("gave up waiting for {what} after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Is the calling process root (namespaces, netlink and eBPF need it)?
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
