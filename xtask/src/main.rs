@@ -4,6 +4,7 @@ mod bench;
 mod bootstrap;
 mod demo;
 mod ebpf;
+mod fuzz;
 mod step;
 mod test;
 
@@ -61,6 +62,15 @@ enum Command {
     Demo,
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
     BuildRelease,
+    /// Run every fuzz target (fuzz/, installs cargo-fuzz when missing) for N seconds each.
+    Fuzz {
+        /// Fuzzing time per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Only this target.
+        #[arg(long)]
+        target: Option<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -91,5 +101,6 @@ fn main() -> Result<()> {
         }),
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::Fuzz { seconds, target } => fuzz::run(&fuzz::Options { seconds, target }),
     }
 }
