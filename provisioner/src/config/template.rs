@@ -119,12 +119,69 @@ pub fn render_template(text: &str, pod_cidrs: &[IpNetwork]) -> Result<String, Co
     data.insert("PodCIDRRanges".to_owned(), ranges.into());
 
     let template_err = |reason: String| ConfigError::Template { path: None, reason };
+    if let Some((line, c)) = gtmpl_unsafe_char(text) {
+        return Err(template_err(format!(
+            "parse: line {line}: non-ASCII character {c:?} (U+{:04X}) in an action or right \
+             before `{{{{- `: only quoted strings, comments and text may hold one",
+            u32::from(c)
+        )));
+    }
     let mut tmpl = gtmpl::Template::default();
     tmpl.add_func("printf", go_printf);
     tmpl.parse(text)
         .map_err(|e| template_err(format!("parse: {e}")))?;
     tmpl.render(&gtmpl::Context::from(gtmpl::Value::Object(data)))
         .map_err(|e| template_err(format!("execute: {e}")))
+}
+
+/// The first character gtmpl cannot lex, with its line. gtmpl's lexer steps back one byte where
+/// it means one character: a multi-byte character inside an action (outside a quoted string,
+/// raw string or character constant), or as the last non-space character before a `{{- `
+/// trim marker, makes its lexer thread panic and the parse fail with a meaningless error. Go
+/// rejects nearly all of these too (only ASCII spaces separate tokens, and no field or
+/// function of the template data has such a name).
+fn gtmpl_unsafe_char(text: &str) -> Option<(usize, char)> {
+    let found = |at: usize, c: char| Some((text[..at].matches('\n').count() + 1, c));
+    let mut at = 0;
+    while let Some(open) = text[at..].find("{{") {
+        let before = text[at..at + open].trim_end_matches(char::is_whitespace);
+        let rest = &text[at + open + 2..];
+        if rest.starts_with("- ")
+            && let Some(c) = before.chars().next_back().filter(|c| !c.is_ascii())
+        {
+            return found(at + before.len() - c.len_utf8(), c);
+        }
+        at += open + 2;
+        let body = rest.strip_prefix("- ").unwrap_or(rest);
+        if body.starts_with("/*") {
+            let comment = at + (rest.len() - body.len()) + 2;
+            at = comment + text[comment..].find("*/")? + 2;
+            continue;
+        }
+        let mut quote = None;
+        let mut escaped = false;
+        let mut closed = false;
+        for (i, c) in text[at..].char_indices() {
+            match quote {
+                Some(_) if escaped => escaped = false,
+                Some(q) if c == '\\' && q != '`' => escaped = true,
+                Some(q) if c == q => quote = None,
+                Some(_) => {}
+                None if text[at + i..].starts_with("}}") => {
+                    at += i + 2;
+                    closed = true;
+                    break;
+                }
+                None if matches!(c, '"' | '`' | '\'') => quote = Some(c),
+                None if !c.is_ascii() => return found(at + i, c),
+                None => {}
+            }
+        }
+        if !closed {
+            return None;
+        }
+    }
+    None
 }
 
 /// `printf` as Go's where gtmpl's differs: `%%` is a literal `%` (gtmpl prints `%%`), and a
@@ -673,5 +730,32 @@ mod tests {
         assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
         let e = write_atomically(&d.path().join("missing").join("a.conf"), b"x").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// gtmpl's lexer steps back one byte, not one character: a non-ASCII character inside an
+    /// action (a no-break space pasted after `.PodCIDR`, a letter) or right before `{{- ` made
+    /// its thread panic and the render fail with "receiving on a closed channel" (found by the
+    /// `template` fuzz target).
+    #[test]
+    fn non_ascii_in_an_action_is_a_template_error_naming_it() {
+        let nets = cidrs("10.244.1.0/24");
+        for (text, line) in [
+            ("{\"subnet\": \"{{.PodCIDR\u{a0}}}\"}", 1),
+            ("{\n\"a\": \"{{range \u{711}, $r := .Routes}}{{end}}\"}", 2),
+            ("{{\u{a0}\u{a0}.PodCIDR}}", 1),
+            ("\"caf\u{e9}\n\n{{- .PodCIDR}}\"", 1),
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("line {line}")) && err.contains("non-ASCII"),
+                "{text:?}: {err}"
+            );
+        }
+        // Inside quoted strings, comments and plain text they are fine, as in Go.
+        let ok = "{{/* r\u{e9}seau */}}{\"n\u{e9}\": {{printf \"%q\" \"\u{e9}\u{a0}\"}}, \"c\": \"{{.PodCIDR}}\"}";
+        assert_eq!(
+            render_template(ok, &nets).unwrap(),
+            "{\"n\u{e9}\": \"\u{e9}\u{a0}\", \"c\": \"10.244.1.0/24\"}"
+        );
     }
 }
