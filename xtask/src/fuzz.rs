@@ -34,6 +34,8 @@ pub struct Options {
 /// What one target's run showed, read from libFuzzer's output.
 #[derive(Debug, Default, PartialEq)]
 struct Outcome {
+    /// Fuzzing time as libFuzzer reports it (`cargo fuzz run` may rebuild first).
+    seconds: Option<u64>,
     execs: Option<u64>,
     corpus: Option<u64>,
     crash: Option<String>,
@@ -64,7 +66,7 @@ pub fn run(opts: &Options) -> Result<()> {
         );
         let started = Instant::now();
         let outcome = run_target(&root, target, opts.seconds, &log)?;
-        let secs = started.elapsed().as_secs();
+        let secs = outcome.seconds.unwrap_or(started.elapsed().as_secs());
         detail(&format!(
             "{} execs, corpus {}, {}",
             show(outcome.execs),
@@ -164,11 +166,16 @@ fn run_target(root: &Path, target: &str, seconds: u64, log: &Path) -> Result<Out
     Ok(outcome)
 }
 
-/// Reads libFuzzer's output: `stat::number_of_executed_units`, the last `corp: N/...` status
-/// line, and `Test unit written to PATH` for a crash.
+/// Reads libFuzzer's output: `Done N runs in S second(s)`, `stat::number_of_executed_units`,
+/// the last `corp: N/...` status line, and `Test unit written to PATH` for a crash.
 fn parse_output(text: &str) -> Outcome {
     let mut outcome = Outcome::default();
     for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Done ")
+            && let Some((_, secs)) = rest.split_once(" runs in ")
+        {
+            outcome.seconds = secs.split(' ').next().and_then(|s| s.parse().ok());
+        }
         if let Some(n) = line.strip_prefix("stat::number_of_executed_units:") {
             outcome.execs = n.trim().parse().ok();
         }
@@ -198,6 +205,7 @@ mod tests {
         assert_eq!(
             parse_output(text),
             Outcome {
+                seconds: None,
                 execs: Some(5000),
                 corpus: Some(17),
                 crash: Some("/w/fuzz/artifacts/template/crash-abc".to_owned()),
@@ -208,7 +216,14 @@ mod tests {
     #[test]
     fn a_clean_run_has_no_crash() {
         let text = "Done 1234 runs in 2 second(s)\nstat::number_of_executed_units: 1234\n";
-        assert_eq!(parse_output(text).crash, None);
-        assert_eq!(parse_output(text).execs, Some(1234));
+        assert_eq!(
+            parse_output(text),
+            Outcome {
+                seconds: Some(2),
+                execs: Some(1234),
+                corpus: None,
+                crash: None,
+            }
+        );
     }
 }
