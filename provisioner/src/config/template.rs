@@ -119,12 +119,8 @@ pub fn render_template(text: &str, pod_cidrs: &[IpNetwork]) -> Result<String, Co
     data.insert("PodCIDRRanges".to_owned(), ranges.into());
 
     let template_err = |reason: String| ConfigError::Template { path: None, reason };
-    if let Some((line, c)) = gtmpl_unsafe_char(text) {
-        return Err(template_err(format!(
-            "parse: line {line}: non-ASCII character {c:?} (U+{:04X}) in an action or right \
-             before `{{{{- `: only quoted strings, comments and text may hold one",
-            u32::from(c)
-        )));
+    if let Some((line, what)) = gtmpl_unlexable(text) {
+        return Err(template_err(format!("parse: line {line}: {what}")));
     }
     let mut tmpl = gtmpl::Template::default();
     tmpl.add_func("printf", go_printf);
@@ -134,14 +130,26 @@ pub fn render_template(text: &str, pod_cidrs: &[IpNetwork]) -> Result<String, Co
         .map_err(|e| template_err(format!("execute: {e}")))
 }
 
-/// The first character gtmpl cannot lex, with its line. gtmpl's lexer steps back one byte where
-/// it means one character: a multi-byte character inside an action (outside a quoted string,
-/// raw string or character constant), or as the last non-space character before a `{{- `
-/// trim marker, makes its lexer thread panic and the parse fail with a meaningless error. Go
-/// rejects nearly all of these too (only ASCII spaces separate tokens, and no field or
-/// function of the template data has such a name).
-fn gtmpl_unsafe_char(text: &str) -> Option<(usize, char)> {
-    let found = |at: usize, c: char| Some((text[..at].matches('\n').count() + 1, c));
+/// The first thing gtmpl cannot lex, with its line. gtmpl's lexer steps back one byte where it
+/// means one character, also past the end of the text: a multi-byte character inside an action
+/// (outside a quoted string, raw string or character constant), or as the last non-space
+/// character before a `{{- ` trim marker, makes its lexer thread panic (the parse then fails with
+/// a meaningless error); an action still open at the end of the text (`{{ .PodCIDR `) makes it
+/// loop forever and the render hang. Go rejects all of these too, but for a multi-byte
+/// character in a variable name. Literals are followed as gtmpl lexes them (a backslash always
+/// escapes the next character; a newline ends the lexing with an error).
+fn gtmpl_unlexable(text: &str) -> Option<(usize, String)> {
+    let line = |at: usize| text[..at].matches('\n').count() + 1;
+    let found = |at: usize, c: char| {
+        Some((
+            line(at),
+            format!(
+                "non-ASCII character {c:?} (U+{:04X}) in an action or right before `{{{{- `: \
+                 only quoted strings, comments and text may hold one",
+                u32::from(c)
+            ),
+        ))
+    };
     let mut at = 0;
     while let Some(open) = text[at..].find("{{") {
         let before = text[at..at + open].trim_end_matches(char::is_whitespace);
@@ -151,6 +159,7 @@ fn gtmpl_unsafe_char(text: &str) -> Option<(usize, char)> {
         {
             return found(at + before.len() - c.len_utf8(), c);
         }
+        let action = at + open;
         at += open + 2;
         let body = rest.strip_prefix("- ").unwrap_or(rest);
         if body.starts_with("/*") {
@@ -163,10 +172,10 @@ fn gtmpl_unsafe_char(text: &str) -> Option<(usize, char)> {
         let mut closed = false;
         for (i, c) in text[at..].char_indices() {
             match quote {
-                Some(_) if escaped => escaped = false,
                 Some(q) if c == '\\' && q != '`' => escaped = true,
-                Some(q) if c == q => quote = None,
-                Some(_) => {}
+                Some(q) if c == '\n' && q != '`' => return None,
+                Some(q) if c == q && !escaped => quote = None,
+                Some(_) => escaped = false,
                 None if text[at + i..].starts_with("}}") => {
                     at += i + 2;
                     closed = true;
@@ -178,7 +187,7 @@ fn gtmpl_unsafe_char(text: &str) -> Option<(usize, char)> {
             }
         }
         if !closed {
-            return None;
+            return Some((line(action), "unclosed action".to_owned()));
         }
     }
     None
@@ -757,5 +766,26 @@ mod tests {
             render_template(ok, &nets).unwrap(),
             "{\"n\u{e9}\": \"\u{e9}\u{a0}\", \"c\": \"10.244.1.0/24\"}"
         );
+    }
+
+    /// An action open at the end of the text made gtmpl's lexer loop forever (it steps back past
+    /// the end) and the render hang (found by the `template` fuzz target).
+    #[test]
+    fn an_action_open_at_the_end_is_an_error_not_a_hang() {
+        let nets = cidrs("10.244.1.0/24");
+        for text in [
+            "{\"subnet\": \"{{ .PodCIDR ",
+            "{}\n{{+",
+            "{}\n\n{{ 1.",
+            // gtmpl's quoted string does not end at `\\"`: the action goes on to the end.
+            "{{\"\\\\\"}}\" 1.",
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(err.contains("unclosed action"), "{text:?}: {err}");
+        }
+        let line = render_template("{}\n\n{{ 1.", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(line.contains("line 3"), "{line}");
     }
 }
