@@ -149,9 +149,13 @@ fn run_target(root: &Path, target: &str, seconds: u64, log: &Path) -> Result<Out
         .arg("--")
         .arg(format!("-max_total_time={seconds}"))
         // One process (one core); a slow input is a finding, not a hang of the run.
-        .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"])
-        .stdout(Stdio::null())
-        .stderr(file);
+        .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"]);
+    if target == "template" {
+        // gtmpl lexes in a thread of its own per parse; that thread can still be exiting when
+        // LeakSanitizer looks, and its thread-local bookkeeping then shows as a 32-byte leak.
+        cmd.arg("-detect_leaks=0");
+    }
+    cmd.stdout(Stdio::null()).stderr(file);
     let status = cmd
         .status()
         .with_context(|| format!("run cargo fuzz for {target}"))?;

@@ -199,6 +199,14 @@ fn gtmpl_unlexable(text: &str) -> Option<(usize, String)> {
 /// verb is formatted by gtmpl, one at a time; formats this cannot split (see [`format_pieces`])
 /// or with too few or too many values go to gtmpl as they are.
 fn go_printf(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
+    if let Some(gtmpl::Value::String(format)) = args.first()
+        && let Some(n) = oversized_width(format)
+    {
+        return Err(gtmpl::FuncError::Generic(format!(
+            "printf: width or precision {n} in {format:?} is larger than {}",
+            u16::MAX
+        )));
+    }
     let Some((gtmpl::Value::String(format), values)) = args.split_first() else {
         return gtmpl::funcs::printf(args);
     };
@@ -233,6 +241,37 @@ fn go_printf(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
         }
     }
     Ok(gtmpl::Value::String(out))
+}
+
+/// A width or precision in a printf format that gtmpl would hand to Rust's formatter, which
+/// panics above `u16::MAX` (found by the `template` fuzz target: `%2010201s`).
+fn oversized_width(format: &str) -> Option<u64> {
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' || chars.next_if_eq(&'%').is_some() {
+            continue;
+        }
+        let mut number = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_ascii_alphabetic() && *c != '%') {
+            if c.is_ascii_digit() {
+                number.push(c);
+                continue;
+            }
+            if let Some(n) = too_large(&number) {
+                return Some(n);
+            }
+            number.clear();
+        }
+        if let Some(n) = too_large(&number) {
+            return Some(n);
+        }
+    }
+    None
+}
+
+fn too_large(digits: &str) -> Option<u64> {
+    let n = digits.parse::<u64>().unwrap_or(u64::MAX);
+    (!digits.is_empty() && n > u64::from(u16::MAX)).then_some(n)
 }
 
 #[derive(Debug, PartialEq)]
@@ -787,5 +826,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(line.contains("line 3"), "{line}");
+    }
+
+    /// A printf width above `u16::MAX` made gtmpl's printf panic in the rendering thread (found
+    /// by the `template` fuzz target).
+    #[test]
+    fn printf_with_a_huge_width_is_an_error_not_a_panic() {
+        let nets = cidrs("10.244.1.0/24");
+        for format in ["%2010201s", "%-1.70000s", "%d %99999999999999999999999s"] {
+            let text = format!("{{{{printf \"{format}\" 12 .PodCIDR}}}}");
+            let err = render_template(&text, &nets).unwrap_err().to_string();
+            assert!(err.contains("larger than 65535"), "{format}: {err}");
+        }
+        assert_eq!(
+            render_template("{{printf \"%.3s|%d%%\" .PodCIDR 7}}", &nets).unwrap(),
+            "10.|7%"
+        );
     }
 }
