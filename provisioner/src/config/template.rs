@@ -168,20 +168,31 @@ fn gtmpl_unlexable(text: &str) -> Option<(usize, String)> {
             continue;
         }
         let mut quote = None;
+        let mut opened = 0;
         let mut escaped = false;
         let mut closed = false;
         for (i, c) in text[at..].char_indices() {
             match quote {
                 Some(q) if c == '\\' && q != '`' => escaped = true,
                 Some(q) if c == '\n' && q != '`' => return None,
-                Some(q) if c == q && !escaped => quote = None,
+                Some(q) if c == q && !escaped => {
+                    quote = None;
+                    if q != '`'
+                        && let Some(what) = bad_escape(&text[opened + 1..at + i])
+                    {
+                        return Some((line(opened), what));
+                    }
+                }
                 Some(_) => escaped = false,
                 None if text[at + i..].starts_with("}}") => {
                     at += i + 2;
                     closed = true;
                     break;
                 }
-                None if matches!(c, '"' | '`' | '\'') => quote = Some(c),
+                None if matches!(c, '"' | '`' | '\'') => {
+                    quote = Some(c);
+                    opened = at + i;
+                }
                 None if !c.is_ascii() => return found(at + i, c),
                 None => {}
             }
@@ -191,6 +202,40 @@ fn gtmpl_unlexable(text: &str) -> Option<(usize, String)> {
         }
     }
     None
+}
+
+/// An escape in a quoted string or character constant that gtmpl's unquoting cannot take: it
+/// loops forever on `\u` or `\x` without their hex digits, reads the four or two bytes after
+/// one of them whatever they are (cutting a multi-byte character: a panic), and slices two
+/// bytes after any backslash.
+fn bad_escape(raw: &str) -> Option<String> {
+    let mut chars = raw.chars();
+    let mut hex_escapes = false;
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            continue;
+        }
+        let digits = match chars.next() {
+            Some('b' | 'f' | 'n' | 'r' | 't' | '\'' | '"' | '\\') => 0,
+            Some('x') => 2,
+            Some('u') => 4,
+            Some('U') => 8,
+            other => {
+                return Some(format!(
+                    "escape \\{} in a quoted string is not one of \\b \\f \\n \\r \\t \\' \\\" \\\\ \\x \\u \\U",
+                    other.map(String::from).unwrap_or_default()
+                ));
+            }
+        };
+        hex_escapes |= digits > 0;
+        if !(0..digits).all(|_| chars.next().is_some_and(|c| c.is_ascii_hexdigit())) {
+            return Some(format!(
+                "escape in quoted string {raw:?} lacks its {digits} hex digits"
+            ));
+        }
+    }
+    (hex_escapes && !raw.is_ascii())
+        .then(|| format!("quoted string {raw:?} with a \\x or \\u escape must be ASCII"))
 }
 
 /// `printf` as Go's where gtmpl's differs: `%%` is a literal `%` (gtmpl prints `%%`), and a
@@ -841,6 +886,29 @@ mod tests {
         assert_eq!(
             render_template("{{printf \"%.3s|%d%%\" .PodCIDR 7}}", &nets).unwrap(),
             "10.|7%"
+        );
+    }
+
+    /// gtmpl's unquoting looped forever on `\u` without its four hex digits (found by the
+    /// `template` fuzz target) and panics on a backslash before a multi-byte character.
+    #[test]
+    fn a_bad_escape_in_a_quoted_string_is_an_error_not_a_hang() {
+        let nets = cidrs("10.244.1.0/24");
+        for text in [
+            "{{printf \"%s\\ub  \" .PodCIDR}}",
+            "{{print \"\\x4\"}}",
+            "{{print \"\\\u{e9}\"}}",
+            "{{print \"\\x41a\u{e9}\"}}",
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(
+                err.contains("line 1") && err.contains("quoted string"),
+                "{text:?}: {err}"
+            );
+        }
+        assert_eq!(
+            render_template("{{print \"\\u00e9\\t\\\"\"}}", &nets).unwrap(),
+            "\u{e9}\t\""
         );
     }
 }
