@@ -4,6 +4,7 @@ mod bench;
 mod bootstrap;
 mod demo;
 mod ebpf;
+mod fuzz;
 mod mutants;
 mod step;
 mod test;
@@ -85,6 +86,15 @@ enum Command {
         #[arg(last = true)]
         extra: Vec<String>,
     },
+    /// Run every fuzz target (fuzz/, installs cargo-fuzz when missing) for N seconds each.
+    Fuzz {
+        /// Fuzzing time per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Only this target.
+        #[arg(long)]
+        target: Option<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -136,5 +146,6 @@ fn main() -> Result<()> {
             jobs,
             extra,
         }),
+        Command::Fuzz { seconds, target } => fuzz::run(&fuzz::Options { seconds, target }),
     }
 }

@@ -119,6 +119,9 @@ pub fn render_template(text: &str, pod_cidrs: &[IpNetwork]) -> Result<String, Co
     data.insert("PodCIDRRanges".to_owned(), ranges.into());
 
     let template_err = |reason: String| ConfigError::Template { path: None, reason };
+    if let Some((line, what)) = gtmpl_unlexable(text) {
+        return Err(template_err(format!("parse: line {line}: {what}")));
+    }
     let mut tmpl = gtmpl::Template::default();
     tmpl.add_func("printf", go_printf);
     tmpl.parse(text)
@@ -127,12 +130,128 @@ pub fn render_template(text: &str, pod_cidrs: &[IpNetwork]) -> Result<String, Co
         .map_err(|e| template_err(format!("execute: {e}")))
 }
 
+/// The first thing gtmpl cannot lex, with its line. gtmpl's lexer steps back one byte where it
+/// means one character, also past the end of the text: a multi-byte character inside an action
+/// (outside a quoted string, raw string or character constant), or as the last non-space
+/// character before a `{{- ` trim marker, makes its lexer thread panic (the parse then fails with
+/// a meaningless error); an action still open at the end of the text (`{{ .PodCIDR `) makes it
+/// loop forever and the render hang. Go rejects all of these too, but for a multi-byte
+/// character in a variable name. Literals are followed as gtmpl lexes them (a backslash always
+/// escapes the next character; a newline ends the lexing with an error).
+fn gtmpl_unlexable(text: &str) -> Option<(usize, String)> {
+    let line = |at: usize| text[..at].matches('\n').count() + 1;
+    let found = |at: usize, c: char| {
+        Some((
+            line(at),
+            format!(
+                "non-ASCII character {c:?} (U+{:04X}) in an action or right before `{{{{- `: \
+                 only quoted strings, comments and text may hold one",
+                u32::from(c)
+            ),
+        ))
+    };
+    let mut at = 0;
+    while let Some(open) = text[at..].find("{{") {
+        let before = text[at..at + open].trim_end_matches(char::is_whitespace);
+        let rest = &text[at + open + 2..];
+        if rest.starts_with("- ")
+            && let Some(c) = before.chars().next_back().filter(|c| !c.is_ascii())
+        {
+            return found(at + before.len() - c.len_utf8(), c);
+        }
+        let action = at + open;
+        at += open + 2;
+        let body = rest.strip_prefix("- ").unwrap_or(rest);
+        if body.starts_with("/*") {
+            let comment = at + (rest.len() - body.len()) + 2;
+            at = comment + text[comment..].find("*/")? + 2;
+            continue;
+        }
+        let mut quote = None;
+        let mut opened = 0;
+        let mut escaped = false;
+        let mut closed = false;
+        for (i, c) in text[at..].char_indices() {
+            match quote {
+                Some(q) if c == '\\' && q != '`' => escaped = true,
+                Some(q) if c == '\n' && q != '`' => return None,
+                Some(q) if c == q && !escaped => {
+                    quote = None;
+                    if q != '`'
+                        && let Some(what) = bad_escape(&text[opened + 1..at + i])
+                    {
+                        return Some((line(opened), what));
+                    }
+                }
+                Some(_) => escaped = false,
+                None if text[at + i..].starts_with("}}") => {
+                    at += i + 2;
+                    closed = true;
+                    break;
+                }
+                None if matches!(c, '"' | '`' | '\'') => {
+                    quote = Some(c);
+                    opened = at + i;
+                }
+                None if !c.is_ascii() => return found(at + i, c),
+                None => {}
+            }
+        }
+        if !closed {
+            return Some((line(action), "unclosed action".to_owned()));
+        }
+    }
+    None
+}
+
+/// An escape in a quoted string or character constant that gtmpl's unquoting cannot take: it
+/// loops forever on `\u` or `\x` without their hex digits, reads the four or two bytes after
+/// one of them whatever they are (cutting a multi-byte character: a panic), and slices two
+/// bytes after any backslash.
+fn bad_escape(raw: &str) -> Option<String> {
+    let mut chars = raw.chars();
+    let mut hex_escapes = false;
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            continue;
+        }
+        let digits = match chars.next() {
+            Some('b' | 'f' | 'n' | 'r' | 't' | '\'' | '"' | '\\') => 0,
+            Some('x') => 2,
+            Some('u') => 4,
+            Some('U') => 8,
+            other => {
+                return Some(format!(
+                    "escape \\{} in a quoted string is not one of \\b \\f \\n \\r \\t \\' \\\" \\\\ \\x \\u \\U",
+                    other.map(String::from).unwrap_or_default()
+                ));
+            }
+        };
+        hex_escapes |= digits > 0;
+        if !(0..digits).all(|_| chars.next().is_some_and(|c| c.is_ascii_hexdigit())) {
+            return Some(format!(
+                "escape in quoted string {raw:?} lacks its {digits} hex digits"
+            ));
+        }
+    }
+    (hex_escapes && !raw.is_ascii())
+        .then(|| format!("quoted string {raw:?} with a \\x or \\u escape must be ASCII"))
+}
+
 /// `printf` as Go's where gtmpl's differs: `%%` is a literal `%` (gtmpl prints `%%`), and a
 /// plain `%q` of a string quotes it as `strconv.Quote` does (gtmpl leaves the quotes out), so
 /// `"subnet": {{printf "%q" .PodCIDR}}` renders the same JSON as with containerd. Each other
 /// verb is formatted by gtmpl, one at a time; formats this cannot split (see [`format_pieces`])
 /// or with too few or too many values go to gtmpl as they are.
 fn go_printf(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
+    if let Some(gtmpl::Value::String(format)) = args.first()
+        && let Some(n) = oversized_width(format)
+    {
+        return Err(gtmpl::FuncError::Generic(format!(
+            "printf: width or precision {n} in {format:?} is larger than {}",
+            u16::MAX
+        )));
+    }
     let Some((gtmpl::Value::String(format), values)) = args.split_first() else {
         return gtmpl::funcs::printf(args);
     };
@@ -167,6 +286,37 @@ fn go_printf(args: &[gtmpl::Value]) -> Result<gtmpl::Value, gtmpl::FuncError> {
         }
     }
     Ok(gtmpl::Value::String(out))
+}
+
+/// A width or precision in a printf format that gtmpl would hand to Rust's formatter, which
+/// panics above `u16::MAX` (found by the `template` fuzz target: `%2010201s`).
+fn oversized_width(format: &str) -> Option<u64> {
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' || chars.next_if_eq(&'%').is_some() {
+            continue;
+        }
+        let mut number = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_ascii_alphabetic() && *c != '%') {
+            if c.is_ascii_digit() {
+                number.push(c);
+                continue;
+            }
+            if let Some(n) = too_large(&number) {
+                return Some(n);
+            }
+            number.clear();
+        }
+        if let Some(n) = too_large(&number) {
+            return Some(n);
+        }
+    }
+    None
+}
+
+fn too_large(digits: &str) -> Option<u64> {
+    let n = digits.parse::<u64>().unwrap_or(u64::MAX);
+    (!digits.is_empty() && n > u64::from(u16::MAX)).then_some(n)
 }
 
 #[derive(Debug, PartialEq)]
@@ -671,5 +821,92 @@ mod tests {
         assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
         let e = write_atomically(&d.path().join("missing").join("a.conf"), b"x").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// gtmpl's lexer steps back one byte, not one character: a non-ASCII character inside an
+    /// action (a no-break space pasted after `.PodCIDR`, a letter) or right before `{{- ` made
+    /// its thread panic and the render fail with "receiving on a closed channel" (found by the
+    /// `template` fuzz target).
+    #[test]
+    fn non_ascii_in_an_action_is_a_template_error_naming_it() {
+        let nets = cidrs("10.244.1.0/24");
+        for (text, line) in [
+            ("{\"subnet\": \"{{.PodCIDR\u{a0}}}\"}", 1),
+            ("{\n\"a\": \"{{range \u{711}, $r := .Routes}}{{end}}\"}", 2),
+            ("{{\u{a0}\u{a0}.PodCIDR}}", 1),
+            ("\"caf\u{e9}\n\n{{- .PodCIDR}}\"", 1),
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("line {line}")) && err.contains("non-ASCII"),
+                "{text:?}: {err}"
+            );
+        }
+        // Inside quoted strings, comments and plain text they are fine, as in Go.
+        let ok = "{{/* r\u{e9}seau */}}{\"n\u{e9}\": {{printf \"%q\" \"\u{e9}\u{a0}\"}}, \"c\": \"{{.PodCIDR}}\"}";
+        assert_eq!(
+            render_template(ok, &nets).unwrap(),
+            "{\"n\u{e9}\": \"\u{e9}\u{a0}\", \"c\": \"10.244.1.0/24\"}"
+        );
+    }
+
+    /// An action open at the end of the text made gtmpl's lexer loop forever (it steps back past
+    /// the end) and the render hang (found by the `template` fuzz target).
+    #[test]
+    fn an_action_open_at_the_end_is_an_error_not_a_hang() {
+        let nets = cidrs("10.244.1.0/24");
+        for text in [
+            "{\"subnet\": \"{{ .PodCIDR ",
+            "{}\n{{+",
+            "{}\n\n{{ 1.",
+            // gtmpl's quoted string does not end at `\\"`: the action goes on to the end.
+            "{{\"\\\\\"}}\" 1.",
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(err.contains("unclosed action"), "{text:?}: {err}");
+        }
+        let line = render_template("{}\n\n{{ 1.", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(line.contains("line 3"), "{line}");
+    }
+
+    /// A printf width above `u16::MAX` made gtmpl's printf panic in the rendering thread (found
+    /// by the `template` fuzz target).
+    #[test]
+    fn printf_with_a_huge_width_is_an_error_not_a_panic() {
+        let nets = cidrs("10.244.1.0/24");
+        for format in ["%2010201s", "%-1.70000s", "%d %99999999999999999999999s"] {
+            let text = format!("{{{{printf \"{format}\" 12 .PodCIDR}}}}");
+            let err = render_template(&text, &nets).unwrap_err().to_string();
+            assert!(err.contains("larger than 65535"), "{format}: {err}");
+        }
+        assert_eq!(
+            render_template("{{printf \"%.3s|%d%%\" .PodCIDR 7}}", &nets).unwrap(),
+            "10.|7%"
+        );
+    }
+
+    /// gtmpl's unquoting looped forever on `\u` without its four hex digits (found by the
+    /// `template` fuzz target) and panics on a backslash before a multi-byte character.
+    #[test]
+    fn a_bad_escape_in_a_quoted_string_is_an_error_not_a_hang() {
+        let nets = cidrs("10.244.1.0/24");
+        for text in [
+            "{{printf \"%s\\ub  \" .PodCIDR}}",
+            "{{print \"\\x4\"}}",
+            "{{print \"\\\u{e9}\"}}",
+            "{{print \"\\x41a\u{e9}\"}}",
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(
+                err.contains("line 1") && err.contains("quoted string"),
+                "{text:?}: {err}"
+            );
+        }
+        assert_eq!(
+            render_template("{{print \"\\u00e9\\t\\\"\"}}", &nets).unwrap(),
+            "\u{e9}\t\""
+        );
     }
 }

@@ -25,6 +25,9 @@ pub use events::{
     BindMount, DevChange, EventKind, Exec, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
     NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
 };
+/// The ring-buffer record decoder, public for the fuzz targets (fuzz/).
+#[doc(hidden)]
+pub use events::{Clock, decode};
 pub use loader::{KernelTracer, LossCounters, NamespaceHooks};
 pub use metrics::TraceMetrics;
 pub use netns_id::netns_of_path;
