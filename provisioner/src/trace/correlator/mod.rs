@@ -204,10 +204,7 @@ impl Correlator {
             inode: u32::try_from(snapshot.inode).unwrap_or(0),
         };
         let ns = self.track(netns, now);
-        if !ns.pins.contains(&path) {
-            ns.pins.push(path.clone());
-        }
-        ns.add_handle(path);
+        ns.add_pin(path);
         self.snapshot_taken(netns.cookie, Ok(snapshot), read_at, now)
     }
 
@@ -504,8 +501,9 @@ impl Correlator {
             PinSource::Task { pid, .. } => *self.by_pid.get(&pid)?,
         };
         let ns = self.namespaces.get_mut(&cookie)?;
-        ns.pins.push(target.clone());
-        ns.add_handle(target.clone());
+        if !ns.add_pin(target.clone()) {
+            return None;
+        }
         ns.push(event, Step::Pinned { path: target }, None);
         Some(cookie)
     }

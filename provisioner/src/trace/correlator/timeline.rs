@@ -15,6 +15,9 @@ use super::state::Progress;
 pub(super) const MAX_ENTRIES: usize = 256;
 /// Namespace files remembered per namespace to read its state from.
 const MAX_HANDLES: usize = 8;
+/// Pins kept per namespace: a runtime pins a sandbox once; a user looping on (even refused)
+/// bind mounts must not grow the daemon.
+const MAX_PINS: usize = 8;
 /// Processes whose execs were added to a timeline.
 const MAX_ATTRIBUTED_PIDS: usize = 64;
 
@@ -104,6 +107,17 @@ impl Ns {
     }
 
     /// Remembers a namespace file that may be this namespace.
+    /// Records that the namespace is pinned at `path`; false when it already was, or when it
+    /// holds [`MAX_PINS`] pins (the path is still tried as a handle).
+    pub(super) fn add_pin(&mut self, path: PathBuf) -> bool {
+        let new = !self.pins.contains(&path) && self.pins.len() < MAX_PINS;
+        if new {
+            self.pins.push(path.clone());
+        }
+        self.add_handle(path);
+        new
+    }
+
     pub(super) fn add_handle(&mut self, path: PathBuf) {
         if !self.handles.contains(&path) {
             if self.handles.len() >= MAX_HANDLES {
@@ -254,6 +268,19 @@ mod tests {
     use crate::trace::events::DevChange;
     use crate::trace::events::{EventKind, TaskInfo};
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn pins_are_kept_once_and_bounded() {
+        let mut ns = Ns::new(NetnsRef::default(), UNIX_EPOCH);
+        let pin = PathBuf::from("/run/netns/cni-a");
+        assert!(ns.add_pin(pin.clone()));
+        assert!(!ns.add_pin(pin), "the same pin twice");
+        for i in 0..10_000 {
+            ns.add_pin(PathBuf::from(format!("/run/netns/cni-{i}")));
+        }
+        assert_eq!(ns.pins.len(), MAX_PINS);
+        assert!(ns.handles.len() <= MAX_HANDLES);
+    }
 
     fn dev_up(ms: u64, ifindex: u32) -> TraceEvent {
         TraceEvent {
