@@ -53,10 +53,18 @@ impl Daemon {
         dir: &Path,
         extra: &[&str],
     ) -> Result<Self> {
+        let mut daemon = Self::unspawned(bin, dir)?;
+        daemon.respawn(node, placement, extra)?;
+        Ok(daemon)
+    }
+
+    /// A daemon of `bin` with its files under `dir` (the conf dir created), not started yet:
+    /// [`Self::respawn`] starts it.
+    pub fn unspawned(bin: &Path, dir: &Path) -> Result<Self> {
         let conf_dir = dir.join("net.d");
         std::fs::create_dir_all(&conf_dir)
             .with_context(|| format!("create {}", conf_dir.display()))?;
-        let mut daemon = Self {
+        Ok(Self {
             child: None,
             spawned_at: Instant::now(),
             bin: bin.to_path_buf(),
@@ -64,14 +72,23 @@ impl Daemon {
             conf_dir,
             data_dir: dir.join("data"),
             log: dir.join("daemon.log"),
-        };
-        daemon.respawn(node, placement, extra)?;
-        Ok(daemon)
+        })
     }
 
     /// Starts the process again on the same socket, conf dir, data dir and log, after it was
     /// stopped or killed. Does not wait.
     pub fn respawn(&mut self, node: &Netns, placement: Placement, extra: &[&str]) -> Result<()> {
+        self.respawn_with_env(node, placement, extra, &[])
+    }
+
+    /// Like [`Self::respawn`], with `env` set for the process.
+    pub fn respawn_with_env(
+        &mut self,
+        node: &Netns,
+        placement: Placement,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
         if self.child.is_some() {
             bail!("the daemon still runs");
         }
@@ -92,6 +109,7 @@ impl Daemon {
             .arg(node.path())
             .args(extra)
             .env("PROVISIONER_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -108,6 +126,33 @@ impl Daemon {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process runs (it was spawned and not seen exiting, stopped or killed).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether the process has exited by itself (e.g. it crashed); reaps it.
+    pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("the daemon is not running");
+        };
+        let status = child.try_wait()?;
+        if status.is_some() {
+            self.child = None;
+        }
+        Ok(status)
+    }
+
+    /// Runs a CLI verb of the same binary against this daemon (`<bin> <args> --socket S`).
+    pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(&self.bin)
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .with_context(|| format!("run {} {}", self.bin.display(), args.join(" ")))
     }
 
     /// Polls `status` until the daemon answers (any readiness); time since spawn.

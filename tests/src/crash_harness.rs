@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner::daemon::api::AllocationInfo;
@@ -13,16 +13,19 @@ use serde_json::Value;
 
 use crate::daemon_harness::{PluginRun, conflist, plugin_stdin, run_plugin};
 use crate::{Netns, provisioner_bin, wait_until};
+use testkit::daemon::{Daemon, Placement, write_conflist};
+
+/// The crash tests run without the kernel watch: what they check is the store and the kernel.
+const NO_TRACE: &[&str] = &["--no-trace"];
 
 /// Container-id prefix the daemon gives the addresses it adopted from a host veth.
 const ADOPTED: &str = "adopted:";
 
 /// A daemon on a fixed socket, conf dir and data dir, started and killed at will.
 pub struct CrashDaemon {
-    child: Option<Child>,
+    process: Daemon,
     pub socket: PathBuf,
     pub data_dir: PathBuf,
-    conf_dir: PathBuf,
     config: Value,
     dir: tempfile::TempDir,
 }
@@ -31,19 +34,13 @@ impl CrashDaemon {
     /// Prepares the dirs and a conflist of network `name` over `v4`; nothing runs yet.
     pub fn new(name: &str, v4: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let socket = dir.path().join("provisioner.sock");
-        let conf_dir = dir.path().join("net.d");
-        std::fs::create_dir_all(&conf_dir)?;
-        let config = conflist(name, "1.1.0", &socket, v4, None);
-        std::fs::write(
-            conf_dir.join("10-provisioner.conflist"),
-            serde_json::to_vec_pretty(&config)?,
-        )?;
+        let process = Daemon::unspawned(&provisioner_bin(), dir.path())?;
+        let config = conflist(name, "1.1.0", &process.socket, v4, None);
+        write_conflist(dir.path(), &config)?;
         Ok(Self {
-            child: None,
-            socket,
-            data_dir: dir.path().join("data"),
-            conf_dir,
+            socket: process.socket.clone(),
+            data_dir: process.data_dir.clone(),
+            process,
             config,
             dir,
         })
@@ -52,11 +49,7 @@ impl CrashDaemon {
     /// Renames the network in the conflist (takes effect at the next start).
     pub fn rename_network(&mut self, name: &str) -> Result<()> {
         self.config["name"] = Value::from(name);
-        std::fs::write(
-            self.conf_dir.join("10-provisioner.conflist"),
-            serde_json::to_vec_pretty(&self.config)?,
-        )?;
-        Ok(())
+        write_conflist(self.dir.path(), &self.config)
     }
 
     /// Starts the daemon and waits until it answers STATUS (ready or not); its first answer.
@@ -83,88 +76,43 @@ impl CrashDaemon {
     }
 
     fn spawn(&mut self, node: &Netns, failpoint: Option<&str>) -> Result<()> {
-        if self.child.is_some() {
-            bail!("the daemon still runs");
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("daemon.log"))?;
-        let mut cmd = Command::new(provisioner_bin());
-        cmd.arg("daemon")
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--conf-dir")
-            .arg(&self.conf_dir)
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--host-netns")
-            .arg(node.path())
-            .arg("--no-trace")
-            .env("PROVISIONER_LOG", "info")
-            .env_remove(provisioner::failpoint::ENV)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        if let Some(point) = failpoint {
-            cmd.env(provisioner::failpoint::ENV, point);
-        }
-        self.child = Some(cmd.spawn().context("spawn provisioner daemon")?);
-        Ok(())
+        // An empty value arms nothing (and overrides one inherited from the test's environment).
+        let env = [(provisioner::failpoint::ENV, failpoint.unwrap_or(""))];
+        self.process
+            .respawn_with_env(node, Placement::Outside, NO_TRACE, &env)
     }
 
     /// Whether the daemon process has exited (e.g. at its failpoint); reaps it.
     pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
-        let Some(child) = self.child.as_mut() else {
-            bail!("the daemon is not running");
-        };
-        let status = child.try_wait()?;
-        if status.is_some() {
-            self.child = None;
-        }
-        Ok(status)
+        self.process.exited()
     }
 
     /// Waits (bounded) for the daemon to exit by itself.
     pub fn wait_exit(&mut self, limit: Duration) -> Result<ExitStatus> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exited()? {
-                return Ok(status);
-            }
-            if started.elapsed() > limit {
-                bail!(
-                    "the daemon still runs after {limit:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut status = None;
+        wait_until("the daemon to exit by itself", limit, || {
+            status = self.process.exited()?;
+            Ok(status.map(|_| ()))
+        })
+        .with_context(|| format!("log:\n{}", self.log()))?;
+        status.context("the daemon exited")
     }
 
     /// SIGKILL, as a crash.
     pub fn kill(&mut self) -> Result<()> {
-        let mut child = self.child.take().context("daemon already stopped")?;
-        child.kill()?;
-        child.wait()?;
-        Ok(())
+        self.process.kill()
     }
 
     pub fn running(&self) -> bool {
-        self.child.is_some()
+        self.process.running()
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+        self.process.log_text()
     }
 
     pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
-        Command::new(provisioner_bin())
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .context("run provisioner CLI")
+        self.process.cli(args)
     }
 
     /// The plugin's stdin for this network.
@@ -199,15 +147,6 @@ impl CrashDaemon {
             bail!("list: {}", String::from_utf8_lossy(&out.stderr));
         }
         serde_json::from_slice(&out.stdout).context("provisioner list --json: not a list")
-    }
-}
-
-impl Drop for CrashDaemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 

@@ -1,7 +1,6 @@
 //! Starting the daemon for a test, and running the binary as a CNI plugin the way a runtime does.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -114,12 +113,7 @@ impl Daemon {
 
     /// Runs a CLI verb against this daemon (`provisioner <args> --socket S`).
     pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
-        Command::new(provisioner_bin())
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .context("run provisioner CLI")
+        self.process.cli(args)
     }
 
     /// `provisioner status --json`.
