@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use provisioner::cni::{
-    Attachment, CniError, CniResult, NetConf, PluginBackend, Request, run_plugin,
+    Attachment, CniError, CniResult, MAX_STDIN, NetConf, PluginBackend, Request, run_plugin,
 };
 use provisioner::daemon::api::{self, AttachmentRef, NetworkClaim, Response, SandboxRequest};
 use provisioner::daemon::client::{self, ClientError};
@@ -136,8 +136,10 @@ impl PluginBackend for DaemonBackend {
 
 pub fn main() -> ExitCode {
     let mut stdin = Vec::with_capacity(STDIN_CAPACITY);
-    // An unreadable stdin is reported by run_plugin as an undecodable config.
-    let _ = std::io::stdin().lock().read_to_end(&mut stdin);
+    // An unreadable stdin is reported by run_plugin as an undecodable config, a larger one than
+    // MAX_STDIN as too large (one byte more is enough to tell).
+    let limit = u64::try_from(MAX_STDIN).map_or(u64::MAX, |max| max + 1);
+    let _ = std::io::stdin().lock().take(limit).read_to_end(&mut stdin);
     let output = run_plugin(std::env::vars(), &stdin, &DaemonBackend);
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(&output.stdout);

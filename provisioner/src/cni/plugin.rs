@@ -79,6 +79,10 @@ fn json_line(v: &Value) -> Vec<u8> {
     out
 }
 
+/// The most a network config on stdin may hold: runtimes pass a few KiB. A caller reads at most
+/// one byte more, so that a larger stdin is refused without being held in memory.
+pub const MAX_STDIN: usize = 1 << 20;
+
 /// Runs one CNI invocation. `vars` is the process environment, `stdin` the bytes read from
 /// stdin (reading them, and turning a read failure into code 5, is the caller's job).
 pub fn run_plugin(
@@ -86,6 +90,12 @@ pub fn run_plugin(
     stdin: &[u8],
     backend: &dyn PluginBackend,
 ) -> PluginOutput {
+    if stdin.len() > MAX_STDIN {
+        let err = CniError::decode(format!(
+            "the network config on stdin is larger than {MAX_STDIN} bytes"
+        ));
+        return PluginOutput::failure(&err, CniVersion::LATEST);
+    }
     let env = match CniEnv::from_vars(vars) {
         Ok(env) => env,
         Err(e) => {
@@ -299,6 +309,27 @@ mod tests {
         assert_eq!(j["cniVersion"], json!(version.as_str()), "{j}");
         let msg = j["msg"].as_str().expect("msg is a string");
         assert!(msg.contains(needle), "{msg:?} should mention {needle:?}");
+    }
+
+    #[test]
+    fn stdin_larger_than_the_bound_is_refused_undecoded() {
+        let fake = Fake::default();
+        let mut stdin = conf(CniVersion::LATEST).to_string().into_bytes();
+        stdin.resize(MAX_STDIN + 1, b' ');
+        let out = run_plugin(env("ADD"), &stdin, &fake);
+        assert_error(
+            &(stdout_json(&out), out.exit_code),
+            CniError::DECODE_FAILURE,
+            CniVersion::LATEST,
+            "larger than 1048576 bytes",
+        );
+        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+        stdin.truncate(MAX_STDIN);
+        let out = run_plugin(env("ADD"), &stdin, &fake);
+        assert_eq!(
+            out.exit_code, 0,
+            "a config padded to the bound is still read"
+        );
     }
 
     // ---- the spec-version matrix ----
