@@ -58,6 +58,9 @@ const MAX_BY_PID: usize = 16_384;
 const MAX_JUDGED: usize = 16_384;
 /// How long a state read may take before the judgement goes on without it.
 pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(3);
+/// How long the read of a namespace whose history was not seen waits for the event stream to
+/// pass the moment it was asked for (its creation may be among the events not fed yet).
+pub const HISTORY_GRACE: Duration = Duration::from_secs(1);
 /// Longest interval between reads of a sandbox judged an alarm (its network may arrive by a
 /// path the trace does not see).
 const MAX_RECHECK: Duration = Duration::from_secs(60);
@@ -117,8 +120,11 @@ pub struct Correlator {
     /// Skips by creator comm (a runtime forks a new helper per sandbox: the pid varies).
     skips: HashMap<String, SkipSummary>,
     intents: Intents,
-    /// Namespaces whose state should be read.
-    wanted: Vec<u64>,
+    /// Namespaces whose state should be read, each with the time before which a read must
+    /// wait for the event stream (see [`Self::want_history`]).
+    wanted: Vec<(u64, Option<SystemTime>)>,
+    /// The time of the latest event fed.
+    latest_event: Option<SystemTime>,
     /// Final verdicts on namespaces no longer followed: one found again (named by an ADD, by
     /// `--netns`) is not judged twice.
     judged: HashMap<u64, Verdict>,
@@ -137,6 +143,7 @@ impl Correlator {
             skips: HashMap::new(),
             intents: Intents::default(),
             wanted: Vec::new(),
+            latest_event: None,
             judged: HashMap::new(),
             judged_order: std::collections::VecDeque::new(),
             metrics: CorrelatorMetrics::default(),
@@ -186,7 +193,7 @@ impl Correlator {
         let ns = self.track(netns, now);
         ns.expected = true;
         ns.add_handle(path);
-        self.want_history(netns.cookie);
+        self.want_history(netns.cookie, now);
     }
 
     /// A sandbox namespace found pinned at `path` (under a sandbox pin directory, with a sandbox
@@ -227,7 +234,7 @@ impl Correlator {
         if audit {
             self.want(cookie);
         } else {
-            self.want_history(cookie);
+            self.want_history(cookie, now);
         }
         let mut reports = Vec::new();
         if let Some(ns) = self.namespaces.get_mut(&cookie) {
@@ -250,10 +257,22 @@ impl Correlator {
     /// The reads of namespace states wanted since the last call.
     pub fn take_snapshot_requests(&mut self, now: SystemTime) -> Vec<SnapshotRequest> {
         let mut requests = Vec::new();
-        for cookie in std::mem::take(&mut self.wanted) {
+        for (cookie, after) in std::mem::take(&mut self.wanted) {
             let Some(ns) = self.namespaces.get_mut(&cookie) else {
                 continue;
             };
+            if let Some(after) = after {
+                let caught_up = self.latest_event.is_some_and(|at| at > after);
+                let waited = now.duration_since(after).unwrap_or_default() >= HISTORY_GRACE;
+                if !caught_up && !waited {
+                    self.wanted.push((cookie, Some(after)));
+                    continue;
+                }
+                if ns.origin_known {
+                    // Its creation was still on its way: the trace has its history after all.
+                    continue;
+                }
+            }
             if ns.snapshot.pending_since.is_some() || ns.destroyed_at.is_some() {
                 continue;
             }
@@ -323,6 +342,7 @@ impl Correlator {
 
     /// Feeds one kernel event.
     pub fn feed(&mut self, event: &TraceEvent) -> Vec<Report> {
+        self.latest_event = self.latest_event.max(Some(event.at));
         *self
             .metrics
             .events
@@ -389,19 +409,24 @@ impl Correlator {
     }
 
     fn want(&mut self, cookie: u64) {
-        if !self.wanted.contains(&cookie) {
-            self.wanted.push(cookie);
+        match self.wanted.iter_mut().find(|(c, _)| *c == cookie) {
+            Some(wanted) => wanted.1 = None,
+            None => self.wanted.push((cookie, None)),
         }
     }
 
-    /// Asks for a read of a namespace whose history was not seen and whose state was not read.
-    fn want_history(&mut self, cookie: u64) {
+    /// Asks for a read of a namespace whose history was not seen (at `now`) and whose state was
+    /// not read. Its creation may still be on its way (the ring buffer is read in batches, and
+    /// the reader can lag on a loaded node): the read waits until an event later than `now` was
+    /// fed, or [`HISTORY_GRACE`]; when the creation arrived meanwhile, nothing is read.
+    fn want_history(&mut self, cookie: u64, now: SystemTime) {
         if self
             .namespaces
             .get(&cookie)
             .is_some_and(|ns| !ns.origin_known && ns.snapshot.answered_at.is_none())
+            && !self.wanted.iter().any(|(c, _)| *c == cookie)
         {
-            self.want(cookie);
+            self.wanted.push((cookie, Some(now)));
         }
     }
 

@@ -931,18 +931,51 @@ fn intent_for_a_namespace_whose_history_was_not_seen_is_confirmed_from_its_state
         )
         .is_empty()
     );
-    let requests = c.take_snapshot_requests(t(0));
+    // Its creation may still be among the events not fed yet: the read waits for the event
+    // stream to pass the registration, or a grace period when no event comes.
+    assert!(c.take_snapshot_requests(t(10)).is_empty());
+    let grace = u64::try_from(HISTORY_GRACE.as_millis()).expect("small");
+    let requests = c.take_snapshot_requests(t(grace));
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0].paths, [PathBuf::from("/run/netns/x")]);
-    let reports = c.snapshot_taken(SANDBOX, Ok(&networked_state(SANDBOX)), t(5), t(6));
+    let reports = c.snapshot_taken(SANDBOX, Ok(&networked_state(SANDBOX)), t(grace), t(grace));
     let intents = intent_verdicts(&reports);
     assert_eq!(intents.len(), 1);
     assert_eq!(intents[0].status, IntentStatus::Confirmed);
-    assert_eq!(intents[0].evidence, Evidence::Snapshot { at: t(5) });
+    assert_eq!(intents[0].evidence, Evidence::Snapshot { at: t(grace) });
     let v = verdicts(reports);
     assert_eq!(v.len(), 1, "found set up: said at once");
     assert_eq!(v[0].verdict, Verdict::Networked);
     assert_eq!(v[0].sandbox, Some(SandboxReason::Expected));
+}
+
+#[test]
+fn a_creation_fed_after_the_intent_names_the_creator_and_no_state_is_read() {
+    let mut c = correlator();
+    c.register_intent(
+        intent(IntentOrigin::Add),
+        PathBuf::from("/run/netns/x"),
+        t(30),
+    );
+    // The runtime's creation and the plugin's setup, read from the ring buffer after the ADD's
+    // intent was registered (a batch, or a lagging reader on a loaded node).
+    c.feed(&created(0, 42, "podman", SANDBOX));
+    c.feed(&dev(20, SANDBOX, 3, "eth0", true, false));
+    assert!(
+        c.take_snapshot_requests(t(35)).is_empty(),
+        "no read while the stream has not passed the intent"
+    );
+    c.feed(&created(40, 43, "other", SANDBOX + 1));
+    assert!(
+        c.take_snapshot_requests(t(45)).is_empty(),
+        "the history was seen after all: nothing to read"
+    );
+    let v = verdicts(tick_reading(&mut c, 5_000, |cookie| {
+        Ok(networked_state(cookie))
+    }));
+    let mine: Vec<_> = v.iter().filter(|v| v.netns.cookie == SANDBOX).collect();
+    assert_eq!(mine.len(), 1, "{v:?}");
+    assert_eq!(mine[0].creator.comm, "podman", "{mine:?}");
 }
 
 #[test]
