@@ -54,6 +54,20 @@ pub fn hit(name: &str) {
 #[inline(always)]
 pub fn hit(_name: &str) {}
 
+/// Whether the point `name` is armed to fail (e.g. `commit.fail`: every durable commit fails,
+/// as on a broken disk).
+#[cfg(feature = "fault-injection")]
+pub fn fails(name: &str) -> bool {
+    is_armed(name)
+}
+
+/// Whether the point `name` is armed to fail (compiled out: never).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn fails(_name: &str) -> bool {
+    false
+}
+
 /// The point after setup step `step`: `setup.<step>`.
 #[cfg(feature = "fault-injection")]
 pub fn hit_setup(step: SetupStep) {

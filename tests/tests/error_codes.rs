@@ -1,12 +1,14 @@
 //! The CNI error codes the README promises, end to end: the binary exec'd as a runtime does
 //! against a running daemon, each error naming what it is about (the sandbox, the netns, the
-//! socket) and leaving nothing behind. (4, 6, 7, 11, 50, 102, 103 are in cni_plugin.rs.)
+//! socket) and leaving nothing behind. (4, 6, 7, 11, 50, 102, 103 are in cni_plugin.rs and
+//! malformed_input.rs.)
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use provisioner_tests::crash_harness::CrashDaemon;
 use provisioner_tests::daemon_harness::{Daemon, PluginRun, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::daemon_queries::allocations;
 use provisioner_tests::{Netns, wait_only_lo};
@@ -126,6 +128,26 @@ fn failing_netlink_operation_answers_104_naming_the_sandbox_and_rolls_back() -> 
     assert!(
         allocations(&daemon)?.is_empty(),
         "the failed ADD kept its addresses"
+    );
+    wait_only_lo(&node, std::time::Duration::from_secs(10))?;
+    Ok(())
+}
+
+/// The store cannot commit (failpoint `commit.fail`, as on a failing disk): the ADD answers 100
+/// naming the sandbox, and nothing is wired or kept.
+#[test]
+fn failing_store_answers_100_naming_the_sandbox_and_wires_nothing() -> Result<()> {
+    let node = Netns::new("node")?;
+    let mut daemon = CrashDaemon::new("errstore", "10.250.23.0/24")?;
+    daemon.start(&node, Some("commit.fail"))?;
+    let pod = Netns::new("pod")?;
+    let add = daemon.plugin("ADD", "c-store", Some(pod.path()))?;
+    assert_eq!(add.error_code(), Some(100), "{add:?}\n{}", daemon.log());
+    assert!(msg(&add).contains("c-store"), "{add:?}");
+    assert!(msg(&add).contains("commit"), "{add:?}");
+    assert!(
+        pod.links()?.is_empty(),
+        "the failed ADD left a link in the pod"
     );
     wait_only_lo(&node, std::time::Duration::from_secs(10))?;
     Ok(())

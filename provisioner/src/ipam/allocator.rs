@@ -724,6 +724,10 @@ impl Core {
             return Err(self.stopped("injected commit failure"));
         }
         crate::failpoint::pause("commit.slow");
+        if crate::failpoint::fails("commit.fail") {
+            drop(txn);
+            return Err(self.stopped("the durable commit failed (failpoint commit.fail)"));
+        }
         self.store.commit(txn)
     }
 
