@@ -145,8 +145,12 @@ impl Drop for RuntimeNetns {
     }
 }
 
-/// The `provisioner` binary of this build (`cargo xtask test` builds it before the tests).
+/// The `provisioner` binary of this build (`cargo xtask test` builds it before the tests), or
+/// the one `PROVISIONER_BIN` names (the demo's release build).
 pub fn provisioner_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("PROVISIONER_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().unwrap_or_default();
     // target/<profile>/deps/<test> or target/<profile>/<bin> -> target/<profile>/provisioner
     let dir = exe.parent().unwrap_or(Path::new("."));

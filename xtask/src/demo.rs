@@ -90,6 +90,7 @@ pub fn run() -> Result<()> {
     wait_tracing(&daemon)?;
     let conflist = render(&bin, &mut daemon, tmp.path())?;
 
+    let release_bin = bin.clone();
     let env = DemoEnv {
         bin,
         node: &node,
@@ -120,7 +121,7 @@ pub fn run() -> Result<()> {
     drop(env);
     drop(pods);
     drop(node);
-    real_runtime_part()?;
+    real_runtime_part(&release_bin)?;
     announce(
         "demo",
         &format!(
@@ -135,9 +136,10 @@ pub fn run() -> Result<()> {
 const REAL_RUNTIME_TOOLS: &[&str] = &["/usr/bin/containerd", "/usr/sbin/runc", "/bin/busybox"];
 
 /// The seed failure and its fix with the real containerd, driven over CRI: tests/src/bin/
-/// demo_containerd.rs, built next to the release binary (it uses the test kit's CRI client).
+/// demo_containerd.rs (it uses the tests' CRI client), running the demo's release binary `bin`.
+/// It is built in the dev profile, whose dependencies `cargo xtask test` has built already.
 /// Without containerd the stand-in act above is the whole story, and the demo says so.
-fn real_runtime_part() -> Result<()> {
+fn real_runtime_part(bin: &Path) -> Result<()> {
     let missing: Vec<&str> = REAL_RUNTIME_TOOLS
         .iter()
         .copied()
@@ -156,19 +158,19 @@ fn real_runtime_part() -> Result<()> {
     }
     announce(
         "build",
-        "the real-runtime act (tests/src/bin/demo_containerd.rs, release)",
+        "the real-runtime act (tests/src/bin/demo_containerd.rs)",
     );
     let root = crate::step::workspace_root();
     crate::step::run(crate::step::cargo("stable").current_dir(&root).args([
         "build",
-        "--release",
         "-p",
         "provisioner-tests",
         "--bin",
         "demo_containerd",
     ]))?;
-    let act = root.join("target/release/demo_containerd");
+    let act = root.join("target/debug/demo_containerd");
     let status = Command::new(&act)
+        .env("PROVISIONER_BIN", bin)
         .status()
         .with_context(|| format!("run {}", act.display()))?;
     if !status.success() {
