@@ -25,6 +25,13 @@ pub struct Pod {
     pub config: PodSandboxConfig,
 }
 
+/// A pod the runtime reports ready: its addresses (the primary one first) and its netns.
+pub struct ReadyPod {
+    pub pod: Pod,
+    pub ips: Vec<String>,
+    pub netns: PathBuf,
+}
+
 /// The runtime's own conditions, as `crictl info` shows them.
 #[derive(Debug)]
 pub struct RuntimeConditions {
@@ -169,6 +176,31 @@ impl Cri {
             id,
             config: config.clone(),
         })
+    }
+
+    /// RunPodSandbox `name` (logs under `log_dir`), then its status: it must be SANDBOX_READY
+    /// with an address. The pod, its addresses (the primary one first) and its netns.
+    pub fn run_ready_pod(&mut self, name: &str, log_dir: &Path) -> Result<ReadyPod> {
+        let config = Self::pod_config(name, log_dir);
+        let pod = self
+            .run_pod(&config)
+            .map_err(|s| anyhow::anyhow!("RunPodSandbox {name}: {s}"))?;
+        let (status, _) = self.pod_status(&pod.id)?;
+        if status.state != PodSandboxState::SandboxReady as i32 {
+            bail!("pod {name} is not SANDBOX_READY: {status:?}");
+        }
+        let net = status
+            .network
+            .with_context(|| format!("pod {name}: no network in its status"))?;
+        let ips: Vec<String> = std::iter::once(net.ip)
+            .chain(net.additional_ips.into_iter().map(|ip| ip.ip))
+            .filter(|ip| !ip.is_empty())
+            .collect();
+        if ips.is_empty() {
+            bail!("pod {name} has no address in its status");
+        }
+        let netns = self.pod_netns(&pod.id)?;
+        Ok(ReadyPod { pod, ips, netns })
     }
 
     /// `PodSandboxStatus` with the runtime's verbose info (JSON strings by key).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ipnetwork::Ipv4Network;
 use provisioner_tests::containerd::{CniSetup, Containerd};
-use provisioner_tests::cri::{self, Cri, PodSandboxState};
+use provisioner_tests::cri;
 use provisioner_tests::daemon_harness::{Daemon, conflist};
 use provisioner_tests::daemon_queries::{allocations, verdict_and_intent, wait_views_of};
 use provisioner_tests::oci_image::BUSYBOX_IMAGE;
@@ -41,30 +41,23 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
 
     let mut pods = Vec::new();
     for i in 0..PODS {
-        let config = Cri::pod_config(&format!("pod-{i}"), &containerd.log_dir);
-        let pod = containerd
+        let log_dir = containerd.log_dir.clone();
+        let ready = containerd
             .cri()
-            .run_pod(&config)
-            .map_err(|s| anyhow::anyhow!("RunPodSandbox pod-{i}: {s}\n{}", daemon.log()))?;
-        let (status, _) = containerd.cri().pod_status(&pod.id)?;
-        assert_eq!(
-            status.state,
-            PodSandboxState::SandboxReady as i32,
-            "pod-{i}: {status:?}"
-        );
-        let ip = status
-            .network
-            .map(|n| n.ip)
-            .filter(|ip| !ip.is_empty())
-            .with_context(|| format!("pod-{i} has no IP in its status"))?;
+            .run_ready_pod(&format!("pod-{i}"), &log_dir)
+            .with_context(|| daemon.log())?;
+        let ip = ready.ips[0].clone();
         assert!(
             subnet.contains(ip.parse()?),
             "pod-{i} got {ip}, outside {SUBNET}"
         );
-        let netns = containerd.cri().pod_netns(&pod.id)?;
-        check_pod_network(&netns, &ip).with_context(|| format!("pod-{i}"))?;
+        check_pod_network(&ready.netns, &ip).with_context(|| format!("pod-{i}"))?;
         node.ping(&ip)?;
-        pods.push(RunningPod { pod, ip, netns });
+        pods.push(RunningPod {
+            pod: ready.pod,
+            ip,
+            netns: ready.netns,
+        });
     }
 
     // Every address is ours: the allocator holds exactly one per pod, keyed by the sandbox id.

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::containerd::{CniSetup, Containerd};
-use provisioner_tests::cri::{Cri, PodSandboxState};
 use provisioner_tests::daemon_harness::Daemon;
 use provisioner_tests::daemon_queries::allocations;
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
@@ -152,27 +151,21 @@ fn kubelet_pod_cidr_renders_the_deploy_template_and_pods_get_network() -> Result
 
     let mut pods = Vec::new();
     for i in 0..PODS {
-        let config = Cri::pod_config(&format!("tpl-{i}"), &containerd.log_dir);
-        let pod = containerd
+        let log_dir = containerd.log_dir.clone();
+        let ready = containerd
             .cri()
-            .run_pod(&config)
-            .map_err(|s| anyhow::anyhow!("RunPodSandbox tpl-{i}: {s}\n{}", daemon.log()))?;
-        let (status, _) = containerd.cri().pod_status(&pod.id)?;
-        assert_eq!(status.state, PodSandboxState::SandboxReady as i32);
-        let net = status.network.context("no network in the pod status")?;
-        let v6 = net
-            .additional_ips
-            .first()
-            .map(|ip| ip.ip.clone())
-            .context("no IPv6 address in a dual-stack pod's status")?;
-        assert!(net.ip.starts_with("10.252.0."), "{}", net.ip);
+            .run_ready_pod(&format!("tpl-{i}"), &log_dir)
+            .with_context(|| daemon.log())?;
+        let [v4, v6] = ready.ips.as_slice() else {
+            bail!("a dual-stack pod with addresses {:?}", ready.ips);
+        };
+        assert!(v4.starts_with("10.252.0."), "{v4}");
         assert!(v6.starts_with("fd00:252::"), "{v6}");
-        let netns = containerd.cri().pod_netns(&pod.id)?;
-        check_pod_network(&netns, &net.ip)?;
-        check_pod_network(&netns, &v6)?;
-        node.ping(&net.ip)?;
-        node.ping(&v6)?;
-        pods.push(pod);
+        for ip in [v4, v6] {
+            check_pod_network(&ready.netns, ip)?;
+            node.ping(ip)?;
+        }
+        pods.push(ready.pod);
     }
     assert_eq!(allocations(&daemon)?.len(), PODS);
     for pod in &pods {

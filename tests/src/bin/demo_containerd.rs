@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::containerd::{CniSetup, Containerd};
-use provisioner_tests::cri::{Cri, Pod, PodSandboxState};
+use provisioner_tests::cri::{Cri, Pod};
 use provisioner_tests::daemon_harness::Daemon;
 use provisioner_tests::daemon_queries::{
-    allocations, verdict_and_intent, wait_views_created_by, wait_views_of,
+    allocations, cookie_of, verdict_and_intent, wait_views_created_by, wait_views_of,
 };
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
-use provisioner_tests::{Netns, deploy, netns_cookie};
+use provisioner_tests::{Netns, deploy, netns_cookie, wait_until};
 
 /// The node's pod CIDRs, as the kubelet passes them.
 const POD_CIDRS: &str = "10.244.9.0/24,fd00:10:244:9::/64";
@@ -142,47 +142,34 @@ fn template_path(daemon: &Daemon, containerd: &mut Containerd, node: &Netns) -> 
     let mut pods = Vec::new();
     let mut cookies = HashSet::new();
     for i in 0..PODS {
-        let config = Cri::pod_config(&format!("web-{i}"), &containerd.log_dir);
-        let pod = containerd
+        let log_dir = containerd.log_dir.clone();
+        let ready = containerd
             .cri()
-            .run_pod(&config)
-            .map_err(|s| anyhow::anyhow!("RunPodSandbox web-{i}: {s}\n{}", daemon.log()))?;
-        let (status, _) = containerd.cri().pod_status(&pod.id)?;
-        if status.state != PodSandboxState::SandboxReady as i32 {
-            bail!("pod web-{i} is not ready: {status:?}");
-        }
-        let net = status.network.context("no network in the pod status")?;
-        let netns = containerd.cri().pod_netns(&pod.id)?;
-        check_pod_network(&netns, &net.ip)?;
-        node.ping(&net.ip)?;
-        let v6: Vec<&str> = net.additional_ips.iter().map(|ip| ip.ip.as_str()).collect();
+            .run_ready_pod(&format!("web-{i}"), &log_dir)
+            .with_context(|| daemon.log())?;
+        check_pod_network(&ready.netns, &ready.ips[0])?;
+        node.ping(&ready.ips[0])?;
         detail(&format!(
-            "RunPodSandbox web-{i}: SANDBOX_READY, {} {}, eth0 up, ping from the node answered",
-            net.ip,
-            v6.join(" ")
+            "RunPodSandbox web-{i}: SANDBOX_READY, {}, eth0 up, ping from the node answered",
+            ready.ips.join(" ")
         ));
-        cookies.insert(netns_cookie(&netns)?);
-        pods.push(pod);
+        cookies.insert(netns_cookie(&ready.netns)?);
+        pods.push(ready.pod);
     }
     announce("provisioner sandboxes: networked, and each ADD confirmed by the kernel");
-    let views = wait_views_of(daemon, &cookies, true, PATIENCE)?;
-    let deadline = Instant::now() + PATIENCE;
-    for view in views {
-        let mut state = verdict_and_intent(&view);
-        while state != "networked+confirmed" && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-            let answer = daemon.sandboxes()?;
-            state = answer["sandboxes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|v| v["verdict"]["netns"]["cookie"] == view["verdict"]["netns"]["cookie"])
-                .map_or_else(|| "none+none".to_owned(), verdict_and_intent);
-        }
-        if state != "networked+confirmed" {
-            bail!("a pod is {state}, not networked+confirmed: {view:#}");
-        }
-    }
+    wait_views_of(daemon, &cookies, true, PATIENCE)?;
+    wait_until("every pod networked+confirmed", PATIENCE, || {
+        let answer = daemon.sandboxes()?;
+        let done = answer["sandboxes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| cookie_of(v).is_some_and(|c| cookies.contains(&c)))
+            .filter(|v| verdict_and_intent(v) == "networked+confirmed")
+            .count();
+        Ok((done == cookies.len()).then_some(()))
+    })
+    .with_context(|| format!("{:#}", daemon.sandboxes().unwrap_or_default()))?;
     show_cli(daemon, &["sandboxes"])?;
     Ok(pods)
 }
