@@ -298,6 +298,30 @@ pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(cookie)
 }
 
+/// Inode and cookie of the network namespace at `path` (checked to be one), the cookie read on
+/// a pooled netns worker: no thread is created per call.
+pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), DataplaneError> {
+    let ns = NetnsFile::open(path)?;
+    let inode = ns.inode()?;
+    let cookie = ns
+        .run(|| {
+            let sock = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Datagram,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .map_err(io::Error::from)?;
+            socket_netns_cookie(sock.as_fd())
+        })
+        .await?
+        .map_err(|source| DataplaneError::OpenNetns {
+            netns: ns.label().to_owned(),
+            source,
+        })?;
+    Ok((inode, cookie))
+}
+
 /// `NSFS_MAGIC`: the filesystem of netns files (`/run/netns/x`, `/proc/<pid>/ns/net`).
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 

@@ -18,7 +18,7 @@ use super::diagnosis::{CniSetup, diagnose};
 use super::events::{NetnsRef, TraceEvent};
 use super::loader::{KernelTracer, LossCounters};
 use super::metrics::TraceMetrics;
-use super::netns_id::netns_of_path;
+use super::netns_id::identify;
 use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent, Verdict};
 
 /// Kernel events buffered between the ring buffer reader and the correlator.
@@ -196,7 +196,7 @@ pub async fn run<S: Sink>(
                     latest.insert(spec.key.clone(), seq);
                     let this = seq;
                     work.spawn(async move {
-                        let netns = identify(spec.netns.clone()).await;
+                        let netns = identify(&spec.netns).await;
                         Done::Identified(Identified { seq: this, spec, netns })
                     });
                     Vec::new()
@@ -208,7 +208,7 @@ pub async fn run<S: Sink>(
                 }
                 Some(Command::Expect(path)) => {
                     work.spawn(async move {
-                        let netns = identify(path.clone()).await;
+                        let netns = identify(&path).await;
                         Done::Expected(path, netns)
                     });
                     Vec::new()
@@ -353,12 +353,6 @@ fn finish(
             }
         },
     }
-}
-
-async fn identify(path: PathBuf) -> std::io::Result<NetnsRef> {
-    tokio::task::spawn_blocking(move || netns_of_path(&path))
-        .await
-        .map_err(std::io::Error::other)?
 }
 
 /// Reads the state of the namespace at `path`, bounded in time.

@@ -25,6 +25,16 @@ pub fn netns_of_path(path: &Path) -> std::io::Result<NetnsRef> {
     Ok(NetnsRef { cookie, inode })
 }
 
+/// [`netns_of_path`] for async callers, on the dataplane's pooled netns workers (no thread is
+/// created per namespace: the daemon names one per ADD).
+pub async fn identify(path: &Path) -> std::io::Result<NetnsRef> {
+    let (inode, cookie) = crate::dataplane::netns_inode_and_cookie(path)
+        .await
+        .map_err(std::io::Error::other)?;
+    let inode = u32::try_from(inode).map_err(std::io::Error::other)?;
+    Ok(NetnsRef { cookie, inode })
+}
+
 /// The cookie of the calling thread's network namespace.
 pub fn current_netns_cookie() -> std::io::Result<u64> {
     let sock = nix::sys::socket::socket(

@@ -171,7 +171,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
 }
 
 /// Polls the daemon until its kernel watch has attached the programs.
-fn wait_attached(daemon: &Daemon) -> Result<()> {
+pub(super) fn wait_attached(daemon: &Daemon) -> Result<()> {
     let started = Instant::now();
     loop {
         let answer = daemon.request(&json!({"op": "sandboxes"}))?;
