@@ -106,6 +106,19 @@ impl Daemon {
         Ok(())
     }
 
+    /// [`Self::restart`] with `env` set for the process (e.g. a failpoint).
+    pub fn restart_with_env(
+        &mut self,
+        node: &Netns,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
+        self.process
+            .respawn_with_env(node, Placement::Outside, extra, env)?;
+        self.process.wait_listening(LISTENING_WITHIN)?;
+        Ok(())
+    }
+
     /// The daemon's log so far.
     pub fn log(&self) -> String {
         self.process.log_text()

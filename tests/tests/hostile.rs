@@ -262,14 +262,25 @@ fn connections_beyond_the_limit_are_told_to_try_again_later() -> Result<()> {
 #[test]
 fn an_operation_over_its_deadline_is_told_to_try_again_later_and_converges() -> Result<()> {
     let node = Netns::new("hnode")?;
-    // No ADD finishes within a millisecond: every one is over its deadline.
-    let mut daemon = start(&node, &["--operation-timeout", "0.001"])?;
+    let mut daemon = start(&node, &[])?;
+    // Every durable commit takes 500 ms (failpoint commit.slow): every ADD is over a 200 ms
+    // deadline, however fast the machine.
+    daemon.stop()?;
+    daemon.restart_with_env(
+        &node,
+        &["--operation-timeout", "0.2"],
+        &[(provisioner::failpoint::ENV, "commit.slow")],
+    )?;
+    daemon.wait_ready(Duration::from_secs(10))?;
     let sandbox = Netns::new("hsbx")?;
     let id = format!("hostslow{}", std::process::id());
     let add = Request::Add(sandbox_request(&id, "eth0", Some(sandbox.path())));
     let (code, msg) = refused(&daemon, &add)?;
     assert_eq!(code, CniError::TRY_AGAIN_LATER, "{msg}");
-    assert!(msg.contains("did not finish within 1ms"), "{msg}");
+    assert!(
+        msg.contains("did not finish within 200ms; it goes on in the daemon"),
+        "{msg}"
+    );
     // The ADD was not abandoned half-way: it finishes in the daemon, STATUS answering meanwhile.
     wait_until("the ADD to finish in the daemon", ANSWER_WITHIN, || {
         let status = daemon.status()?;

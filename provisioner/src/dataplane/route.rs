@@ -120,16 +120,6 @@ pub(crate) fn del_req(oif: u32, ifname: &str, route: &Route) -> Req {
     )
 }
 
-/// Deletes a route as the kernel reported it; pass the result through [`del_result`].
-pub(crate) fn del_found_req(found: &FoundRoute, ifname: &str) -> Req {
-    let gw = found.gw.map(|g| format!(" via {g}")).unwrap_or_default();
-    Req::new(
-        RouteNetlinkMessage::DelRoute(found.msg.clone()),
-        0,
-        format!("delete route {}{gw} dev {ifname}", found.dst),
-    )
-}
-
 /// A route already gone counts as deleted.
 pub(crate) fn del_result(res: Result<(), DataplaneError>) -> Result<(), DataplaneError> {
     match res {
@@ -157,17 +147,9 @@ fn addr(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// Lists the unicast routes of the main table through link `oif` (both families). The
-/// kernel filters on table and output interface (strict checking on the socket): only our
-/// routes cross the socket, whatever the size of the table.
-pub(crate) async fn list_main_via(
-    conn: &Conn,
-    oif: u32,
-) -> Result<Vec<FoundRoute>, DataplaneError> {
-    list_main_via_families(conn, oif, true, true).await
-}
-
-/// [`list_main_via`] for the IPv4 and / or IPv6 routes only (one dump per family asked for).
+/// The unicast routes of the main table through link `oif`, IPv4 and / or IPv6 (one dump per
+/// family asked for). The kernel filters on table and output interface (strict checking on the
+/// socket): only those routes cross the socket.
 pub(crate) async fn list_main_via_families(
     conn: &Conn,
     oif: u32,

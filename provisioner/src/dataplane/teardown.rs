@@ -1,7 +1,8 @@
 //! Teardown of one sandbox: idempotent, keeps going, reports every error at the end.
 //!
 //! The host veth is not deleted here (the kernel needs ~24 ms of RCU grace periods for that):
-//! it is *retired*. Every route and address through it is withdrawn, its sandbox end is set
+//! it is *retired*. Every route and address through it is withdrawn (its addresses deleted,
+//! its routes flushed by setting it down), its sandbox end is set
 //! down and renamed, the host end is set down, renamed `pvx<index>` and moved to the graveyard
 //! group, all from the host socket in one batch of requests; then the reaper deletes it in the
 //! background. When teardown returns, nothing in the host netns routes the pod's addresses any
@@ -16,7 +17,7 @@ use super::netlink::{Conn, Req};
 use super::netns::is_netns;
 use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
-use super::{Dataplane, address, route};
+use super::{Dataplane, address};
 
 pub(crate) async fn run(
     dp: &Dataplane,
@@ -135,7 +136,6 @@ async fn run_reqs(conn: &Conn, reqs: Vec<(Kind, Req)>) -> Vec<Result<(), Datapla
         .into_iter()
         .zip(results)
         .map(|(kind, res)| match kind {
-            Kind::Route => route::del_result(res),
             Kind::Addr => address::del_result(res),
             Kind::Link => res,
         })
@@ -155,20 +155,13 @@ pub(crate) async fn retire(
         .is_some()
 }
 
-/// Withdraws everything that routes through the host link `l` (its routes and addresses, then
-/// down, renamed `pvx<index>` and moved to the graveyard group). Returns the link for the
-/// reaper, or `None` when it could not be retired (or vanished meanwhile).
+/// Withdraws everything that routes through the host link `l`: its addresses, then the link
+/// down (which flushes every route through it, IPv4 and IPv6, in the same request: no dump of
+/// the node's routing table, whose size grows with the pods), renamed `pvx<index>` and moved to
+/// the graveyard group. Returns the link for the reaper, or `None` when it could not be retired
+/// (or vanished meanwhile).
 async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) -> Option<Doomed> {
     let already_retired = l.name.starts_with(super::naming::GRAVEYARD_IFNAME_PREFIX);
-
-    // What routes through the link: only its own routes and addresses cross the socket.
-    let routes = match route::list_main_via(host, l.index).await {
-        Ok(r) => r,
-        Err(e) => {
-            errors.push(e);
-            return None;
-        }
-    };
     let addrs = match address::list(host, l.index, &l.name).await {
         Ok(a) => a,
         Err(e) => {
@@ -176,16 +169,9 @@ async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) 
             return None;
         }
     };
-
-    // One batch, in order: routes (via a gateway first, then the on-link ones they depend on),
-    // addresses (v6 link-local ones die with the link going down), then the link down, renamed
-    // and moved to the graveyard group.
+    // One batch, in order: addresses (v6 link-local ones die with the link going down), then
+    // the link down, renamed and moved to the graveyard group.
     let mut reqs: Vec<(Kind, Req)> = Vec::new();
-    let mut mine = routes;
-    mine.sort_by_key(|r| r.gw.is_none());
-    for r in &mine {
-        reqs.push((Kind::Route, route::del_found_req(r, &l.name)));
-    }
     for a in addrs.iter().filter(|a| !a.link_local) {
         reqs.push((Kind::Addr, address::del_req(l.index, &l.name, a.net)));
     }
@@ -220,7 +206,6 @@ async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) 
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    Route,
     Addr,
     Link,
 }
