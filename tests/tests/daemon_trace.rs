@@ -236,6 +236,30 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
         .map(|v| v["drifts"].as_array().map_or(0, Vec::len))
         .sum();
     assert_eq!(drifts_after, 1, "only the deleted route drifted: {answer}");
+    // After DEL a view is history: removed by DEL, naming the addresses it released (the
+    // marking happens before the DEL answers: no wait).
+    for view in answer["sandboxes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| cookie_of_view(v).is_some_and(|c| cookies.contains(&c)))
+    {
+        let allocated = view["intent"]["intent"]["addresses"][0]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(view["removed"]["by"], "del", "{view}");
+        assert_eq!(
+            view["removed"]["addresses"],
+            serde_json::json!([allocated]),
+            "{view}"
+        );
+    }
+    let text = String::from_utf8_lossy(&daemon.cli(&["sandboxes"])?.stdout).into_owned();
+    assert!(
+        text.lines().any(|l| l.starts_with("container tr-0: ")
+            && l.contains("REMOVED container tr-0 (eth0) by DEL")),
+        "{text}"
+    );
     Ok(())
 }
 

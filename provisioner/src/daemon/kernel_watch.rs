@@ -52,8 +52,21 @@ pub struct SandboxView {
     pub intent: Option<IntentVerdict>,
     pub container_id: Option<String>,
     pub drifts: Vec<Drift>,
+    /// The sandbox was removed (by the runtime's DEL or GC) after its latest ADD: its intent
+    /// is history, its addresses are free.
+    pub removed: Option<RemovedSandbox>,
     /// The latest reports for this namespace, as `provisioner trace` prints them.
     pub text: Vec<String>,
+}
+
+/// How and when a sandbox's wiring was removed.
+#[derive(Clone, Debug, Serialize)]
+pub struct RemovedSandbox {
+    /// `del` or `gc`.
+    pub by: &'static str,
+    pub at: String,
+    /// The addresses released.
+    pub addresses: Vec<String>,
 }
 
 /// A sandbox of the store whose namespace could not be checked.
@@ -103,8 +116,54 @@ impl Shared {
             intent: None,
             container_id: None,
             drifts: Vec::new(),
+            removed: None,
             text: Vec::new(),
         })
+    }
+
+    fn push_text(view: &mut SandboxView, text: String) {
+        if view.text.len() >= KEPT_TEXTS {
+            view.text.remove(0);
+        }
+        view.text.push(text);
+    }
+
+    /// The views of `sandbox`'s ADDs.
+    fn views_of<'a>(
+        &'a mut self,
+        sandbox: &'a SandboxRef,
+    ) -> impl Iterator<Item = &'a mut SandboxView> + 'a {
+        self.views.values_mut().filter(|v| {
+            v.intent.as_ref().is_some_and(|i| {
+                i.intent.key.container_id == sandbox.container_id
+                    && i.intent.key.ifname == sandbox.ifname
+            })
+        })
+    }
+
+    /// Marks the views of `sandbox`'s ADDs as removed (their intents are history).
+    fn removed(&mut self, sandbox: &SandboxRef, by: &'static str, addresses: Vec<String>) {
+        let at = format_time(SystemTime::now());
+        for view in self.views_of(sandbox) {
+            if view.removed.is_some() {
+                continue;
+            }
+            Self::push_text(
+                view,
+                format!(
+                    "{at} REMOVED container {} ({}) by {}: addresses [{}] released",
+                    sandbox.container_id,
+                    sandbox.ifname,
+                    by.to_uppercase(),
+                    addresses.join(", ")
+                ),
+            );
+            view.removed = Some(RemovedSandbox {
+                by,
+                at: at.clone(),
+                addresses: addresses.clone(),
+            });
+        }
     }
 
     fn record(&mut self, reports: Vec<Report>) {
@@ -116,10 +175,7 @@ impl Shared {
                 Report::Drift(d) => d.netns_cookie,
             };
             let view = self.view(cookie);
-            if view.text.len() >= KEPT_TEXTS {
-                view.text.remove(0);
-            }
-            view.text.push(text);
+            Self::push_text(view, text);
             match report {
                 Report::Verdict(v) => view.verdict = Some(v),
                 Report::Intent(i) => {
@@ -267,6 +323,11 @@ fn addresses_of(allocation: Option<&Allocation>) -> Vec<String> {
 
 impl SandboxObserver for KernelWatch {
     fn planned(&self, sandbox: &SandboxRef, expected: &ExpectedState) {
+        // A new ADD of a removed sandbox: wired again (a late report of the removed ADD must not
+        // undo its removal, so this is the one place that does).
+        for view in lock(&self.shared).views_of(sandbox) {
+            view.removed = None;
+        }
         if let Some(netns) = &sandbox.netns {
             self.send(Command::Intent(IntentSpec::new(
                 key_of(sandbox),
@@ -286,6 +347,11 @@ impl SandboxObserver for KernelWatch {
     }
 
     fn removed(&self, sandbox: &SandboxRef, cause: Removal, released: Option<&Allocation>) {
+        match cause {
+            Removal::Del => lock(&self.shared).removed(sandbox, "del", addresses_of(released)),
+            Removal::Gc => lock(&self.shared).removed(sandbox, "gc", addresses_of(released)),
+            Removal::NetnsGone => {}
+        }
         if cause == Removal::NetnsGone {
             lock(&self.shared).absent(
                 sandbox,
