@@ -730,6 +730,10 @@ mod tests {
         }
     }
 
+    fn mtu(s: &ConfigState) -> Option<u32> {
+        s.current.as_ref().and_then(|c| c.config.mtu)
+    }
+
     fn in_force(s: &ConfigState) -> Option<&Path> {
         s.current.as_deref().map(|c| c.file.as_path())
     }
@@ -799,7 +803,33 @@ mod tests {
         })
         .await;
         assert_eq!(in_force(&rx.borrow()), Some(ours.as_path()));
+        // `rm` (IN_DELETE only): loaded again.
         std::fs::remove_file(&empty).unwrap();
+        wait_for(&mut rx, "the empty file gone", |s| {
+            s.last_attempt.result.is_ok()
+        })
+        .await;
+
+        // Written in place and still open (IN_MODIFY, no IN_CLOSE_WRITE yet).
+        let at = OURS.find("1460").unwrap() as u64;
+        let open = std::fs::OpenOptions::new().write(true).open(&ours).unwrap();
+        std::os::unix::fs::FileExt::write_at(&open, b"1400", at).unwrap();
+        wait_for(&mut rx, "mtu 1400 written in place", |s| {
+            mtu(s) == Some(1400)
+        })
+        .await;
+        drop(open);
+
+        // Changed through a hard link outside the dir (no event in the dir), then `chmod`ed
+        // (IN_ATTRIB only).
+        let hard = staging.join("hard.conflist");
+        std::fs::hard_link(&ours, &hard).unwrap();
+        let open = std::fs::OpenOptions::new().write(true).open(&hard).unwrap();
+        std::os::unix::fs::FileExt::write_at(&open, b"1420", at).unwrap();
+        drop(open);
+        std::fs::set_permissions(&ours, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        wait_for(&mut rx, "mtu 1420 after chmod", |s| mtu(s) == Some(1420)).await;
 
         // A symlink's target outside the dir changes without an event in the dir: `reload`
         // (SIGHUP) picks it up.
@@ -814,9 +844,16 @@ mod tests {
         std::fs::write(&target, OURS.replace("1460", "1400")).unwrap();
         watcher.reload();
         wait_for(&mut rx, "the changed symlink target", |s| {
-            s.current.as_ref().and_then(|c| c.config.mtu) == Some(1400)
+            mtu(s) == Some(1400)
         })
         .await;
+
+        // The dir moved away (IN_MOVE_SELF): not ready; back: watched and loaded again.
+        let moved = root.path().join("net.d.old");
+        std::fs::rename(&conf, &moved).unwrap();
+        wait_for(&mut rx, "not ready with the dir gone", |s| !s.is_ready()).await;
+        std::fs::rename(&moved, &conf).unwrap();
+        wait_for(&mut rx, "ready with the dir back", ConfigState::is_ready).await;
 
         // Dropped: the watcher's task ends and the channel closes.
         drop(watcher);
@@ -840,8 +877,9 @@ mod tests {
             .iter()
             .filter(|l| l.contains("CNI config loaded"))
             .collect();
-        assert_eq!(loaded.len(), 3, "{lines:#?}");
-        for (line, generation) in loaded.iter().zip(1..) {
+        // 1 moved in, 2 written in place, 3 chmod, 4 symlink, 5 reload, (6 dir gone), 7 back.
+        assert_eq!(loaded.len(), 6, "{lines:#?}");
+        for (line, generation) in loaded.iter().zip([1, 2, 3, 4, 5, 7]) {
             assert!(
                 line.contains("INFO") && line.contains(&format!("generation={generation}")),
                 "{lines:#?}"
