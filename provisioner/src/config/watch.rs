@@ -721,11 +721,10 @@ mod tests {
             if pred(&rx.borrow_and_update()) {
                 return;
             }
-            if tokio::time::timeout_at(deadline, rx.changed())
-                .await
-                .is_err()
-            {
-                panic!("timed out waiting for {what}; state: {:#?}", *rx.borrow());
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("the watcher stopped before {what}"),
+                Err(_) => panic!("timed out waiting for {what}; state: {:#?}", *rx.borrow()),
             }
         }
     }
