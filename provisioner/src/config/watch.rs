@@ -811,24 +811,24 @@ mod tests {
 
         // Written in place and still open (IN_MODIFY, no IN_CLOSE_WRITE yet).
         let at = OURS.find("1460").unwrap() as u64;
-        let open = std::fs::OpenOptions::new().write(true).open(&ours).unwrap();
-        std::os::unix::fs::FileExt::write_at(&open, b"1400", at).unwrap();
+        let in_place = std::fs::OpenOptions::new().write(true).open(&ours).unwrap();
+        std::os::unix::fs::FileExt::write_at(&in_place, b"1400", at).unwrap();
         wait_for(&mut rx, "mtu 1400 written in place", |s| {
             mtu(s) == Some(1400)
         })
         .await;
-        drop(open);
 
         // Changed through a hard link outside the dir (no event in the dir), then `chmod`ed
-        // (IN_ATTRIB only).
+        // (IN_ATTRIB only; `in_place` stays open so that no IN_CLOSE_WRITE comes first).
         let hard = staging.join("hard.conflist");
         std::fs::hard_link(&ours, &hard).unwrap();
-        let open = std::fs::OpenOptions::new().write(true).open(&hard).unwrap();
-        std::os::unix::fs::FileExt::write_at(&open, b"1420", at).unwrap();
-        drop(open);
+        let outside = std::fs::OpenOptions::new().write(true).open(&hard).unwrap();
+        std::os::unix::fs::FileExt::write_at(&outside, b"1420", at).unwrap();
+        drop(outside);
         std::fs::set_permissions(&ours, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
         wait_for(&mut rx, "mtu 1420 after chmod", |s| mtu(s) == Some(1420)).await;
+        drop(in_place);
 
         // A symlink's target outside the dir changes without an event in the dir: `reload`
         // (SIGHUP) picks it up.
