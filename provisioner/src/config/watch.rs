@@ -891,4 +891,14 @@ mod tests {
             "{lines:#?}"
         );
     }
+
+    #[tokio::test]
+    async fn without_a_deadline_the_debounce_timer_never_fires() {
+        // The event loop selects on it: firing at once would reload in a busy loop.
+        let fired = tokio::time::timeout(Duration::from_millis(20), sleep_until_opt(None)).await;
+        assert!(fired.is_err(), "fired without a deadline");
+        let soon = Instant::now() + Duration::from_millis(1);
+        let fired = tokio::time::timeout(Duration::from_secs(2), sleep_until_opt(Some(soon))).await;
+        assert!(fired.is_ok(), "did not fire at its deadline");
+    }
 }
