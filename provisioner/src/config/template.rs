@@ -955,4 +955,23 @@ mod tests {
             "a\"\u{e9}"
         );
     }
+
+    #[test]
+    fn an_action_is_still_checked_after_a_quoted_string() {
+        let nets = cidrs("10.244.1.0/24");
+        let err = render_template("{{print \"a\" .PodCIDR\u{a0}}}", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1") && err.contains("non-ASCII"), "{err}");
+    }
+
+    #[test]
+    fn a_newline_in_a_quoted_string_is_the_error_reported() {
+        // gtmpl's lexer stops there: what follows is not checked, the string is the error.
+        let nets = cidrs("10.244.1.0/24");
+        let err = render_template("{{print \"a\n\" \u{e9}}}", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unterminated quoted string"), "{err}");
+    }
 }
