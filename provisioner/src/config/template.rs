@@ -925,6 +925,7 @@ mod tests {
         // What follows a comment is still checked, with its line.
         for (text, line) in [
             ("{{/**/}}{{.PodCIDR\u{a0}}}", 1),
+            ("{{/* a much longer comment */}}{{.PodCIDR\u{a0}}}", 1),
             ("{{/* a */}}\n{{.PodCIDR\u{a0}}}", 2),
             ("{{- /* a\nb */ -}}\n{{.PodCIDR\u{a0}}}", 3),
         ] {
