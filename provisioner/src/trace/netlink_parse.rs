@@ -912,4 +912,37 @@ mod tests {
             Some("Invalid prefix for given prefix length")
         );
     }
+
+    #[test]
+    fn a_cut_veth_peer_marks_the_request_truncated() {
+        let data = attr(VETH_INFO_PEER, &[0u8; 8]);
+        let mut info = attr(IFLA_INFO_KIND, b"veth\0");
+        info.extend(attr(IFLA_INFO_DATA, &data));
+        let mut body = ifinfo(0, 0, 0);
+        body.extend(attr(IFLA_LINKINFO, &info));
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        assert!(parsed[0].truncated);
+    }
+
+    #[test]
+    fn address_without_local_and_route_source_and_table() {
+        let mut addr = vec![AF_INET6, 64, 0, 0];
+        addr.extend_from_slice(&3u32.to_ne_bytes());
+        let v6: Ipv6Addr = "fd00::5".parse().expect("ip");
+        addr.extend(attr(IFA_ADDRESS, &v6.octets()));
+        let parsed = parse_requests(&msg(RTM_NEWADDR, 5, 1, &addr)).expect("parses");
+        let RtRequest::NewAddr(a) = &parsed[0].body else {
+            panic!("not newaddr");
+        };
+        assert_eq!(a.addr(), Some(IpAddr::V6(v6)));
+
+        let mut route = vec![AF_INET, 24, 0, 0, 100, 3, 0, 1, 0, 0, 0, 0];
+        route.extend(attr(RTA_PREFSRC, &[10, 244, 1, 2]));
+        let parsed = parse_requests(&msg(RTM_NEWROUTE, 5, 1, &route)).expect("parses");
+        let RtRequest::NewRoute(r) = &parsed[0].body else {
+            panic!("not newroute");
+        };
+        assert_eq!(r.table, 100);
+        assert_eq!(r.prefsrc, Some("10.244.1.2".parse().expect("ip")));
+    }
 }
