@@ -339,4 +339,49 @@ mod tests {
             matches!(e, ConfigError::Read { ref source, .. } if source.kind() == io::ErrorKind::NotFound)
         );
     }
+
+    #[test]
+    fn runtime_default_is_a_loadable_network_not_a_broken_file() {
+        // What a max_conf_num = 1 runtime would use instead of ours: never a file it could
+        // not load itself.
+        let d = dir_with(&[
+            ("00-broken.conf", "{\"name\":"),
+            (
+                "01-list.conf",
+                r#"{"name":"x","plugins":[{"type":"bridge"}]}"#,
+            ),
+            ("10-pod.conflist", OURS),
+        ]);
+        let l = load_conf_dir(d.path()).unwrap();
+        assert_eq!(l.skipped.len(), 2, "{:?}", l.skipped);
+        assert_eq!(l.runtime_default(), None);
+        let d = dir_with(&[
+            ("00-broken.conf", "{\"name\":"),
+            ("05-lo.conf", LOOPBACK),
+            ("10-pod.conflist", OURS),
+        ]);
+        let l = load_conf_dir(d.path()).unwrap();
+        assert_eq!(
+            l.runtime_default().unwrap().file,
+            d.path().join("05-lo.conf")
+        );
+    }
+
+    #[test]
+    fn an_unreadable_file_is_skipped_with_its_error_not_ignored() {
+        // A symlink loop cannot be read (ELOOP, not "gone"): the choice of ours is unsettled.
+        let d = dir_with(&[("10-pod.conflist", OURS)]);
+        let looped = d.path().join("05-loop.conf");
+        std::os::unix::fs::symlink(&looped, &looped).unwrap();
+        let l = load_conf_dir(d.path()).unwrap();
+        assert_eq!(l.file, d.path().join("10-pod.conflist"));
+        let unsettled = l.first_unsettled().unwrap();
+        assert_eq!(unsettled.file, looped);
+        assert!(
+            unsettled
+                .to_string()
+                .starts_with("05-loop.conf (unreadable: "),
+            "{unsettled}"
+        );
+    }
 }

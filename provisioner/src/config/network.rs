@@ -499,4 +499,38 @@ mod tests {
         assert_eq!(FileKind::of(Path::new(".a.conflist.1.tmp")), None);
         assert_eq!(FileKind::of(Path::new("conf")), None);
     }
+
+    #[test]
+    fn a_version_has_three_numeric_parts() {
+        for bad in ["1.x.0", "1..0", "1.0.0.0", "v1.0.0"] {
+            let bytes = format!(
+                r#"{{"cniVersion":"{bad}","name":"pod","type":"provisioner","ipam":{{"subnet":"10.0.0.0/24"}}}}"#
+            );
+            assert!(
+                err(bytes.as_bytes(), FileKind::Conf).contains(": cniVersion: must be a version"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_single_conf_is_read_by_its_type_as_runtimes_do() {
+        // A .conf with a `type` is one plugin even if it also has a `plugins` key.
+        let f = parse_network(
+            Path::new("/x/10.conf"),
+            FileKind::Conf,
+            br#"{"name":"x","type":"loopback","plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(f.plugin_types, ["loopback"]);
+        // Without either, the reason is the missing type, not a misnamed list.
+        let e = err(br#"{"name":"x"}"#, FileKind::Conf);
+        assert!(e.ends_with("type: no plugin \"type\""), "{e}");
+        // An empty type names no plugin a runtime could run.
+        let e = err(
+            br#"{"name":"x","plugins":[{"type":""}]}"#,
+            FileKind::ConfList,
+        );
+        assert!(e.contains("plugins[0].type: no plugin \"type\""), "{e}");
+    }
 }

@@ -909,4 +909,70 @@ mod tests {
             "\u{e9}\t\""
         );
     }
+
+    #[test]
+    fn a_non_ascii_character_before_a_trim_marker_is_named_on_its_line() {
+        let nets = cidrs("10.244.1.0/24");
+        let err = render_template("{}\n\nx\u{e9} {{- .PodCIDR}}", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3") && err.contains("U+00E9"), "{err}");
+    }
+
+    #[test]
+    fn comments_are_skipped_exactly_to_their_end() {
+        let nets = cidrs("10.244.1.0/24");
+        // What follows a comment is still checked, with its line.
+        for (text, line) in [
+            ("{{/**/}}{{.PodCIDR\u{a0}}}", 1),
+            ("{{/* a much longer comment */}}{{.PodCIDR\u{a0}}}", 1),
+            ("{{/* a */}}\n{{.PodCIDR\u{a0}}}", 2),
+            ("{{- /* a\nb */ -}}\n{{.PodCIDR\u{a0}}}", 3),
+        ] {
+            let err = render_template(text, &nets).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("line {line}")) && err.contains("non-ASCII"),
+                "{text:?}: {err}"
+            );
+        }
+        // Whatever a comment holds (even `{{` and a non-ASCII character) is not an action.
+        for text in [
+            "{{/*/ {{ caf\u{e9} */}}\"{{.PodCIDR}}\"",
+            "{{- /*/ {{ caf\u{e9} */ -}} \"{{.PodCIDR}}\"",
+        ] {
+            assert_eq!(
+                render_template(text, &nets).unwrap(),
+                "\"10.244.1.0/24\"",
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_escaped_quote_does_not_end_a_quoted_string() {
+        let nets = cidrs("10.244.1.0/24");
+        assert_eq!(
+            render_template("{{print \"a\\\"\u{e9}\"}}", &nets).unwrap(),
+            "a\"\u{e9}"
+        );
+    }
+
+    #[test]
+    fn an_action_is_still_checked_after_a_quoted_string() {
+        let nets = cidrs("10.244.1.0/24");
+        let err = render_template("{{print \"a\" .PodCIDR\u{a0}}}", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1") && err.contains("non-ASCII"), "{err}");
+    }
+
+    #[test]
+    fn a_newline_in_a_quoted_string_is_the_error_reported() {
+        // gtmpl's lexer stops there: what follows is not checked, the string is the error.
+        let nets = cidrs("10.244.1.0/24");
+        let err = render_template("{{print \"a\n\" \u{e9}}}", &nets)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unterminated quoted string"), "{err}");
+    }
 }

@@ -636,4 +636,269 @@ mod tests {
         );
         assert!(matches!(d, Decision::Load(_)));
     }
+
+    #[test]
+    fn a_missing_dir_or_file_is_not_ready_another_read_error_keeps_the_config() {
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let denied = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let read_dir = |source| ConfigError::ReadDir {
+            dir: "/d".into(),
+            source,
+        };
+        let read = |source| ConfigError::Read {
+            path: "/d/10.conflist".into(),
+            source,
+        };
+        for (error, ready_after) in [
+            (read_dir(gone()), false),
+            (read(gone()), false),
+            (read_dir(denied()), true),
+            (read(denied()), true),
+        ] {
+            let shown = error.to_string();
+            let mut s = empty_state();
+            let now = SystemTime::now();
+            apply(
+                &mut s,
+                decide(Ok(loaded("/d/10.conflist", 1460, vec![])), false),
+                now,
+            );
+            assert!(apply(&mut s, decide(Err(error), true), now), "{shown}");
+            assert_eq!(s.is_ready(), ready_after, "{shown}");
+            assert_eq!(s.current.is_some(), ready_after, "{shown}");
+            assert_eq!(s.last_attempt.result, Err(shown.clone()));
+        }
+    }
+
+    #[test]
+    fn a_path_is_a_file_to_follow_only_if_it_is_a_config_file_name() {
+        let d = tempfile::tempdir().unwrap();
+        let dir_named_like_a_file = d.path().join("net.conf");
+        std::fs::create_dir(&dir_named_like_a_file).unwrap();
+        let missing_dir = d.path().join("net.d");
+        let file = d.path().join("10.conflist");
+        assert_eq!(
+            Source::of(dir_named_like_a_file.clone()),
+            Source::Dir(dir_named_like_a_file)
+        );
+        assert_eq!(Source::of(missing_dir.clone()), Source::Dir(missing_dir));
+        assert_eq!(Source::of(file.clone()), Source::File(file.clone()));
+        assert_eq!(Source::File(file).watched_dir(), d.path());
+    }
+
+    #[test]
+    fn only_events_about_candidate_files_trigger_a_reload() {
+        let dir = Source::Dir("/d".into());
+        assert!(dir.concerns(Path::new("10.conflist")));
+        assert!(dir.concerns(Path::new("99-lo.conf")));
+        assert!(!dir.concerns(Path::new(".10.conflist.swp")));
+        let file = Source::File("/d/10.conflist".into());
+        assert!(file.concerns(Path::new("10.conflist")));
+        assert!(!file.concerns(Path::new("20.conflist")));
+    }
+
+    const OURS: &str = r#"{"cniVersion":"1.0.0","name":"pod","plugins":[
+        {"type":"provisioner","mtu":1460,"ipam":{"subnet":"10.244.1.0/24"}}]}"#;
+
+    /// Only inotify events (or `reload`) can trigger a reload within a test's bounds.
+    fn events_only() -> WatchOptions {
+        WatchOptions {
+            debounce: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+            recheck: Duration::from_secs(3600),
+            retry_missing: Duration::from_millis(20),
+        }
+    }
+
+    /// Waits at most 2 s for a published state that satisfies `pred`.
+    async fn wait_for(
+        rx: &mut watch::Receiver<ConfigState>,
+        what: &str,
+        pred: impl Fn(&ConfigState) -> bool,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            if pred(&rx.borrow_and_update()) {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("the watcher stopped before {what}"),
+                Err(_) => panic!("timed out waiting for {what}; state: {:#?}", *rx.borrow()),
+            }
+        }
+    }
+
+    fn mtu(s: &ConfigState) -> Option<u32> {
+        s.current.as_ref().and_then(|c| c.config.mtu)
+    }
+
+    fn in_force(s: &ConfigState) -> Option<&Path> {
+        s.current.as_deref().map(|c| c.file.as_path())
+    }
+
+    /// The log lines written while the guard lives (on this thread, so with a current-thread
+    /// runtime also those of the watcher's task).
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Log {
+        fn capture(&self) -> tracing::subscriber::DefaultGuard {
+            let log = self.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(move || log.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish();
+            tracing::subscriber::set_default(subscriber)
+        }
+
+        fn lines(&self) -> Vec<String> {
+            String::from_utf8_lossy(&self.0.lock().unwrap())
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn inotify_events_and_reload_requests_reload_the_config() {
+        let log = Log::default();
+        let _guard = log.capture();
+        let root = tempfile::tempdir().unwrap();
+        let conf = root.path().join("net.d");
+        let staging = root.path().join("staging");
+        std::fs::create_dir(&conf).unwrap();
+        std::fs::create_dir(&staging).unwrap();
+        let (watcher, mut rx) = ConfigWatcher::start_with(&conf, events_only()).unwrap();
+        assert_eq!(watcher.path(), conf);
+        assert!(!rx.borrow().is_ready());
+
+        // `mv` into the dir: only IN_MOVED_TO there.
+        std::fs::write(staging.join("10.conflist"), OURS).unwrap();
+        std::fs::rename(staging.join("10.conflist"), conf.join("10.conflist")).unwrap();
+        let ours = conf.join("10.conflist");
+        wait_for(&mut rx, "the moved-in config", |s| {
+            in_force(s) == Some(ours.as_path())
+        })
+        .await;
+
+        // An empty file created before ours (IN_CREATE, IN_CLOSE_WRITE, no IN_MODIFY) is
+        // unsettled: the config in force is kept and the attempt names it.
+        let empty = conf.join("05-new.conf");
+        std::fs::File::create(&empty).unwrap();
+        wait_for(&mut rx, "the empty file reported", |s| {
+            s.last_attempt.file.as_deref() == Some(empty.as_path())
+        })
+        .await;
+        assert_eq!(in_force(&rx.borrow()), Some(ours.as_path()));
+        // `rm` (IN_DELETE only): loaded again.
+        std::fs::remove_file(&empty).unwrap();
+        wait_for(&mut rx, "the empty file gone", |s| {
+            s.last_attempt.result.is_ok()
+        })
+        .await;
+
+        // Written in place and still open (IN_MODIFY, no IN_CLOSE_WRITE yet).
+        let at = OURS.find("1460").unwrap() as u64;
+        let in_place = std::fs::OpenOptions::new().write(true).open(&ours).unwrap();
+        std::os::unix::fs::FileExt::write_at(&in_place, b"1400", at).unwrap();
+        wait_for(&mut rx, "mtu 1400 written in place", |s| {
+            mtu(s) == Some(1400)
+        })
+        .await;
+
+        // Changed through a hard link outside the dir (no event in the dir), then `chmod`ed
+        // (IN_ATTRIB only; `in_place` stays open so that no IN_CLOSE_WRITE comes first).
+        let hard = staging.join("hard.conflist");
+        std::fs::hard_link(&ours, &hard).unwrap();
+        let outside = std::fs::OpenOptions::new().write(true).open(&hard).unwrap();
+        std::os::unix::fs::FileExt::write_at(&outside, b"1420", at).unwrap();
+        drop(outside);
+        std::fs::set_permissions(&ours, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        wait_for(&mut rx, "mtu 1420 after chmod", |s| mtu(s) == Some(1420)).await;
+        drop(in_place);
+
+        // A symlink's target outside the dir changes without an event in the dir: `reload`
+        // (SIGHUP) picks it up.
+        let target = staging.join("20-real.conflist");
+        std::fs::write(&target, OURS).unwrap();
+        std::os::unix::fs::symlink(&target, conf.join("02-link.conflist")).unwrap();
+        let link = conf.join("02-link.conflist");
+        wait_for(&mut rx, "the symlinked config", |s| {
+            in_force(s) == Some(link.as_path()) && s.last_attempt.result.is_ok()
+        })
+        .await;
+        std::fs::write(&target, OURS.replace("1460", "1400")).unwrap();
+        watcher.reload();
+        wait_for(&mut rx, "the changed symlink target", |s| {
+            mtu(s) == Some(1400)
+        })
+        .await;
+
+        // The dir moved away (IN_MOVE_SELF): not ready; back: watched and loaded again.
+        let moved = root.path().join("net.d.old");
+        std::fs::rename(&conf, &moved).unwrap();
+        wait_for(&mut rx, "not ready with the dir gone", |s| !s.is_ready()).await;
+        std::fs::rename(&moved, &conf).unwrap();
+        wait_for(&mut rx, "ready with the dir back", ConfigState::is_ready).await;
+
+        // Dropped: the watcher's task ends and the channel closes.
+        drop(watcher);
+        let closed = tokio::time::timeout(Duration::from_secs(2), async {
+            while rx.changed().await.is_ok() {}
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "the watcher kept running after being dropped"
+        );
+
+        // What an operator reads: not ready at first; each new config in force once, with its
+        // generation; the empty file as the reason the config was not loaded.
+        let lines = log.lines();
+        assert!(
+            lines[0].contains("WARN") && lines[0].contains("no CNI config of ours"),
+            "{lines:#?}"
+        );
+        let loaded: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("CNI config loaded"))
+            .collect();
+        // 1 moved in, 2 written in place, 3 chmod, 4 symlink, 5 reload, (6 dir gone), 7 back.
+        assert_eq!(loaded.len(), 6, "{lines:#?}");
+        for (line, generation) in loaded.iter().zip([1, 2, 3, 4, 5, 7]) {
+            assert!(
+                line.contains("INFO") && line.contains(&format!("generation={generation}")),
+                "{lines:#?}"
+            );
+        }
+        assert!(
+            lines.iter().any(|l| l.contains("WARN")
+                && l.contains("CNI config not loaded")
+                && l.contains("05-new.conf")),
+            "{lines:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_deadline_the_debounce_timer_never_fires() {
+        // The event loop selects on it: firing at once would reload in a busy loop.
+        let fired = tokio::time::timeout(Duration::from_millis(20), sleep_until_opt(None)).await;
+        assert!(fired.is_err(), "fired without a deadline");
+        let soon = Instant::now() + Duration::from_millis(1);
+        let fired = tokio::time::timeout(Duration::from_secs(2), sleep_until_opt(Some(soon))).await;
+        assert!(fired.is_ok(), "did not fire at its deadline");
+    }
 }

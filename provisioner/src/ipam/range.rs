@@ -492,6 +492,51 @@ mod tests {
     }
 
     #[test]
+    fn family_codes_of_the_store_decode_both_families() {
+        // The store keys addresses by (family code, value): a restarted daemon must read back
+        // its v4 and its v6 allocations.
+        for (family, addr) in [(Family::V4, ip("10.0.0.7")), (Family::V6, ip("fd00::7"))] {
+            assert_eq!(Family::from_code(family.code()), Some(family));
+            assert_eq!(from_u128(family, to_u128(addr)), Some(addr));
+        }
+        assert_eq!(Family::from_code(5), None);
+    }
+
+    #[test]
+    fn fingerprint_spells_out_every_range_in_order() {
+        // The store compares it with the one it was written with: a changed range config must
+        // give another fingerprint, and the same config the same one.
+        let a = IpRange::new("r", net("10.0.0.0/28"), None, None, None).unwrap();
+        let b = IpRange::new(
+            "r",
+            net("10.0.1.0/28"),
+            Some(ip("10.0.1.5")),
+            Some(ip("10.0.1.9")),
+            None,
+        )
+        .unwrap();
+        let v6 = IpRange::new("r", net("fd00::/120"), None, None, None).unwrap();
+        let sets = |v4: Vec<IpRange>| {
+            RangeSets::new(vec![
+                RangeSet::new("ranges[0]", v4).unwrap(),
+                RangeSet::new("ranges[1]", vec![v6.clone()]).unwrap(),
+            ])
+            .unwrap()
+        };
+        assert_eq!(
+            sets(vec![a.clone(), b]).fingerprint(),
+            "[10.0.0.1-10.0.0.14 in 10.0.0.0/28 (gateway 10.0.0.1), \
+             10.0.1.5-10.0.1.9 in 10.0.1.0/28 (gateway 10.0.1.1)];\
+             [fd00::1-fd00::ff in fd00::/120 (gateway fd00::1)]"
+        );
+        assert_eq!(
+            sets(vec![a]).fingerprint(),
+            "[10.0.0.1-10.0.0.14 in 10.0.0.0/28 (gateway 10.0.0.1)];\
+             [fd00::1-fd00::ff in fd00::/120 (gateway fd00::1)]"
+        );
+    }
+
+    #[test]
     fn overlap_and_mixed_family_rejected() {
         let a = IpRange::new("r", net("10.0.0.0/24"), None, None, None).unwrap();
         let b = IpRange::new("r", net("10.0.0.0/25"), None, None, None).unwrap();

@@ -371,6 +371,7 @@ mod wall_time {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::netlink_parse::RtRequest;
 
     fn raw_netns_created() -> Vec<u8> {
         let mut comm = [0u8; 16];
@@ -420,5 +421,312 @@ mod tests {
         let raw = raw_netns_created();
         let err = decode(&raw[..30], &Clock::new()).expect_err("truncated");
         assert!(matches!(err, DecodeError::Truncated { .. }));
+    }
+
+    /// A record's bytes, as the ring buffer hands them over.
+    fn bytes_of<T: aya::Pod>(record: &T) -> Vec<u8> {
+        // SAFETY: viewing a repr(C) POD value as bytes.
+        unsafe {
+            std::slice::from_raw_parts(
+                std::ptr::from_ref(record).cast::<u8>(),
+                std::mem::size_of::<T>(),
+            )
+        }
+        .to_vec()
+    }
+
+    fn text<const N: usize>(s: &str) -> [u8; N] {
+        let mut out = [0u8; N];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    fn header(kind: u32) -> common::EventHeader {
+        common::EventHeader {
+            kind,
+            pid: 10,
+            tid: 11,
+            _pad: 0,
+            ts_ns: 5,
+            cgroup_id: 7,
+            comm: text("ip"),
+        }
+    }
+
+    fn netns(cookie: u64) -> common::NetnsId {
+        common::NetnsId {
+            cookie,
+            inum: 4_026_532_000 + u32::try_from(cookie).unwrap_or(0),
+            _pad: 0,
+        }
+    }
+
+    fn decoded(bytes: &[u8]) -> EventKind {
+        decode(bytes, &Clock::new()).expect("decodes").kind
+    }
+
+    /// A netlink record of `syscall` carrying `data`, of which `copied` bytes were copied.
+    fn netlink(kind: u32, syscall: u32, data: &[u8], copied: u32) -> Vec<u8> {
+        let mut buf = [0u8; common::NETLINK_COPY];
+        buf[..data.len()].copy_from_slice(data);
+        bytes_of(&common::NetlinkMsg {
+            header: header(kind),
+            task_netns: netns(1),
+            sock_netns: netns(2),
+            syscall,
+            fd: 3,
+            total_len: 64,
+            copied,
+            data: buf,
+        })
+    }
+
+    /// An `nlmsghdr` of `msg_type` followed by `body`.
+    fn nl_message(msg_type: u16, body: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(16 + body.len()).unwrap_or(u32::MAX);
+        let mut m = Vec::new();
+        m.extend_from_slice(&len.to_ne_bytes());
+        m.extend_from_slice(&msg_type.to_ne_bytes());
+        m.extend_from_slice(&5u16.to_ne_bytes()); // flags: REQUEST | ACK
+        m.extend_from_slice(&9u32.to_ne_bytes()); // seq
+        m.extend_from_slice(&0u32.to_ne_bytes()); // pid
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn every_record_kind_decodes_with_its_namespaces() {
+        let extack = bytes_of(&common::Extack {
+            header: header(common::kind::EXTACK),
+            task_netns: netns(3),
+            msg: text("Device not found"),
+        });
+        let EventKind::Extack(e) = decoded(&extack) else {
+            panic!("not an extack");
+        };
+        assert_eq!(e.message, "Device not found");
+        assert_eq!(
+            e.task_netns,
+            NetnsRef {
+                cookie: 3,
+                inode: 4_026_532_003
+            }
+        );
+
+        let exec = bytes_of(&common::Exec {
+            header: header(common::kind::EXEC),
+            task_netns: netns(4),
+            parent_pid: 1,
+            _pad: 0,
+            parent_comm: text("containerd"),
+            filename: text("/opt/cni/bin/provisioner"),
+        });
+        let EventKind::Exec(e) = decoded(&exec) else {
+            panic!("not an exec");
+        };
+        assert_eq!(e.filename, "/opt/cni/bin/provisioner");
+        assert_eq!((e.parent_pid, e.parent_comm.as_str()), (1, "containerd"));
+
+        let bind = bytes_of(&common::BindMount {
+            header: header(common::kind::BIND_MOUNT),
+            task_netns: netns(5),
+            flags: common::MS_BIND,
+            source: text("/proc/10/ns/net"),
+            target: text("/run/netns/cni-1"),
+        });
+        let EventKind::BindMount(b) = decoded(&bind) else {
+            panic!("not a bind mount");
+        };
+        assert_eq!(
+            (b.source.as_str(), b.target.as_str(), b.flags),
+            ("/proc/10/ns/net", "/run/netns/cni-1", common::MS_BIND)
+        );
+
+        let mut created = raw_netns_created();
+        created.truncate(std::mem::size_of::<common::NetnsCreated>());
+        let cases: [(&[u8], u32, Vec<u64>); 4] = [
+            (&created, common::kind::NETNS_CREATED, vec![4242]),
+            (&extack, common::kind::EXTACK, vec![3]),
+            (&exec, common::kind::EXEC, vec![4]),
+            (&bind, common::kind::BIND_MOUNT, vec![5]),
+        ];
+        for (bytes, kind, cookies) in cases {
+            let event = decoded(bytes);
+            assert_eq!(event.kind(), kind, "{event:?}");
+            assert_eq!(event.netns_cookies(), cookies, "{event:?}");
+        }
+    }
+
+    #[test]
+    fn devices_coming_and_going_are_told_apart() {
+        let dev = |kind, dying| {
+            bytes_of(&common::DevEvent {
+                header: header(kind),
+                netns: netns(6),
+                ifindex: 12,
+                dev_flags: 0x1003,
+                netns_dying: dying,
+                _pad: 0,
+                ifname: text("eth0"),
+                qdisc: text("noqueue"),
+            })
+        };
+        let want = |netns_dying| DevChange {
+            netns: NetnsRef {
+                cookie: 6,
+                inode: 4_026_532_006,
+            },
+            ifindex: 12,
+            ifname: "eth0".into(),
+            dev_flags: 0x1003,
+            netns_dying,
+            qdisc: "noqueue".into(),
+        };
+        let up = decoded(&dev(common::kind::DEV_UP, 0));
+        assert_eq!(up, EventKind::DevUp(want(false)));
+        assert_eq!(
+            (up.kind(), up.netns_cookies()),
+            (common::kind::DEV_UP, vec![6])
+        );
+        let gone = decoded(&dev(common::kind::DEV_GONE, 1));
+        assert_eq!(gone, EventKind::DevGone(want(true)));
+        assert_eq!(
+            (gone.kind(), gone.netns_cookies()),
+            (common::kind::DEV_GONE, vec![6])
+        );
+    }
+
+    #[test]
+    fn netlink_records_name_syscall_both_namespaces_and_messages() {
+        let getlink = nl_message(18, &[0u8; 16]);
+        let copied = u32::try_from(getlink.len()).unwrap_or(0);
+        for (syscall, name) in [
+            (common::syscall::SENDMSG, "sendmsg"),
+            (common::syscall::SENDTO, "sendto"),
+            (common::syscall::RECVMSG, "recvmsg"),
+            (common::syscall::RECVFROM, "recvfrom"),
+            (99, "unknown"),
+        ] {
+            let event = decoded(&netlink(
+                common::kind::NETLINK_REQUEST,
+                syscall,
+                &getlink,
+                copied,
+            ));
+            assert_eq!(event.kind(), common::kind::NETLINK_REQUEST);
+            assert_eq!(event.netns_cookies(), vec![1, 2]);
+            let EventKind::NetlinkRequest(r) = event else {
+                panic!("not a request");
+            };
+            assert_eq!(r.io.syscall, name);
+            assert_eq!((r.io.fd, r.io.total_len, r.io.copied), (3, 64, copied));
+            assert_eq!(r.io.parse_error, None);
+            assert_eq!(r.messages.len(), 1, "{:?}", r.messages);
+            assert_eq!(r.messages[0].body, RtRequest::Other { msg_type: 18 });
+        }
+
+        // The kernel's answer: NLMSG_ERROR with errno EEXIST and the request's header.
+        let mut body = (-17i32).to_ne_bytes().to_vec();
+        body.extend_from_slice(&getlink[..16]);
+        let error = nl_message(common::NLMSG_ERROR, &body);
+        let event = decoded(&netlink(
+            common::kind::NETLINK_REPLY,
+            common::syscall::RECVMSG,
+            &error,
+            u32::try_from(error.len()).unwrap_or(0),
+        ));
+        assert_eq!(
+            (event.kind(), event.netns_cookies()),
+            (common::kind::NETLINK_REPLY, vec![1, 2])
+        );
+        let EventKind::NetlinkReply(r) = event else {
+            panic!("not a reply");
+        };
+        assert_eq!(r.io.parse_error, None);
+        assert_eq!(r.replies.len(), 1, "{:?}", r.replies);
+        assert_eq!(r.replies[0].error, -17);
+    }
+
+    #[test]
+    fn unparseable_netlink_bytes_are_reported_not_dropped() {
+        for kind in [common::kind::NETLINK_REQUEST, common::kind::NETLINK_REPLY] {
+            let event = decoded(&netlink(kind, common::syscall::SENDMSG, &[1, 2, 3], 3));
+            let (io, none) = match event {
+                EventKind::NetlinkRequest(r) => (r.io, r.messages.is_empty()),
+                EventKind::NetlinkReply(r) => (r.io, r.replies.is_empty()),
+                other => panic!("{other:?}"),
+            };
+            assert!(none);
+            let why = io.parse_error.expect("parse error kept");
+            assert!(why.contains("3 bytes"), "{why}");
+        }
+    }
+
+    #[test]
+    fn records_longer_than_their_struct_decode() {
+        // The ring buffer rounds records up to 8 bytes: trailing bytes are not an error.
+        let mut raw = raw_netns_created();
+        raw.extend_from_slice(&[0u8; 8]);
+        let EventKind::NetnsCreated(created) = decoded(&raw) else {
+            panic!("not NetnsCreated");
+        };
+        assert_eq!(created.netns_inode, 4_026_532_000);
+    }
+
+    #[test]
+    fn clone_origin_and_errors_name_their_kind() {
+        let mut raw = raw_netns_created();
+        let origin_at = std::mem::offset_of!(common::NetnsCreated, origin);
+        raw[origin_at..origin_at + 4].copy_from_slice(&common::origin::CLONE.to_ne_bytes());
+        let EventKind::NetnsCreated(created) = decoded(&raw) else {
+            panic!("not NetnsCreated");
+        };
+        assert_eq!(created.origin, NetnsOrigin::Clone);
+
+        // A whole header, then too little of the record: the error names the record's kind.
+        let len = std::mem::size_of::<common::EventHeader>() + 8;
+        let err = decode(&raw[..len], &Clock::new()).expect_err("truncated");
+        assert_eq!(
+            err,
+            DecodeError::Truncated {
+                kind: common::kind::NETNS_CREATED,
+                len
+            }
+        );
+        assert_eq!(err.kind(), common::kind::NETNS_CREATED);
+        let mut unknown = raw.clone();
+        unknown[..4].copy_from_slice(&99u32.to_ne_bytes());
+        let err = decode(&unknown, &Clock::new()).expect_err("unknown kind");
+        assert_eq!(err.kind(), 99);
+        assert_eq!(err, DecodeError::UnknownKind(99));
+    }
+
+    #[test]
+    fn kernel_timestamps_become_wall_clock_time() {
+        let clock = Clock::new();
+        let later = clock.wall(7_000_000_000);
+        assert_eq!(
+            later.duration_since(clock.wall(2_000_000_000)).ok(),
+            Some(Duration::from_secs(5))
+        );
+        // An event stamped now (monotonic) is placed now (wall), and serialised in seconds.
+        let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+        let now_ns = u64::try_from(Duration::from(mono).as_nanos()).unwrap_or(u64::MAX);
+        let mut raw = raw_netns_created();
+        let ts_at = std::mem::offset_of!(common::EventHeader, ts_ns);
+        raw[ts_at..ts_at + 8].copy_from_slice(&now_ns.to_ne_bytes());
+        let event = decode(&raw, &clock).expect("decodes");
+        let skew = event
+            .at
+            .duration_since(SystemTime::now())
+            .unwrap_or_else(|e| e.duration());
+        assert!(skew < Duration::from_secs(2), "{skew:?}");
+        let json = serde_json::to_value(&event).expect("serialises");
+        let unix = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64();
+        let at = json["at"].as_f64().expect("at is seconds");
+        assert!((unix - at).abs() < 2.0, "{at} vs {unix}");
     }
 }

@@ -679,4 +679,270 @@ mod tests {
         );
         assert_eq!(replies[1].request.map(|r| r.msg_type), Some(RTM_NEWROUTE));
     }
+
+    #[test]
+    fn up_and_down_follow_the_change_mask() {
+        const IFF_RUNNING: u32 = 0x40;
+        let link = |flags, change| LinkMsg {
+            flags,
+            change,
+            ..LinkMsg::default()
+        };
+        // (flags, change) -> (sets_up, sets_down); change 0 means every flag, as in the kernel.
+        for (flags, change, up, down) in [
+            (IFF_UP, IFF_UP, true, false),
+            (IFF_UP, 0, true, false),
+            (IFF_UP, IFF_RUNNING, false, false),
+            (0, IFF_UP, false, true),
+            (IFF_RUNNING, IFF_UP | IFF_RUNNING, false, true),
+            (0, 0, false, false),
+            (0, IFF_RUNNING, false, false),
+        ] {
+            let l = link(flags, change);
+            assert_eq!(
+                (l.sets_up(), l.sets_down()),
+                (up, down),
+                "{flags:#x}/{change:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_zero_length_route_of_the_main_table_is_default() {
+        let route = |dst_len, table| RouteMsg {
+            dst_len,
+            table,
+            ..RouteMsg::default()
+        };
+        assert!(route(0, 254).is_default());
+        assert!(route(0, 0).is_default(), "no table given: main");
+        assert!(!route(24, 254).is_default());
+        assert!(!route(0, 100).is_default());
+    }
+
+    #[test]
+    fn every_request_type_is_named_and_only_changes_count_as_changes() {
+        let link = ifinfo(3, 0, 0);
+        let addr = vec![AF_INET, 24, 0, 0, 3, 0, 0, 0];
+        let route = vec![AF_INET, 0, 0, 0, 254, 3, 0, 1, 0, 0, 0, 0];
+        for (msg_type, body, name, change) in [
+            (RTM_NEWLINK, &link, "newlink", true),
+            (RTM_DELLINK, &link, "dellink", true),
+            (RTM_SETLINK, &link, "setlink", true),
+            (RTM_NEWADDR, &addr, "newaddr", true),
+            (RTM_DELADDR, &addr, "deladdr", true),
+            (RTM_NEWROUTE, &route, "newroute", true),
+            (RTM_DELROUTE, &route, "delroute", true),
+            (18, &link, "getlink", false),
+            (22, &addr, "getaddr", false),
+            (26, &route, "getroute", false),
+        ] {
+            let parsed = parse_requests(&msg(msg_type, 5, 1, body)).expect("parses");
+            assert_eq!(parsed[0].body.op(), name);
+            assert_eq!(parsed[0].body.is_change(), change, "{name}");
+            assert_eq!(is_change_type(msg_type), change, "{name}");
+        }
+        for (msg_type, name) in [
+            (28, "newneigh"),
+            (29, "delneigh"),
+            (30, "getneigh"),
+            (32, "newrule"),
+            (33, "delrule"),
+            (34, "getrule"),
+            (88, "newnsid"),
+            (90, "getnsid"),
+            (99, "other"),
+        ] {
+            assert_eq!(op_name(msg_type), name);
+            assert!(!is_change_type(msg_type), "{name}");
+        }
+    }
+
+    #[test]
+    fn an_empty_attribute_is_skipped_and_a_zero_length_one_ends_the_list() {
+        // An attribute with no payload (length 4) is valid: the ones after it count.
+        let mut body = ifinfo(3, 0, 0);
+        body.extend(attr(99, &[]));
+        body.extend(attr(IFLA_IFNAME, b"eth0\0"));
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        let RtRequest::NewLink(link) = &parsed[0].body else {
+            panic!("not newlink");
+        };
+        assert_eq!(link.ifname.as_deref(), Some("eth0"));
+        assert!(!parsed[0].truncated);
+        // A length below 4 is malformed: parsing stops there, and nothing was cut off.
+        let mut body = ifinfo(3, 0, 0);
+        body.extend_from_slice(&[0, 0, 0, 0]);
+        body.extend(attr(IFLA_IFNAME, b"eth0\0"));
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        let RtRequest::NewLink(link) = &parsed[0].body else {
+            panic!("not newlink");
+        };
+        assert_eq!(link.ifname, None);
+        assert!(!parsed[0].truncated);
+    }
+
+    fn link_of(request: &NlRequest) -> &LinkMsg {
+        match &request.body {
+            RtRequest::NewLink(l) | RtRequest::DelLink(l) | RtRequest::SetLink(l) => l,
+            other => panic!("not a link request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn link_fields_and_every_netns_target() {
+        let mut body = ifinfo(7, 0, IFF_UP);
+        body.extend(attr(IFLA_NET_NS_PID, &1234u32.to_ne_bytes()));
+        let parsed = parse_requests(&msg(RTM_SETLINK, 5, 1, &body)).expect("parses");
+        let link = link_of(&parsed[0]);
+        assert_eq!((link.ifindex, link.flags, link.change), (7, 0, IFF_UP));
+        assert!(link.sets_down());
+        assert_eq!(link.netns, Some(NetnsTarget::Pid(1234)));
+        let mut body = ifinfo(7, 0, 0);
+        body.extend(attr(IFLA_TARGET_NETNSID, &(-2i32).to_ne_bytes()));
+        let parsed = parse_requests(&msg(RTM_SETLINK, 5, 1, &body)).expect("parses");
+        assert_eq!(link_of(&parsed[0]).netns, Some(NetnsTarget::Id(-2)));
+    }
+
+    #[test]
+    fn bodies_without_attributes_are_complete() {
+        let link = ifinfo(3, 0, 0);
+        let addr = vec![AF_INET, 24, 0, 0, 3, 0, 0, 0];
+        let route = vec![AF_INET, 0, 0, 0, 254, 3, 0, 1, 0, 0, 0, 0];
+        for (msg_type, body) in [
+            (RTM_DELLINK, link),
+            (RTM_DELADDR, addr),
+            (RTM_DELROUTE, route),
+        ] {
+            let parsed = parse_requests(&msg(msg_type, 5, 1, &body)).expect("parses");
+            assert!(!parsed[0].truncated, "{:?}", parsed[0]);
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_truncation_missing_padding_is_not() {
+        // The last attribute's padding may be left out of the message.
+        let mut body = ifinfo(3, 0, 0);
+        body.extend(attr(IFLA_IFNAME, b"eth0\0"));
+        body.truncate(body.len() - 3);
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        assert_eq!(link_of(&parsed[0]).ifname.as_deref(), Some("eth0"));
+        assert!(!parsed[0].truncated);
+        // Two bytes of a next attribute header: something was cut off.
+        let mut body = ifinfo(3, 0, 0);
+        body.extend(attr(IFLA_IFNAME, b"eth0\0"));
+        body.extend_from_slice(&[8, 0]);
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        assert!(parsed[0].truncated);
+    }
+
+    #[test]
+    fn route_fields_and_its_table() {
+        let mut route = vec![AF_INET6, 64, 0, 0, 254, 4, 253, 1, 0, 0, 0, 0];
+        route.extend(attr(
+            RTA_DST,
+            &"fd00:1::".parse::<Ipv6Addr>().expect("ip").octets(),
+        ));
+        route.extend(attr(RTA_TABLE, &1000u32.to_ne_bytes()));
+        let parsed = parse_requests(&msg(RTM_NEWROUTE, 5, 1, &route)).expect("parses");
+        let RtRequest::NewRoute(r) = &parsed[0].body else {
+            panic!("not newroute");
+        };
+        assert_eq!(
+            (r.family, r.dst_len, r.protocol, r.scope, r.route_type),
+            (AF_INET6, 64, 4, 253, 1)
+        );
+        assert_eq!(r.dst, Some("fd00:1::".parse().expect("ip")));
+        assert_eq!(r.table, 1000, "RTA_TABLE overrides the 8-bit table");
+        let mut default = vec![AF_INET, 0, 0, 0, 254, 3, 0, 1, 0, 0, 0, 0];
+        default.extend(attr(RTA_TABLE, &1000u32.to_ne_bytes()));
+        let parsed = parse_requests(&msg(RTM_NEWROUTE, 5, 1, &default)).expect("parses");
+        let RtRequest::NewRoute(r) = &parsed[0].body else {
+            panic!("not newroute");
+        };
+        assert!(
+            !r.is_default(),
+            "a /0 in table 1000 is not the default route"
+        );
+    }
+
+    #[test]
+    fn message_lengths_below_a_header_are_refused_or_end_the_batch() {
+        let mut short = msg(RTM_NEWLINK, 5, 1, &[]);
+        short[..4].copy_from_slice(&8u32.to_ne_bytes());
+        assert_eq!(parse_requests(&short), Err(ParseError::BadLength(8)));
+        // A bare header is a message with an empty body.
+        let bare = msg(18, 5, 1, &[]);
+        assert_eq!(parse_requests(&bare).expect("parses").len(), 1);
+        // In a batch, a bad second length ends it; a bare second header is a message.
+        let first = msg(RTM_NEWLINK, 5, 1, &ifinfo(3, 0, 0));
+        let mut batch = first.clone();
+        batch.extend_from_slice(&short);
+        assert_eq!(parse_requests(&batch).expect("parses").len(), 1);
+        let mut batch = first;
+        batch.extend_from_slice(&bare);
+        let parsed = parse_requests(&batch).expect("parses");
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[1].body, RtRequest::Other { msg_type: 18 });
+    }
+
+    #[test]
+    fn without_the_tlv_flag_no_extack_is_read() {
+        let request = msg(RTM_NEWROUTE, 5, 77, &[0u8; 12]);
+        let mut body = (-22i32).to_ne_bytes().to_vec();
+        body.extend_from_slice(&request[..16]);
+        body.extend(attr(NLMSGERR_ATTR_MSG, b"not an extack\0"));
+        let replies = parse_replies(&msg(NLMSG_ERROR, NLM_F_CAPPED, 77, &body)).expect("parses");
+        assert_eq!(replies[0].error, -22);
+        assert_eq!(replies[0].extack, None);
+    }
+
+    #[test]
+    fn an_uncapped_error_echoes_the_whole_request_before_its_extack() {
+        let request = msg(RTM_NEWROUTE, 5, 77, &[0u8; 12]);
+        let mut body = (-22i32).to_ne_bytes().to_vec();
+        body.extend_from_slice(&request);
+        body.extend(attr(
+            NLMSGERR_ATTR_MSG,
+            b"Invalid prefix for given prefix length\0",
+        ));
+        let replies = parse_replies(&msg(NLMSG_ERROR, NLM_F_ACK_TLVS, 77, &body)).expect("parses");
+        assert_eq!(
+            replies[0].extack.as_deref(),
+            Some("Invalid prefix for given prefix length")
+        );
+    }
+
+    #[test]
+    fn a_cut_veth_peer_marks_the_request_truncated() {
+        let data = attr(VETH_INFO_PEER, &[0u8; 8]);
+        let mut info = attr(IFLA_INFO_KIND, b"veth\0");
+        info.extend(attr(IFLA_INFO_DATA, &data));
+        let mut body = ifinfo(0, 0, 0);
+        body.extend(attr(IFLA_LINKINFO, &info));
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        assert!(parsed[0].truncated);
+    }
+
+    #[test]
+    fn address_without_local_and_route_source_and_table() {
+        let mut addr = vec![AF_INET6, 64, 0, 0];
+        addr.extend_from_slice(&3u32.to_ne_bytes());
+        let v6: Ipv6Addr = "fd00::5".parse().expect("ip");
+        addr.extend(attr(IFA_ADDRESS, &v6.octets()));
+        let parsed = parse_requests(&msg(RTM_NEWADDR, 5, 1, &addr)).expect("parses");
+        let RtRequest::NewAddr(a) = &parsed[0].body else {
+            panic!("not newaddr");
+        };
+        assert_eq!(a.addr(), Some(IpAddr::V6(v6)));
+
+        let mut route = vec![AF_INET, 24, 0, 0, 100, 3, 0, 1, 0, 0, 0, 0];
+        route.extend(attr(RTA_PREFSRC, &[10, 244, 1, 2]));
+        let parsed = parse_requests(&msg(RTM_NEWROUTE, 5, 1, &route)).expect("parses");
+        let RtRequest::NewRoute(r) = &parsed[0].body else {
+            panic!("not newroute");
+        };
+        assert_eq!(r.table, 100);
+        assert_eq!(r.prefsrc, Some("10.244.1.2".parse().expect("ip")));
+    }
 }
