@@ -710,13 +710,13 @@ mod tests {
         }
     }
 
-    /// Waits at most 2 s for a published state that satisfies `pred`.
+    /// Waits at most 10 s (a loaded CI machine) for a published state that satisfies `pred`.
     async fn wait_for(
         rx: &mut watch::Receiver<ConfigState>,
         what: &str,
         pred: impl Fn(&ConfigState) -> bool,
     ) {
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if pred(&rx.borrow_and_update()) {
                 return;
@@ -856,7 +856,7 @@ mod tests {
 
         // Dropped: the watcher's task ends and the channel closes.
         drop(watcher);
-        let closed = tokio::time::timeout(Duration::from_secs(2), async {
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
             while rx.changed().await.is_ok() {}
         })
         .await;
@@ -898,7 +898,8 @@ mod tests {
         let fired = tokio::time::timeout(Duration::from_millis(20), sleep_until_opt(None)).await;
         assert!(fired.is_err(), "fired without a deadline");
         let soon = Instant::now() + Duration::from_millis(1);
-        let fired = tokio::time::timeout(Duration::from_secs(2), sleep_until_opt(Some(soon))).await;
+        let fired =
+            tokio::time::timeout(Duration::from_secs(10), sleep_until_opt(Some(soon))).await;
         assert!(fired.is_ok(), "did not fire at its deadline");
     }
 }
