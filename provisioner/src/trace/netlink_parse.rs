@@ -924,6 +924,39 @@ mod tests {
         assert!(parsed[0].truncated);
     }
 
+    /// A nested attribute header that claims more bytes than follow it.
+    const CUT_NESTED: [u8; 4] = [0x20, 0x00, 0x01, 0x00];
+
+    #[test]
+    fn cut_link_info_or_info_data_marks_the_request_truncated() {
+        let mut info = attr(IFLA_INFO_KIND, b"veth\0");
+        info.extend_from_slice(&CUT_NESTED);
+        let mut body = ifinfo(0, 0, 0);
+        body.extend(attr(IFLA_LINKINFO, &info));
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        assert!(parsed[0].truncated, "cut IFLA_LINKINFO");
+
+        let mut info = attr(IFLA_INFO_KIND, b"veth\0");
+        info.extend(attr(IFLA_INFO_DATA, &CUT_NESTED));
+        let mut body = ifinfo(0, 0, 0);
+        body.extend(attr(IFLA_LINKINFO, &info));
+        let parsed = parse_requests(&msg(RTM_NEWLINK, 5, 1, &body)).expect("parses");
+        assert!(parsed[0].truncated, "cut IFLA_INFO_DATA");
+    }
+
+    #[test]
+    fn a_point_to_point_address_is_its_local_one() {
+        let mut addr = vec![AF_INET, 32, 0, 0];
+        addr.extend_from_slice(&3u32.to_ne_bytes());
+        addr.extend(attr(IFA_LOCAL, &[10, 244, 0, 5]));
+        addr.extend(attr(IFA_ADDRESS, &[10, 244, 0, 9]));
+        let parsed = parse_requests(&msg(RTM_NEWADDR, 5, 1, &addr)).expect("parses");
+        let RtRequest::NewAddr(a) = &parsed[0].body else {
+            panic!("not newaddr");
+        };
+        assert_eq!(a.addr(), Some("10.244.0.5".parse().expect("ip")));
+    }
+
     #[test]
     fn address_without_local_and_route_source_and_table() {
         let mut addr = vec![AF_INET6, 64, 0, 0];
