@@ -458,6 +458,15 @@ pub fn render_config(
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// The directory `path` is in (where its temporary file goes, and what is synced after the
+/// rename): `.` for a bare file name.
+fn directory_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    }
+}
+
 /// Replaces `path` with `bytes` atomically: a temp file in the same dir is written, fsynced
 /// and renamed over `path`, then the dir is fsynced. Readers see the old content or the new,
 /// never a part; on error the temp file is removed and `path` is untouched. The file gets
@@ -475,10 +484,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
             format!("{}: no file name", path.display()),
         )
     })?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    };
+    let dir = directory_of(path);
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(
         ".{}.{}.{n}.tmp",
@@ -722,6 +728,26 @@ mod tests {
     }
 
     #[test]
+    fn widths_above_u16_max_are_found_and_nothing_else() {
+        assert_eq!(oversized_width("%65535d"), None);
+        assert_eq!(oversized_width("%65536d"), Some(65_536));
+        assert_eq!(oversized_width("%-8.70000s"), Some(70_000));
+        // Digits that are not a width: after a literal `%%`, after a verb, in plain text.
+        assert_eq!(oversized_width("%%70000d"), None);
+        assert_eq!(oversized_width("%d 70000"), None);
+        assert_eq!(oversized_width("width 70000 px"), None);
+    }
+
+    #[test]
+    fn the_temporary_file_goes_in_the_directory_of_the_output() {
+        assert_eq!(
+            directory_of(Path::new("/etc/cni/net.d/10-pod.conflist")),
+            Path::new("/etc/cni/net.d")
+        );
+        assert_eq!(directory_of(Path::new("10-pod.conflist")), Path::new("."));
+    }
+
+    #[test]
     fn printf_q_quotes_like_go() {
         let out = render_template(
             r#"{{printf "%q" .PodCIDR}} {{printf "%q|%s|%d%%" .PodCIDR .PodCIDR 7}} {{printf "%v" 1}}"#,
@@ -730,6 +756,8 @@ mod tests {
         .unwrap();
         assert_eq!(out, r#""10.244.1.0/24" "10.244.1.0/24"|10.244.1.0/24|7% 1"#);
         assert_eq!(go_quote("a\"b\\c\n\u{1}\u{7}"), r#""a\"b\\c\n\x01\a""#);
+        // A space is printable; a C1 control character is escaped as Go does.
+        assert_eq!(go_quote("a b\u{7f}\u{85}"), r#""a b\x7f\u0085""#);
         let out = render_template(
             r#"[{{printf "%-6s|%5.1f" "ab" 2.25}}]"#,
             &cidrs("10.0.0.0/8"),
