@@ -537,13 +537,24 @@ async fn teardown_withdraws_routing_before_the_link_is_deleted() -> Result<()> {
         assert_not_routed(&node, &format!("10.244.11.{}", i + 2))?;
         assert_not_routed(&node, &format!("fd00:11::{}", i + 2))?;
     }
-    // Whatever is still there is retired: down, renamed, without address.
+    // Whatever is still there is retired: down, renamed, without address. (One read of the
+    // links and one of the addresses: the reaper deletes retired links meanwhile.)
+    let all_links = node.ip(&["-o", "link", "show"])?;
+    let all_addrs = node.ip(&["-o", "addr", "show"])?;
     for name in veths(&node)? {
         ensure!(is_graveyard_ifname(&name), "{name} not retired");
-        let a = node.ip(&["-o", "addr", "show", "dev", &name])?;
-        ensure!(!a.contains("inet"), "{name} keeps addresses: {a}");
-        let l = node.ip(&["-o", "link", "show", "dev", &name])?;
-        ensure!(!l.contains(",UP"), "{name} is up: {l}");
+        let on = |line: &&str| {
+            line.split_whitespace()
+                .nth(1)
+                .is_some_and(|n| n.trim_end_matches(':').split('@').next() == Some(name.as_str()))
+        };
+        let a: Vec<&str> = all_addrs.lines().filter(on).collect();
+        ensure!(
+            !a.iter().any(|l| l.contains("inet")),
+            "{name} keeps addresses: {a:?}"
+        );
+        let l: Vec<&str> = all_links.lines().filter(on).collect();
+        ensure!(!l.iter().any(|l| l.contains(",UP")), "{name} is up: {l:?}");
     }
     for sb in &sandboxes {
         let r = sb.ip(&["route", "show"])?;
