@@ -164,18 +164,27 @@ pub(crate) fn set_down_req(index: u32, name: &str) -> Req {
     )
 }
 
-/// Renames the (down) link `index` to `new` and, with `group`, moves it to that link group.
-pub(crate) fn rename_req(index: u32, name: &str, new: &str, group: Option<u32>) -> Req {
+/// Renames the (down) link `index` to `new`.
+pub(crate) fn rename_req(index: u32, name: &str, new: &str) -> Req {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
     msg.attributes.push(LinkAttribute::IfName(new.to_owned()));
-    if let Some(g) = group {
-        msg.attributes.push(LinkAttribute::Group(g));
-    }
     Req::new(
         RouteNetlinkMessage::SetLink(msg),
         0,
         format!("rename link {name} to {new}"),
+    )
+}
+
+/// Moves the link named `name` to link group `group` (found by name: no index given).
+pub(crate) fn set_group_req(name: &str, group: u32) -> Req {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    msg.attributes.push(LinkAttribute::Group(group));
+    Req::new(
+        RouteNetlinkMessage::SetLink(msg),
+        0,
+        format!("move link {name} to group {group}"),
     )
 }
 

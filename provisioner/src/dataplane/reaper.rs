@@ -2,11 +2,12 @@
 //!
 //! Deleting a veth costs the kernel ~24 ms of RCU grace periods, spent inside the `sendmsg` of
 //! the RTM_DELLINK. Teardown therefore only *retires* the host veth (withdraws every address and
-//! route through it, sets it down, renames it `pvx<index>` and moves it to
-//! [`GRAVEYARD_GROUP`](super::naming::GRAVEYARD_GROUP)) and queues it here. The reaper runs on a
-//! thread of its own (the blocking kernel call never stalls a tokio worker nor the shared host
-//! socket) with its own socket in the host netns, and deletes the whole group with one request
-//! per batch: the grace periods are paid once for every link retired meanwhile.
+//! route through it, sets it down, renames it `pvx<index>`) and queues it here once both ends
+//! are done with. The reaper runs on a thread of its own (the blocking kernel call never stalls
+//! a tokio worker nor the shared host socket) with its own socket in the host netns; per batch
+//! it moves the queued links to [`GRAVEYARD_GROUP`] and deletes the whole group with one
+//! request: the grace periods are paid once for every link retired meanwhile. Only queued links
+//! enter the group, so a group deletion never takes a pair whose teardown is still running.
 //!
 //! Errors are logged and the links retried later; on start the reaper sweeps the group once
 //! (links retired by a previous run that crashed before deleting them).
@@ -196,15 +197,30 @@ async fn reap(conn: &Conn, mut rx: mpsc::UnboundedReceiver<Doomed>, shared: &Sha
 
 /// Deletes a batch; returns the links that are still there.
 async fn delete_batch(conn: &Conn, batch: Vec<Doomed>) -> Vec<Doomed> {
-    // One request for the whole group (every link retired so far, these included).
-    match link::delete_group(conn, GRAVEYARD_GROUP).await {
-        Ok(_) => return Vec::new(),
-        Err(e) => {
-            tracing::warn!(error = %e, links = batch.len(), "link reaper: group delete failed; deleting one by one");
+    let moves = batch
+        .iter()
+        .map(|d| link::set_group_req(&d.name, GRAVEYARD_GROUP))
+        .collect();
+    let mut outside = Vec::new();
+    for (d, res) in batch.iter().zip(conn.batch(moves).await) {
+        match res {
+            Err(e) if e.errno() != Some(libc::ENODEV) => {
+                tracing::warn!(error = %e, "link reaper: could not move a retired link to the graveyard group");
+                outside.push(d.clone());
+            }
+            _ => {}
         }
     }
+    // One request for the whole group (every link retired so far, these included).
+    let one_by_one = match link::delete_group(conn, GRAVEYARD_GROUP).await {
+        Ok(_) => outside,
+        Err(e) => {
+            tracing::warn!(error = %e, links = batch.len(), "link reaper: group delete failed; deleting one by one");
+            batch
+        }
+    };
     let mut left = Vec::new();
-    for d in batch {
+    for d in one_by_one {
         if let Err(e) = link::delete_by_name(conn, &d.name).await {
             tracing::warn!(error = %e, link = %d.name, "link reaper: delete failed; will retry");
             left.push(d);

@@ -2,17 +2,18 @@
 //!
 //! The host veth is not deleted here (the kernel needs ~24 ms of RCU grace periods for that):
 //! it is *retired*. Every route and address through it is withdrawn (its addresses deleted,
-//! its routes flushed by setting it down), its sandbox end is set
-//! down and renamed, the host end is set down, renamed `pvx<index>` and moved to the graveyard
-//! group, all from the host socket in one batch of requests; then the reaper deletes it in the
-//! background. When teardown returns, nothing in the host netns routes the pod's addresses any
+//! its routes flushed by setting it down), its sandbox end is set down and renamed, the host
+//! end is set down and renamed `pvx<index>`, all from the host socket in one batch of requests;
+//! then the reaper moves it to the graveyard group and deletes the group in the background.
+//! Only the reaper puts links in that group, so that its group deletion never takes a pair
+//! whose teardown is still cleaning the sandbox end. When teardown returns, nothing in the host netns routes the pod's addresses any
 //! more, so the caller may release them; and the deterministic names are free for a re-ADD.
 
 use std::path::Path;
 
 use super::error::DataplaneError;
 use super::link::{self, Link};
-use super::naming::{GRAVEYARD_GROUP, graveyard_ifname, host_ifname};
+use super::naming::{graveyard_ifname, host_ifname};
 use super::netlink::{Conn, Req};
 use super::netns::is_netns;
 use super::reaper::Doomed;
@@ -111,7 +112,7 @@ async fn withdraw_sandbox(
     reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
     reqs.push((
         Kind::Link,
-        link::rename_req(l.index, &l.name, &graveyard_ifname(l.index), None),
+        link::rename_req(l.index, &l.name, &graveyard_ifname(l.index)),
     ));
     let mut ok = true;
     for res in run_reqs(&conn, reqs).await {
@@ -157,9 +158,8 @@ pub(crate) async fn retire(
 
 /// Withdraws everything that routes through the host link `l`: its addresses, then the link
 /// down (which flushes every route through it, IPv4 and IPv6, in the same request: no dump of
-/// the node's routing table, whose size grows with the pods), renamed `pvx<index>` and moved to
-/// the graveyard group. Returns the link for the reaper, or `None` when it could not be retired
-/// (or vanished meanwhile).
+/// the node's routing table, whose size grows with the pods) and renamed `pvx<index>`. Returns
+/// the link for the reaper, or `None` when it could not be retired (or vanished meanwhile).
 async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) -> Option<Doomed> {
     let already_retired = l.name.starts_with(super::naming::GRAVEYARD_IFNAME_PREFIX);
     let addrs = match address::list(host, l.index, &l.name).await {
@@ -170,7 +170,7 @@ async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) 
         }
     };
     // One batch, in order: addresses (v6 link-local ones die with the link going down), then
-    // the link down, renamed and moved to the graveyard group.
+    // the link down and renamed.
     let mut reqs: Vec<(Kind, Req)> = Vec::new();
     for a in addrs.iter().filter(|a| !a.link_local) {
         reqs.push((Kind::Addr, address::del_req(l.index, &l.name, a.net)));
@@ -181,10 +181,7 @@ async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) 
         graveyard_ifname(l.index)
     };
     reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
-    reqs.push((
-        Kind::Link,
-        link::rename_req(l.index, &l.name, &grave, Some(GRAVEYARD_GROUP)),
-    ));
+    reqs.push((Kind::Link, link::rename_req(l.index, &l.name, &grave)));
     let mut host_ok = true;
     let mut gone = false;
     let n = reqs.len();
