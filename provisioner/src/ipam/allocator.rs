@@ -121,26 +121,43 @@ struct Request {
 /// How the committer answers one request.
 enum Reply {
     /// Once, after the commit (`allocate`, `release`).
-    Durable(mpsc::SyncSender<Outcome>),
+    Durable(Answer<Outcome>),
     /// The outcome as soon as the batch is applied, then whether its commit made it durable
     /// (`reserve`).
     Staged {
         /// The outcome, and whether this operation wrote it (a new allocation).
-        applied: mpsc::SyncSender<(Outcome, bool)>,
+        applied: Answer<(Outcome, bool)>,
         durable: oneshot::Sender<Result<(), IpamError>>,
     },
+}
+
+/// Where an answer goes: to a thread blocked on it, or to a task awaiting it (no thread in
+/// between: the `*_queued` calls).
+enum Answer<T> {
+    Blocked(mpsc::SyncSender<T>),
+    Awaited(oneshot::Sender<T>),
+}
+
+impl<T> Answer<T> {
+    /// Sends `value`; a caller that went away (a cancelled task) needs no answer.
+    fn send(self, value: T) {
+        match self {
+            Answer::Blocked(tx) => {
+                let _ = tx.send(value);
+            }
+            Answer::Awaited(tx) => {
+                let _ = tx.send(value);
+            }
+        }
+    }
 }
 
 impl Reply {
     /// Answers with `reason` (the allocator refuses writes).
     fn refuse(self, path: &Path, reason: &str) {
         match self {
-            Reply::Durable(reply) => {
-                let _ = reply.send(Err(broken_error(path, reason)));
-            }
-            Reply::Staged { applied, .. } => {
-                let _ = applied.send((Err(broken_error(path, reason)), false));
-            }
+            Reply::Durable(reply) => reply.send(Err(broken_error(path, reason))),
+            Reply::Staged { applied, .. } => applied.send((Err(broken_error(path, reason)), false)),
         }
     }
 }
@@ -375,7 +392,7 @@ impl Allocator {
         self.enqueue(Request {
             op: Op::Allocate(key.clone()),
             reply: Reply::Staged {
-                applied,
+                applied: Answer::Blocked(applied),
                 durable: durable_tx,
             },
         })?;
@@ -396,6 +413,66 @@ impl Allocator {
         }
     }
 
+    /// [`Self::reserve`] for async callers: queued to the committer at once; the future awaits
+    /// its answer with no thread blocked (no hop through a blocking pool). The committer finds an
+    /// existing allocation itself, and answers it as not new.
+    pub fn reserve_queued(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Reservation, IpamError>> + Send + 'static {
+        let store = self.core.store.path().to_path_buf();
+        let (applied, answer) = oneshot::channel();
+        let (durable_tx, durable) = oneshot::channel();
+        let queued = self.enqueue(Request {
+            op: Op::Allocate(key.clone()),
+            reply: Reply::Staged {
+                applied: Answer::Awaited(applied),
+                durable: durable_tx,
+            },
+        });
+        async move {
+            queued?;
+            let (outcome, new) = answer
+                .await
+                .map_err(|_| stopped_error(&store, "committer thread stopped before answering"))?;
+            match outcome? {
+                Done::Allocated(allocation) => Ok(Reservation {
+                    allocation,
+                    new,
+                    durable,
+                    store,
+                }),
+                Done::Released(_) => Err(stopped_error(&store, "answered reserve with a release")),
+            }
+        }
+    }
+
+    /// [`Self::release`] for async callers, queued like [`Self::reserve_queued`]; an unknown key
+    /// costs the committer a read, no write.
+    pub fn release_queued(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        let store = self.core.store.path().to_path_buf();
+        let (reply, answer) = oneshot::channel();
+        let queued = self.enqueue(Request {
+            op: Op::Release(key.clone()),
+            reply: Reply::Durable(Answer::Awaited(reply)),
+        });
+        async move {
+            queued?;
+            let outcome = answer
+                .await
+                .map_err(|_| stopped_error(&store, "committer thread stopped before answering"))?;
+            match outcome? {
+                Done::Released(released) => Ok(released),
+                Done::Allocated(_) => {
+                    Err(stopped_error(&store, "answered release with an allocate"))
+                }
+            }
+        }
+    }
+
     /// Releases the allocation of `key` durably. Unknown keys are `Ok(None)`.
     pub fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
         // DEL is often repeated; an unknown key needs no write transaction.
@@ -413,7 +490,7 @@ impl Allocator {
         let (reply, answer) = mpsc::sync_channel(1);
         self.enqueue(Request {
             op,
-            reply: Reply::Durable(reply),
+            reply: Reply::Durable(Answer::Blocked(reply)),
         })?;
         answer.recv().map_err(|_| {
             self.core
@@ -642,8 +719,7 @@ impl Core {
                     batch.drain(..).map(|r| (r.op, r.reply)).unzip();
                 for (reply, outcome) in replies.into_iter().zip(self.run(&ops)) {
                     if let Reply::Durable(reply) = reply {
-                        // A caller blocks on its answer until it comes; it cannot have gone away.
-                        let _ = reply.send(outcome);
+                        reply.send(outcome);
                     }
                 }
             } else {
@@ -676,7 +752,7 @@ impl Core {
             match request.reply {
                 Reply::Staged { applied, durable } => {
                     let new = wrote && matches!(outcome, Ok(Done::Allocated(_)));
-                    let _ = applied.send((outcome, new));
+                    applied.send((outcome, new));
                     waiting.push(durable);
                 }
                 Reply::Durable(reply) => retry.push((request.op, reply, outcome)),
@@ -693,7 +769,7 @@ impl Core {
                     let _ = durable.send(Ok(()));
                 }
                 for (_, reply, outcome) in retry {
-                    let _ = reply.send(outcome);
+                    reply.send(outcome);
                 }
             }
             Err(e) => {
@@ -708,7 +784,7 @@ impl Core {
                     let _ = durable.send(Err(broken_error(self.store.path(), &reason)));
                 }
                 for (_, reply, _) in retry {
-                    let _ = reply.send(Err(broken_error(self.store.path(), &reason)));
+                    reply.send(Err(broken_error(self.store.path(), &reason)));
                 }
             }
         }
@@ -736,7 +812,7 @@ impl Core {
         match request.reply {
             Reply::Durable(reply) => {
                 let outcome = self.run(std::slice::from_ref(&request.op)).pop();
-                let _ = reply.send(
+                reply.send(
                     outcome.unwrap_or_else(|| Err(self.stopped("no outcome for an operation"))),
                 );
             }
@@ -1386,6 +1462,33 @@ mod tests {
         let a = open(dir.path(), V4_28);
         assert_eq!(a.get(&key(1)).unwrap(), Some(first));
         assert_eq!(a.count().unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn queued_reserve_and_release_answer_like_the_blocking_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(dir.path(), V4_28);
+        let held = a.allocate(&key(1)).unwrap();
+        // Queued before anything is awaited: both are answered, with different addresses.
+        let (r2, r3) = tokio::join!(a.reserve_queued(&key(2)), a.reserve_queued(&key(3)));
+        let (r2, r3) = (r2.unwrap(), r3.unwrap());
+        assert!(r2.is_new() && r3.is_new());
+        assert_ne!(r2.allocation().ips, r3.allocation().ips);
+        assert_ne!(r2.allocation().ips, held.ips);
+        let second = r2.durable().await.unwrap();
+        r3.durable().await.unwrap();
+        // An existing key comes back as it is, not new.
+        let again = a.reserve_queued(&key(1)).await.unwrap();
+        assert!(!again.is_new());
+        assert_eq!(again.durable().await.unwrap(), held);
+        // Release: the allocation released; an unknown key is nothing, and writes nothing.
+        assert_eq!(a.release_queued(&key(2)).await.unwrap(), Some(second));
+        assert_eq!(a.release_queued(&key(9)).await.unwrap(), None);
+        assert_eq!(a.get(&key(2)).unwrap(), None);
+        drop(a);
+        let a = open(dir.path(), V4_28);
+        assert_eq!(a.count().unwrap(), 2, "key 1 and key 3, durable");
+        assert_eq!(a.get(&key(1)).unwrap(), Some(held));
     }
 
     #[test]

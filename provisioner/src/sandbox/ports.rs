@@ -109,8 +109,27 @@ pub trait AllocationStore: Send + Sync + 'static {
             Path::new("(fake store)"),
         ))
     }
+    /// [`Self::reserve`] for async callers, without blocking their thread. The default runs
+    /// `reserve` in place: for stores that never block.
+    fn reserve_queued(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Reservation, IpamError>> + Send + 'static {
+        std::future::ready(self.reserve(key))
+    }
     /// Frees the key's addresses; the allocation released, if there was one.
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
+    /// [`Self::release`] of a key that may have no allocation, for async callers, without
+    /// blocking their thread. The default runs in place: for stores that never block.
+    fn release_queued(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        std::future::ready(match self.get(key) {
+            Ok(Some(_)) => self.release(key),
+            other => other,
+        })
+    }
     fn list(&self) -> Result<Vec<Allocation>, IpamError>;
     /// The keys of records that cannot be decoded (skipped by `list`; still owners).
     fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
@@ -132,8 +151,22 @@ impl AllocationStore for Allocator {
         Allocator::reserve(self, key)
     }
 
+    fn reserve_queued(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Reservation, IpamError>> + Send + 'static {
+        Allocator::reserve_queued(self, key)
+    }
+
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
         Allocator::release(self, key)
+    }
+
+    fn release_queued(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        Allocator::release_queued(self, key)
     }
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {

@@ -160,11 +160,13 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         })?;
         let key = sandbox.key();
         let reservation = self
-            .blocking(&label, {
-                let key = key.clone();
-                move |allocator| allocator.reserve(&key)
-            })
-            .await?;
+            .allocator
+            .reserve_queued(&key)
+            .await
+            .map_err(|source| SandboxError::Ipam {
+                sandbox: label.clone(),
+                source,
+            })?;
         let existed = !reservation.is_new();
         let allocation = reservation.allocation().clone();
         crate::failpoint::hit("add.reserved");
@@ -335,14 +337,17 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         crate::failpoint::hit("del.teardown");
         // The host veth is gone: so are the addresses reconciliation adopted from it.
         let adopted = AllocationKey::adopted(&host_ifname(&key.container_id, &key.ifname));
-        let released = self
-            .blocking(&label, move |allocator| {
-                if allocator.get(&adopted)?.is_some() {
-                    allocator.release(&adopted)?;
-                }
-                allocator.release(&key)
-            })
-            .await?;
+        // Both queued at once: one batch of the committer, usually.
+        let (adopted, released) = tokio::join!(
+            self.allocator.release_queued(&adopted),
+            self.allocator.release_queued(&key)
+        );
+        let ipam_err = |source| SandboxError::Ipam {
+            sandbox: label.clone(),
+            source,
+        };
+        adopted.map_err(ipam_err)?;
+        let released = released.map_err(ipam_err)?;
         crate::failpoint::hit("del.released");
         self.observer.removed(sandbox, cause, released.as_ref());
         Ok(DelOutcome { teardown, released })
