@@ -33,9 +33,11 @@ const KEPT_TEXTS: usize = 16;
 /// `tracing_unavailable` while the programs load.
 pub const STARTING: &str = "kernel tracing is starting";
 
-/// Parsing the kernel's BTF allocates tens of MiB that the allocator keeps after it is freed;
-/// hand it back so the daemon's resident size reflects what it uses.
+/// Parsing the kernel's BTF allocates tens of MiB that glibc's allocator keeps after it is
+/// freed; hand it back so the daemon's resident size reflects what it uses. (musl's returns
+/// freed memory by itself.)
 fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);

@@ -15,6 +15,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use nix::sched::{CloneFlags, setns};
+use nix::sys::statfs::{FsType, NSFS_MAGIC};
 
 use super::error::DataplaneError;
 
@@ -68,19 +69,12 @@ impl NetnsFile {
     }
 
     /// nsfs, and a network namespace (`NS_GET_NSTYPE`, Linux >= 4.11).
-    #[cfg_attr(
-        target_pointer_width = "64",
-        expect(
-            clippy::useless_conversion,
-            reason = "f_type is i64 here but narrower on other targets"
-        )
-    )]
     fn check_is_netns(&self) -> Result<(), DataplaneError> {
         let fs = nix::sys::statfs::fstatfs(&self.file).map_err(|e| DataplaneError::OpenNetns {
             netns: self.label.clone(),
             source: io::Error::from(e),
         })?;
-        let fs_type = i64::from(fs.filesystem_type().0);
+        let fs_type = fs.filesystem_type();
         if fs_type != NSFS_MAGIC {
             return Err(self.bad(BadNetns::NotANamespace { fs_type }));
         }
@@ -254,7 +248,7 @@ impl NsIdentity {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BadNetns {
     /// Not a namespace file at all (a regular file, a FIFO, a directory...).
-    NotANamespace { fs_type: i64 },
+    NotANamespace { fs_type: FsType },
     /// A namespace of another type (mount, pid...): the `CLONE_NEW*` flag.
     NotNetwork { ns_type: i32 },
     /// A network namespace the daemon keeps for itself (named).
@@ -266,7 +260,8 @@ impl std::fmt::Display for BadNetns {
         match self {
             BadNetns::NotANamespace { fs_type } => write!(
                 f,
-                "not a namespace file (filesystem type {fs_type:#x}, not nsfs)"
+                "not a namespace file (filesystem type {:#x}, not nsfs)",
+                fs_type.0
             ),
             BadNetns::NotNetwork { ns_type } => {
                 write!(f, "not a network namespace (namespace type {ns_type:#x})")
@@ -322,22 +317,12 @@ pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), Dataplane
     Ok((inode, cookie))
 }
 
-/// `NSFS_MAGIC`: the filesystem of netns files (`/run/netns/x`, `/proc/<pid>/ns/net`).
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-
 /// Is `path` an existing namespace file (and not, e.g., a plain file left where a bind mount
 /// was)? Looks at the path without opening it, so a FIFO cannot block the caller.
-#[cfg_attr(
-    target_pointer_width = "64",
-    expect(
-        clippy::useless_conversion,
-        reason = "f_type is i64 here but narrower on other targets"
-    )
-)]
 pub(crate) fn is_netns(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
         .ok()
-        .is_some_and(|st| i64::from(st.filesystem_type().0) == NSFS_MAGIC)
+        .is_some_and(|st| st.filesystem_type() == NSFS_MAGIC)
 }
 
 /// Number of netns worker threads: jobs are short (setns, a socket, a few file writes).

@@ -45,6 +45,6 @@ pub fn ensure_mounted() -> Result<(), TraceError> {
 }
 
 fn is_bpffs(path: &Path) -> bool {
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
