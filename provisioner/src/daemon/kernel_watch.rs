@@ -99,6 +99,9 @@ struct Shared {
     /// By netns cookie, insertion order kept in `order`.
     views: HashMap<u64, SandboxView>,
     order: VecDeque<u64>,
+    /// The views (cookies) holding an ADD's intent, by (container id, ifname): found without
+    /// a scan of every view on each ADD and DEL.
+    by_sandbox: HashMap<(String, String), Vec<u64>>,
     absent: VecDeque<AbsentSandbox>,
     metrics: TraceMetrics,
 }
@@ -108,8 +111,10 @@ impl Shared {
         if !self.views.contains_key(&cookie) {
             self.order.push_back(cookie);
             while self.order.len() > KEPT_VIEWS {
-                if let Some(old) = self.order.pop_front() {
-                    self.views.remove(&old);
+                if let Some(old) = self.order.pop_front()
+                    && let Some(gone) = self.views.remove(&old)
+                {
+                    self.unindex(&gone, old);
                 }
             }
         }
@@ -130,25 +135,61 @@ impl Shared {
         view.text.push(text);
     }
 
-    /// The views of `sandbox`'s ADDs.
-    fn views_of<'a>(
-        &'a mut self,
-        sandbox: &'a SandboxRef,
-    ) -> impl Iterator<Item = &'a mut SandboxView> + 'a {
-        self.views.values_mut().filter(|v| {
-            v.intent.as_ref().is_some_and(|i| {
-                i.intent.key.container_id == sandbox.container_id
-                    && i.intent.key.ifname == sandbox.ifname
-            })
-        })
+    /// Applies `change` to the views of `sandbox`'s ADDs.
+    fn for_views_of(&mut self, sandbox: &SandboxRef, mut change: impl FnMut(&mut SandboxView)) {
+        let key = (sandbox.container_id.clone(), sandbox.ifname.clone());
+        let Some(cookies) = self.by_sandbox.get(&key) else {
+            return;
+        };
+        for cookie in cookies {
+            if let Some(view) = self.views.get_mut(cookie) {
+                change(view);
+            }
+        }
+    }
+
+    /// Files `cookie` under `key`, and no longer under `previous` (its view's former intent).
+    fn index(&mut self, previous: Option<(String, String)>, key: (String, String), cookie: u64) {
+        if previous.as_ref() == Some(&key) {
+            return;
+        }
+        if let Some(previous) = previous
+            && let Some(cookies) = self.by_sandbox.get_mut(&previous)
+        {
+            cookies.retain(|c| *c != cookie);
+            if cookies.is_empty() {
+                self.by_sandbox.remove(&previous);
+            }
+        }
+        let cookies = self.by_sandbox.entry(key).or_default();
+        if !cookies.contains(&cookie) {
+            cookies.push(cookie);
+        }
+    }
+
+    /// Drops `cookie` from the index entry of `view`'s intent.
+    fn unindex(&mut self, view: &SandboxView, cookie: u64) {
+        let Some(i) = &view.intent else {
+            return;
+        };
+        let key = (
+            i.intent.key.container_id.clone(),
+            i.intent.key.ifname.clone(),
+        );
+        if let Some(cookies) = self.by_sandbox.get_mut(&key) {
+            cookies.retain(|c| *c != cookie);
+            if cookies.is_empty() {
+                self.by_sandbox.remove(&key);
+            }
+        }
     }
 
     /// Marks the views of `sandbox`'s ADDs as removed (their intents are history).
     fn removed(&mut self, sandbox: &SandboxRef, by: &'static str, addresses: Vec<String>) {
         let at = format_time(SystemTime::now());
-        for view in self.views_of(sandbox) {
+        self.for_views_of(sandbox, |view| {
             if view.removed.is_some() {
-                continue;
+                return;
             }
             Self::push_text(
                 view,
@@ -165,7 +206,7 @@ impl Shared {
                 at: at.clone(),
                 addresses: addresses.clone(),
             });
-        }
+        });
     }
 
     fn record(&mut self, reports: Vec<Report>) {
@@ -181,8 +222,17 @@ impl Shared {
             match report {
                 Report::Verdict(v) => view.verdict = Some(v),
                 Report::Intent(i) => {
+                    let key_of = |i: &IntentVerdict| {
+                        (
+                            i.intent.key.container_id.clone(),
+                            i.intent.key.ifname.clone(),
+                        )
+                    };
+                    let previous = view.intent.as_ref().map(key_of);
+                    let key = key_of(&i);
                     view.container_id = Some(i.intent.key.container_id.clone());
                     view.intent = Some(i);
+                    self.index(previous, key, cookie);
                 }
                 Report::Drift(d) => {
                     if view.drifts.len() < KEPT_TEXTS {
@@ -327,9 +377,7 @@ impl SandboxObserver for KernelWatch {
     fn planned(&self, sandbox: &SandboxRef, expected: &ExpectedState) {
         // A new ADD of a removed sandbox: wired again (a late report of the removed ADD must not
         // undo its removal, so this is the one place that does).
-        for view in lock(&self.shared).views_of(sandbox) {
-            view.removed = None;
-        }
+        lock(&self.shared).for_views_of(sandbox, |view| view.removed = None);
         if let Some(netns) = &sandbox.netns {
             self.send(Command::Intent(IntentSpec::new(
                 key_of(sandbox),
@@ -459,4 +507,88 @@ fn log(report: &Report) {
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::verdict::{Evidence, Intent, IntentKey, IntentOrigin, IntentStatus};
+
+    fn intent(cookie: u64, container_id: &str) -> Report {
+        Report::Intent(IntentVerdict {
+            intent: Intent {
+                key: IntentKey {
+                    container_id: container_id.to_owned(),
+                    ifname: "eth0".to_owned(),
+                },
+                origin: IntentOrigin::Add,
+                netns_cookie: cookie,
+                ifname: "eth0".to_owned(),
+                addresses: Vec::new(),
+                routes: Vec::new(),
+            },
+            status: IntentStatus::Confirmed,
+            missing: Vec::new(),
+            evidence: Evidence::Trace,
+        })
+    }
+
+    fn sandbox(container_id: &str) -> SandboxRef {
+        SandboxRef {
+            container_id: container_id.to_owned(),
+            ifname: "eth0".to_owned(),
+            netns: None,
+        }
+    }
+
+    fn removed(shared: &Shared) -> Vec<u64> {
+        let mut cookies: Vec<u64> = shared
+            .views
+            .iter()
+            .filter(|(_, v)| v.removed.is_some())
+            .map(|(c, _)| *c)
+            .collect();
+        cookies.sort_unstable();
+        cookies
+    }
+
+    #[test]
+    fn a_removal_marks_the_views_of_that_sandbox_only_and_the_next_add_clears_them() {
+        let mut shared = Shared::default();
+        // c1's first ADD in netns 1, its retry in netns 2; c2 in netns 3.
+        shared.record(vec![intent(1, "c1"), intent(2, "c1"), intent(3, "c2")]);
+        shared.removed(&sandbox("c1"), "del", vec!["10.0.0.2/24".to_owned()]);
+        assert_eq!(removed(&shared), [1, 2]);
+        assert!(
+            shared.views[&1]
+                .text
+                .iter()
+                .any(|t| t.contains("REMOVED container c1"))
+        );
+        shared.for_views_of(&sandbox("c1"), |view| view.removed = None);
+        assert_eq!(removed(&shared), Vec::<u64>::new());
+        // Netns 2 now holds c3's intent: c1's removal no longer reaches it.
+        shared.record(vec![intent(2, "c3")]);
+        shared.removed(&sandbox("c1"), "gc", Vec::new());
+        assert_eq!(removed(&shared), [1]);
+        shared.removed(&sandbox("c3"), "del", Vec::new());
+        assert_eq!(removed(&shared), [1, 2]);
+    }
+
+    #[test]
+    fn evicted_views_leave_the_index() {
+        let mut shared = Shared::default();
+        shared.record(vec![intent(1, "c1")]);
+        let reports: Vec<Report> = (2..=KEPT_VIEWS as u64 + 1)
+            .map(|cookie| intent(cookie, &format!("other{cookie}")))
+            .collect();
+        shared.record(reports);
+        assert!(!shared.views.contains_key(&1), "the oldest view went");
+        assert!(
+            !shared
+                .by_sandbox
+                .contains_key(&("c1".to_owned(), "eth0".to_owned()))
+        );
+        assert_eq!(shared.by_sandbox.len(), KEPT_VIEWS);
+    }
 }
