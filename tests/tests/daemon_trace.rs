@@ -263,6 +263,33 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
     Ok(())
 }
 
+/// An ADD's intent is confirmed by what the trace saw of its requests, as they happen: not by a
+/// read of the namespace's state at the deadline (which is 60 s here, beyond every wait).
+#[test]
+fn daemon_adds_are_confirmed_from_the_trace_before_their_deadline() -> Result<()> {
+    const N: usize = 5;
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "60"], |socket| {
+        conflist("trnow", "1.0.0", socket, "10.253.0.0/24", None)
+    })?;
+    let config = conflist("trnow", "1.0.0", &daemon.socket, "10.253.0.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    daemon.wait_tracing(PATIENCE)?;
+    let pods: Vec<Netns> = (0..N).map(|_| Netns::new("trn")).collect::<Result<_>>()?;
+    for (i, pod) in pods.iter().enumerate() {
+        add(&format!("trn-{i}"), pod.path(), &stdin)?;
+    }
+    let cookies: HashSet<u64> = pods.iter().map(Netns::cookie).collect::<Result<_>>()?;
+    let views = wait_views(&daemon, &cookies, "every intent confirmed", |v| {
+        intent_status(v) == "confirmed"
+    })?;
+    for view in views.values() {
+        assert_eq!(view["intent"]["evidence"]["by"], "trace", "{view:#}");
+    }
+    assert_no_alarm(&views);
+    Ok(())
+}
+
 /// How the daemon goes down before its restart.
 #[derive(Clone, Copy, Debug)]
 enum Down {

@@ -4,8 +4,9 @@
 //! One netlink socket per namespace: the socket of a namespace is created by a pooled worker
 //! thread that entered it (`setns(CLONE_NEWNET)`) and went back home, then driven from tokio;
 //! the calling thread never changes namespace. The host socket is created once and reused for
-//! every call. The requests of a `Conn::batch` go in one `sendmsg`; the calling task reads the
-//! replies itself (the kernel answers inside the send: no connection task in between).
+//! every call. The requests of a `Conn::batch` are all sent before any reply is read; the
+//! calling task reads the replies itself (the kernel answers inside the send: no connection
+//! task in between).
 //! Teardown retires the host veth (withdrawn, down, renamed `pvx<index>`) and a reaper thread
 //! deletes retired links in batches, off the DEL path (see `reaper`).
 

@@ -92,7 +92,9 @@ impl Req {
 /// part inside the `recvmsg` that drains the previous one), so its replies are queued on the
 /// socket when the send returns: the calling task sends and reads them itself, with no
 /// connection task, channel or wake-up in between. One exchange (send, then read every reply
-/// of it) runs at a time per socket; callers sharing the host socket take turns.
+/// of it) runs at a time per socket; callers sharing the host socket take turns. Each request
+/// goes in a datagram of its own: a tracer of `sendmsg` (ours copies the first 256 bytes of
+/// each) then sees every request whole.
 #[derive(Clone, Debug)]
 pub(crate) struct Conn {
     inner: Arc<Socketed>,
@@ -243,8 +245,8 @@ impl Conn {
         self.one(msg, flags, End::Ack, op).await.map(|r| r.messages)
     }
 
-    /// Sends every request in one `sendmsg` (the kernel handles them in order), then returns
-    /// one result per request, in order. A failed request does not stop the ones after it:
+    /// Sends every request (one datagram each, back to back: the kernel handles them in order)
+    /// before reading any reply, then returns one result per request, in order. A failed request does not stop the ones after it:
     /// callers order requests so that a later one failing because of an earlier failure is
     /// harmless, and undo what succeeded. The lot has [`request_timeout`] for its acks.
     pub(crate) async fn batch(&self, reqs: Vec<Req>) -> Vec<Result<(), DataplaneError>> {
@@ -311,8 +313,8 @@ impl Conn {
             .map_err(|e| self.reply_err(op, e))
     }
 
-    /// Sends `requests` in one datagram and reads until each has what ends its replies, or the
-    /// deadline passes (the ones still waiting then time out).
+    /// Sends `requests` and reads until each has what ends its replies, or the deadline passes
+    /// (the ones still waiting then time out).
     async fn exchange(
         &self,
         requests: Vec<(RouteNetlinkMessage, u16, End)>,
@@ -330,6 +332,7 @@ impl Conn {
         }
         state.unfinished = true;
         let mut pending = Vec::with_capacity(count);
+        let mut datagrams = Vec::with_capacity(count);
         state.send.clear();
         for (msg, flags, end) in requests {
             let seq = state.next_seq;
@@ -340,21 +343,32 @@ impl Conn {
             req.finalize();
             let at = state.send.len();
             let len = req.buffer_len();
-            state.send.resize(at + len.next_multiple_of(4), 0);
-            req.serialize(&mut state.send[at..at + len]);
+            state.send.resize(at + len, 0);
+            req.serialize(&mut state.send[at..]);
+            datagrams.push(at..at + len);
             pending.push(Pending::new(seq, end));
         }
-        let sent = tokio::time::timeout_at(
-            deadline,
-            self.now_or_when_ready(Interest::WRITABLE, |s| {
-                s.send_to(&state.send, &self.inner.peer, 0)
-            }),
-        )
-        .await;
-        match sent {
-            Err(_) => return all(&ReplyError::TimedOut),
-            Ok(Err(e)) => return all(&ReplyError::Socket(Arc::new(e))),
-            Ok(Ok(_)) => {}
+        for (sent_so_far, datagram) in datagrams.into_iter().enumerate() {
+            let sent = tokio::time::timeout_at(
+                deadline,
+                self.now_or_when_ready(Interest::WRITABLE, |s| {
+                    s.send_to(&state.send[datagram.clone()], &self.inner.peer, 0)
+                }),
+            )
+            .await;
+            let failed = match sent {
+                Err(_) => ReplyError::TimedOut,
+                Ok(Err(e)) => ReplyError::Socket(Arc::new(e)),
+                Ok(Ok(_)) => continue,
+            };
+            if sent_so_far == 0 {
+                return all(&failed);
+            }
+            // The requests sent are answered below; the others never left.
+            for p in &mut pending[sent_so_far..] {
+                p.result = Some(Err(failed.clone()));
+            }
+            break;
         }
         while pending.iter().any(|p| p.result.is_none()) {
             state.recv.clear();
@@ -689,10 +703,12 @@ mod tests {
         assert!(err.contains("malformed"), "{err}");
     }
 
-    /// A fake kernel: a `NETLINK_USERSOCK` socket that answers what it is sent with `answer`
-    /// (the requests' sequence numbers in, datagrams out), and a connection asking it.
+    /// A fake kernel: a `NETLINK_USERSOCK` socket that, once it has received `per_answer`
+    /// requests, answers them with `answer` (their sequence numbers in, datagrams out); and a
+    /// connection asking it. Every datagram it receives must hold exactly one request.
     fn with_fake_kernel(
         timeout: Duration,
+        per_answer: usize,
         answer: impl Fn(&[u32]) -> Vec<Vec<u8>> + Send + 'static,
     ) -> Conn {
         let mut kernel = Socket::new(netlink_sys::protocols::NETLINK_USERSOCK).expect("socket");
@@ -700,16 +716,22 @@ mod tests {
         let mut ours = Socket::new(netlink_sys::protocols::NETLINK_USERSOCK).expect("socket");
         ours.bind_auto().expect("bind");
         std::thread::spawn(move || {
+            let mut seqs = Vec::new();
             while let Ok((datagram, from)) = kernel.recv_from_full() {
-                let mut seqs = Vec::new();
-                let mut offset = 0;
-                while let Ok(buf) = NetlinkBuffer::new_checked(&datagram[offset..]) {
-                    seqs.push(buf.sequence_number());
-                    offset += (buf.length() as usize).next_multiple_of(4);
+                let buf = NetlinkBuffer::new_checked(&datagram[..]).expect("a request");
+                assert_eq!(
+                    buf.length() as usize,
+                    datagram.len(),
+                    "one request per datagram"
+                );
+                seqs.push(buf.sequence_number());
+                if seqs.len() < per_answer {
+                    continue;
                 }
                 for reply in answer(&seqs) {
                     kernel.send_to(&reply, &from, 0).expect("reply");
                 }
+                seqs.clear();
             }
         });
         Conn::from_socket(ours, "fake-ns")
@@ -723,7 +745,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_nothing_answers_fails_in_time_naming_the_operation() {
-        let conn = with_fake_kernel(Duration::from_millis(200), |_| Vec::new());
+        let conn = with_fake_kernel(Duration::from_millis(200), 1, |_| Vec::new());
         let started = Instant::now();
         let err = conn
             .ack(link(), 0, "create link veth0")
@@ -754,7 +776,7 @@ mod tests {
     async fn a_batch_gets_one_result_per_request_in_order_whatever_order_the_replies_come_in() {
         // The second request is refused; its refusal comes first, after a stray reply of a
         // request nobody waits for.
-        let conn = with_fake_kernel(Duration::from_secs(5), |seqs| {
+        let conn = with_fake_kernel(Duration::from_secs(5), 2, |seqs| {
             let mut replies = vec![(seqs[0].wrapping_sub(1), nack(libc::ENOENT))];
             replies.push((seqs[1], nack(libc::EEXIST)));
             replies.push((seqs[0], ack()));
@@ -780,7 +802,7 @@ mod tests {
         // The first exchange gets nothing in time; its ack arrives late, just before the
         // second exchange's own refusal.
         let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let conn = with_fake_kernel(Duration::from_millis(300), {
+        let conn = with_fake_kernel(Duration::from_millis(300), 1, {
             let asked = Arc::clone(&asked);
             move |seqs| match asked.fetch_add(1, Ordering::SeqCst) {
                 0 => Vec::new(),
