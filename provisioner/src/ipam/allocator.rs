@@ -204,6 +204,25 @@ impl Reservation {
         )
     }
 
+    /// The reservation the committer's staged answer (outcome, written by this call) makes.
+    fn staged(
+        (outcome, new): (Outcome, bool),
+        durable: oneshot::Receiver<Result<(), IpamError>>,
+        store: PathBuf,
+    ) -> Result<Self, IpamError> {
+        match outcome? {
+            // An existing allocation may come from an earlier operation of the same batch:
+            // waiting for the batch's commit covers that case too.
+            Done::Allocated(allocation) => Ok(Self {
+                allocation,
+                new,
+                durable,
+                store,
+            }),
+            Done::Released(_) => Err(stopped_error(&store, "answered reserve with a release")),
+        }
+    }
+
     /// The addresses, usable at once (nothing else is handed them).
     pub fn allocation(&self) -> &Allocation {
         &self.allocation
@@ -396,21 +415,11 @@ impl Allocator {
                 durable: durable_tx,
             },
         })?;
-        let (outcome, new) = answer.recv().map_err(|_| {
+        let applied = answer.recv().map_err(|_| {
             self.core
                 .stopped("committer thread stopped before answering")
         })?;
-        match outcome? {
-            // An existing allocation may come from an earlier operation of the same batch:
-            // waiting for the batch's commit covers that case too.
-            Done::Allocated(allocation) => Ok(Reservation {
-                allocation,
-                new,
-                durable,
-                store,
-            }),
-            Done::Released(_) => Err(self.core.stopped("answered reserve with a release")),
-        }
+        Reservation::staged(applied, durable, store)
     }
 
     /// [`Self::reserve`] for async callers: queued to the committer at once; the future awaits
@@ -432,18 +441,10 @@ impl Allocator {
         });
         async move {
             queued?;
-            let (outcome, new) = answer
+            let applied = answer
                 .await
                 .map_err(|_| stopped_error(&store, "committer thread stopped before answering"))?;
-            match outcome? {
-                Done::Allocated(allocation) => Ok(Reservation {
-                    allocation,
-                    new,
-                    durable,
-                    store,
-                }),
-                Done::Released(_) => Err(stopped_error(&store, "answered reserve with a release")),
-            }
+            Reservation::staged(applied, durable, store)
         }
     }
 
