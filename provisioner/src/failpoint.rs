@@ -9,7 +9,9 @@
 //! `add.durable` (the allocation is on disk), `add.before-reply`, `del.teardown` (kernel objects
 //! withdrawn, addresses not released yet), `del.released` (released, before the reply).
 //! `commit.slow` is no crash: it delays the durable commit of reservations by [`PAUSE`], so
-//! that a crash in setup comes before the allocation is on disk.
+//! that a crash in setup comes before the allocation is on disk. Nor is `add.slow`: an ADD
+//! whose allocation is on disk waits [`PAUSE`] before it answers (the daemon serving other
+//! requests meanwhile), so that a GC certainly meets it in flight.
 
 use crate::dataplane::SetupStep;
 
@@ -89,6 +91,19 @@ pub fn pause(name: &str) {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn pause(_name: &str) {}
+
+/// Waits [`PAUSE`] (without holding the thread) if the point `name` is armed.
+#[cfg(feature = "fault-injection")]
+pub async fn pause_task(name: &str) {
+    if is_armed(name) {
+        tokio::time::sleep(PAUSE).await;
+    }
+}
+
+/// Waits here if the point `name` is armed (compiled out).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub async fn pause_task(_name: &str) {}
 
 /// How long [`pause`] stalls.
 pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(500);

@@ -271,11 +271,20 @@ fn racing_add_and_del_of_one_sandbox_leave_it_whole_or_gone() -> Result<()> {
 /// whole.
 #[test]
 fn gc_skips_a_sandbox_whose_add_is_in_flight() -> Result<()> {
-    const MAX_ROUNDS: usize = 30;
+    // Each ADD waits 500 ms with its allocation on disk before it answers (failpoint
+    // add.slow), the daemon answering the GCs sent meanwhile: the first round has GCs during
+    // the ADD however fast the machine (a plain ADD can be over between two GCs).
+    const MAX_ROUNDS: usize = 3;
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
+    let mut daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
         conflist("gcrace", "1.0.0", socket, "10.250.35.0/24", None)
     })?;
+    daemon.stop()?;
+    daemon.restart_with_env(
+        &node,
+        &["--no-trace"],
+        &[(provisioner::failpoint::ENV, "add.slow")],
+    )?;
     daemon.wait_ready(PATIENCE)?;
     let config = conflist("gcrace", "1.0.0", &daemon.socket, "10.250.35.0/24", None);
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;

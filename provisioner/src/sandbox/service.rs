@@ -245,6 +245,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             });
         }
         self.observer.set_up(sandbox, &expected);
+        crate::failpoint::pause_task("add.slow").await;
         crate::failpoint::hit("add.before-reply");
         Ok(AddOutcome {
             allocation,
