@@ -293,11 +293,50 @@ pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(cookie)
 }
 
-/// Inode and cookie of the network namespace at `path` (checked to be one), the cookie read on
-/// a pooled netns worker: no thread is created per call.
+/// `NS_GET_ID` (`_IOR(0xb7, 13, __u64)`): the id of the namespace of an nsfs file.
+const NS_GET_ID: libc::c_ulong = 0x8008_b70d;
+
+/// The cookie of the network namespace of nsfs file `file` without entering it, when the
+/// kernel gives it: `NS_GET_ID`, trusted once it gave the daemon's own namespace its cookie
+/// (checked on first use; otherwise, or on kernels without the ioctl, `None`).
+pub fn netns_cookie_of_file(file: &File) -> Option<u64> {
+    static ID_IS_COOKIE: OnceLock<bool> = OnceLock::new();
+    let trusted = *ID_IS_COOKIE.get_or_init(|| {
+        let Ok(own) = File::open("/proc/thread-self/ns/net") else {
+            return false;
+        };
+        let cookie = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Datagram,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(io::Error::from)
+        .and_then(|sock| socket_netns_cookie(sock.as_fd()));
+        matches!((ns_id(&own), cookie), (Ok(id), Ok(cookie)) if id == cookie)
+    });
+    trusted.then(|| ns_id(file).ok()).flatten()
+}
+
+fn ns_id(file: &File) -> io::Result<u64> {
+    let mut id: u64 = 0;
+    // SAFETY: NS_GET_ID writes one u64 through the pointer, which points at `id`; `file` stays
+    // open for the duration of the call.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_ID as _, &raw mut id) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(id)
+}
+
+/// Inode and cookie of the network namespace at `path` (checked to be one); the cookie from
+/// [`netns_cookie_of_file`], else read on a pooled netns worker (no thread created per call).
 pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), DataplaneError> {
     let ns = NetnsFile::open(path)?;
     let inode = ns.inode()?;
+    if let Some(cookie) = netns_cookie_of_file(&ns.file) {
+        return Ok((inode, cookie));
+    }
     let cookie = ns
         .run(|| {
             let sock = nix::sys::socket::socket(
@@ -422,6 +461,44 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A new network namespace (made by a thread that ends at once; its open file keeps it),
+    /// and its cookie as a socket inside it reads it.
+    fn fresh_netns() -> (File, u64) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let made = nix::sched::unshare(CloneFlags::CLONE_NEWNET)
+                .map_err(io::Error::from)
+                .and_then(|()| {
+                    let sock = nix::sys::socket::socket(
+                        nix::sys::socket::AddressFamily::Unix,
+                        nix::sys::socket::SockType::Datagram,
+                        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                        None,
+                    )
+                    .map_err(io::Error::from)?;
+                    let cookie = socket_netns_cookie(sock.as_fd())?;
+                    Ok((File::open("/proc/thread-self/ns/net")?, cookie))
+                });
+            let _ = tx.send(made);
+        });
+        rx.recv().expect("thread answers").expect("unshare (root)")
+    }
+
+    #[test]
+    fn the_cookie_read_from_the_file_is_the_one_a_socket_inside_reads() {
+        let (file, cookie) = fresh_netns();
+        match netns_cookie_of_file(&file) {
+            Some(read) => assert_eq!(read, cookie),
+            // Kernels without NS_GET_ID (or where it is not the cookie): the setns path.
+            None => assert!(ns_id(&file).is_err() || ns_id(&file).ok() != Some(cookie)),
+        }
+        let (other, other_cookie) = fresh_netns();
+        assert_ne!(cookie, other_cookie);
+        if let Some(read) = netns_cookie_of_file(&other) {
+            assert_eq!(read, other_cookie);
+        }
+    }
 
     fn reason(err: &DataplaneError) -> Option<BadNetns> {
         match err {
