@@ -43,7 +43,10 @@ pub use netlink::{
     DEFAULT_REQUEST_TIMEOUT as DEFAULT_NETLINK_TIMEOUT, request_timeout as netlink_timeout,
     set_request_timeout as set_netlink_timeout,
 };
-pub use netns::{BadNetns, netns_cookie_of_file, netns_inode_and_cookie, socket_netns_cookie};
+pub use netns::{
+    BadNetns, current_netns_cookie, netns_cookie_of_file, netns_inode_and_cookie,
+    socket_netns_cookie,
+};
 pub use plan::{ExpectedState, FamilyPlan, plan};
 pub use route::{Route, Scope};
 pub use snapshot::{NetnsSnapshot, SnapshotAddress, SnapshotLink, SnapshotRoute};

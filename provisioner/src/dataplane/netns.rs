@@ -293,6 +293,18 @@ pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(cookie)
 }
 
+/// The cookie of the calling thread's network namespace (of a socket it creates).
+pub fn current_netns_cookie() -> io::Result<u64> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(io::Error::from)?;
+    socket_netns_cookie(sock.as_fd())
+}
+
 /// `NS_GET_ID` (`_IOR(0xb7, 13, __u64)`): the id of the namespace of an nsfs file.
 const NS_GET_ID: libc::c_ulong = 0x8008_b70d;
 
@@ -305,15 +317,7 @@ pub fn netns_cookie_of_file(file: &File) -> Option<u64> {
         let Ok(own) = File::open("/proc/thread-self/ns/net") else {
             return false;
         };
-        let cookie = nix::sys::socket::socket(
-            nix::sys::socket::AddressFamily::Unix,
-            nix::sys::socket::SockType::Datagram,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(io::Error::from)
-        .and_then(|sock| socket_netns_cookie(sock.as_fd()));
-        matches!((ns_id(&own), cookie), (Ok(id), Ok(cookie)) if id == cookie)
+        matches!((ns_id(&own), current_netns_cookie()), (Ok(id), Ok(cookie)) if id == cookie)
     });
     trusted.then(|| ns_id(file).ok()).flatten()
 }
@@ -337,22 +341,13 @@ pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), Dataplane
     if let Some(cookie) = netns_cookie_of_file(&ns.file) {
         return Ok((inode, cookie));
     }
-    let cookie = ns
-        .run(|| {
-            let sock = nix::sys::socket::socket(
-                nix::sys::socket::AddressFamily::Unix,
-                nix::sys::socket::SockType::Datagram,
-                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-                None,
-            )
-            .map_err(io::Error::from)?;
-            socket_netns_cookie(sock.as_fd())
-        })
-        .await?
-        .map_err(|source| DataplaneError::OpenNetns {
-            netns: ns.label().to_owned(),
-            source,
-        })?;
+    let cookie =
+        ns.run(current_netns_cookie)
+            .await?
+            .map_err(|source| DataplaneError::OpenNetns {
+                netns: ns.label().to_owned(),
+                source,
+            })?;
     Ok((inode, cookie))
 }
 
@@ -470,14 +465,7 @@ mod tests {
             let made = nix::sched::unshare(CloneFlags::CLONE_NEWNET)
                 .map_err(io::Error::from)
                 .and_then(|()| {
-                    let sock = nix::sys::socket::socket(
-                        nix::sys::socket::AddressFamily::Unix,
-                        nix::sys::socket::SockType::Datagram,
-                        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-                        None,
-                    )
-                    .map_err(io::Error::from)?;
-                    let cookie = socket_netns_cookie(sock.as_fd())?;
+                    let cookie = current_netns_cookie()?;
                     Ok((File::open("/proc/thread-self/ns/net")?, cookie))
                 });
             let _ = tx.send(made);

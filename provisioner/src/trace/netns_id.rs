@@ -39,14 +39,4 @@ pub async fn identify(path: &Path) -> std::io::Result<NetnsRef> {
     Ok(NetnsRef { cookie, inode })
 }
 
-/// The cookie of the calling thread's network namespace.
-pub fn current_netns_cookie() -> std::io::Result<u64> {
-    let sock = nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Unix,
-        nix::sys::socket::SockType::Datagram,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(std::io::Error::from)?;
-    crate::dataplane::socket_netns_cookie(sock.as_fd())
-}
+pub use crate::dataplane::current_netns_cookie;
