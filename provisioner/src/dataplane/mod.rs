@@ -107,6 +107,8 @@ impl Dataplane {
     }
 
     fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Result<Self, DataplaneError> {
+        // Decided now, before a kernel watch attaches: the check makes a namespace of its own.
+        netns::ns_id_is_cookie();
         let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?;
         let not_sandboxes = vec![
             host_ns

@@ -309,17 +309,30 @@ pub fn current_netns_cookie() -> io::Result<u64> {
 const NS_GET_ID: libc::c_ulong = 0x8008_b70d;
 
 /// The cookie of the network namespace of nsfs file `file` without entering it, when the
-/// kernel gives it: `NS_GET_ID`, trusted once it gave the daemon's own namespace its cookie
-/// (checked on first use; otherwise, or on kernels without the ioctl, `None`).
+/// kernel gives it (see [`ns_id_is_cookie`]); otherwise `None`.
 pub fn netns_cookie_of_file(file: &File) -> Option<u64> {
-    static ID_IS_COOKIE: OnceLock<bool> = OnceLock::new();
-    let trusted = *ID_IS_COOKIE.get_or_init(|| {
-        let Ok(own) = File::open("/proc/thread-self/ns/net") else {
-            return false;
-        };
-        matches!((ns_id(&own), current_netns_cookie()), (Ok(id), Ok(cookie)) if id == cookie)
-    });
-    trusted.then(|| ns_id(file).ok()).flatten()
+    ns_id_is_cookie().then(|| ns_id(file).ok()).flatten()
+}
+
+/// Whether `NS_GET_ID` gives a network namespace's cookie on this kernel. Decided once, on a
+/// namespace made for the check by a thread that ends at once: not on the initial namespace,
+/// whose id and cookie could both be 1 on a kernel that counts them apart. (It makes a
+/// namespace: call it before the kernel watch attaches, as [`super::Dataplane`] does.)
+pub fn ns_id_is_cookie() -> bool {
+    static DECIDED: OnceLock<bool> = OnceLock::new();
+    *DECIDED.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("netns-id-check".to_owned())
+            .spawn(|| -> io::Result<bool> {
+                nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+                let own = File::open("/proc/thread-self/ns/net")?;
+                Ok(ns_id(&own)? == current_netns_cookie()?)
+            })
+            .ok()
+            .and_then(|check| check.join().ok())
+            .and_then(Result::ok)
+            .unwrap_or(false)
+    })
 }
 
 fn ns_id(file: &File) -> io::Result<u64> {
