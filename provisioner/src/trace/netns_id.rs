@@ -7,9 +7,10 @@ use std::path::Path;
 
 use super::events::NetnsRef;
 
-/// Inode and cookie of the namespace at `path`. The cookie comes from the file when the kernel
-/// gives it ([`crate::dataplane::netns_cookie_of_file`]), else from `SO_NETNS_COOKIE` on a
-/// socket created by a short-lived thread that entered the namespace.
+/// Inode and cookie of the namespace at `path`, for synchronous callers (the tests' tracing
+/// helpers; the daemon and `provisioner trace` use [`identify`]). The cookie comes from the
+/// file when the kernel gives it ([`crate::dataplane::netns_cookie_of_file`]), else from
+/// `SO_NETNS_COOKIE` on a socket created by a short-lived thread that entered the namespace.
 pub fn netns_of_path(path: &Path) -> std::io::Result<NetnsRef> {
     let file = File::open(path)?;
     let inode = u32::try_from(file.metadata()?.ino()).map_err(std::io::Error::other)?;

@@ -14,7 +14,7 @@ use super::driver::{self, Command, DriverOptions, Sink};
 use super::events::TraceEvent;
 use super::loader::LossCounters;
 use super::metrics::TraceMetrics;
-use super::netns_id::netns_of_path;
+use super::netns_id::identify;
 use super::render::{event_line, report_lines};
 use super::sandbox_rules::SandboxRules;
 use super::verdict::Report;
@@ -162,7 +162,7 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
     let (commands, rx) = mpsc::unbounded_channel();
     let cookie = match &opts.netns {
         Some(path) => {
-            let netns = netns_of_path(path).map_err(|source| TraceError::Netns {
+            let netns = identify(path).await.map_err(|source| TraceError::Netns {
                 path: path.clone(),
                 source,
             })?;
