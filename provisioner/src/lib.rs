@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod failpoint;
 pub mod ipam;
+pub mod memory;
 pub mod metrics;
 pub mod sandbox;
 pub mod trace;

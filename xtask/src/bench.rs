@@ -119,59 +119,57 @@ pub fn run_trace_overhead(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// The target triple of the release build (given explicitly so that RUSTFLAGS only reach the
-/// target's crates, not build scripts and proc-macros).
-const RELEASE_TARGET: &str = "x86_64-unknown-linux-gnu";
-/// Static (no dynamic loader, no shared libraries to map) and non-PIE (no relocations to apply
-/// at exec): the CNI plugin mode starts almost as fast as a C program.
-const RELEASE_RUSTFLAGS: &str = "-C target-feature=+crt-static -C relocation-model=static";
+/// The target triple of the binary to install (given explicitly so that RUSTFLAGS only reach
+/// the target's crates, not build scripts and proc-macros). musl: a static musl binary starts
+/// in a fraction of a glibc one's time (glibc probes the CPU caches with CPUID at every start,
+/// which traps to the hypervisor in a VM: docs/benchmarks.md), and the CNI plugin mode is
+/// exec'd once per ADD and DEL. The daemon gets mimalloc there (provisioner/src/memory).
+pub const RELEASE_TARGET: &str = "x86_64-unknown-linux-musl";
+/// Non-PIE: no relocations to apply at exec (musl links statically by default).
+const RELEASE_RUSTFLAGS: &str = "-C relocation-model=static";
 
-/// Bootstraps, builds the eBPF object and the binary to install and measure (profile `dist`,
-/// statically linked, non-PIE); the binary's path. A cold build takes about 20 minutes on 2 cores.
+/// Bootstraps, builds the eBPF object and the binary to install and measure (profile `dist`:
+/// LTO, one codegen unit, static non-PIE, for musl); the binary's path. A cold build takes
+/// about 20 minutes on 2 cores.
 pub fn build_dist() -> Result<PathBuf> {
+    build_provisioner(
+        "dist",
+        "provisioner (profile dist: LTO, one codegen unit, static non-PIE, musl)",
+        Some(RELEASE_RUSTFLAGS),
+    )
+}
+
+/// Bootstraps, builds the eBPF object and a plain release binary for musl (the demo's: quicker
+/// to build than [`build_dist`], which the bench measures); the binary's path.
+pub fn build_release() -> Result<PathBuf> {
+    build_provisioner("release", "provisioner (release, musl)", None)
+}
+
+fn build_provisioner(profile: &str, what: &str, rustflags: Option<&str>) -> Result<PathBuf> {
     bootstrap::apt_packages()?;
+    bootstrap::release_target(RELEASE_TARGET)?;
     ebpf::build()?;
-    announce(
-        "build",
-        "provisioner (profile dist: LTO, one codegen unit, static non-PIE)",
-    );
+    announce("build", what);
     let root = workspace_root();
-    run_command(
-        cargo("stable")
-            .current_dir(&root)
-            .args(["build", "--profile", "dist", "-p", "provisioner", "--bin"])
-            .arg("provisioner")
-            .args(["--target", RELEASE_TARGET])
-            .env("RUSTFLAGS", RELEASE_RUSTFLAGS),
-    )?;
+    let mut build = cargo("stable");
+    build
+        .current_dir(&root)
+        .args(["build", "--profile", profile, "-p", "provisioner", "--bin"])
+        .arg("provisioner")
+        .args(["--target", RELEASE_TARGET]);
+    if let Some(flags) = rustflags {
+        build.env("RUSTFLAGS", flags);
+    }
+    run_command(&mut build)?;
     let bin = root
         .join("target")
         .join(RELEASE_TARGET)
-        .join("dist/provisioner");
+        .join(profile)
+        .join("provisioner");
     if !bin.exists() {
         bail!("{} missing after the build", bin.display());
     }
     detail(&format!("binary: {}", bin.display()));
-    Ok(bin)
-}
-
-/// Bootstraps, builds the eBPF object and a plain release binary (the demo's: quicker to build
-/// than [`build_dist`], which the bench measures); the binary's path.
-pub fn build_release() -> Result<PathBuf> {
-    bootstrap::apt_packages()?;
-    ebpf::build()?;
-    announce("build", "provisioner (release)");
-    let root = workspace_root();
-    run_command(cargo("stable").current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "provisioner",
-    ]))?;
-    let bin = root.join("target/release/provisioner");
-    if !bin.exists() {
-        bail!("{} missing after the build", bin.display());
-    }
     Ok(bin)
 }
 

@@ -1,4 +1,5 @@
-//! Installing what a fresh machine lacks: apt packages, the rust-src component, bpf-linker.
+//! Installing what a fresh machine lacks: apt packages, the rust-src component, the release
+//! build's target, bpf-linker.
 //! Every step is announced and skipped when its result is already present.
 
 use std::path::{Path, PathBuf};
@@ -36,6 +37,8 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", "/usr/share/doc/busybox-static"),
     // protoc, for the build of the CRI client (k8s-cri).
     ("protobuf-compiler", "/usr/bin/protoc"),
+    // musl-gcc, which compiles mimalloc's C for the musl release build (bench::RELEASE_TARGET).
+    ("musl-tools", "/usr/bin/musl-gcc"),
 ];
 
 /// Installs the Debian packages the tests need (root only).
@@ -122,6 +125,25 @@ pub fn rust_src(toolchain: &EbpfToolchain) -> Result<()> {
         "--toolchain",
         &toolchain.name,
     ]))
+}
+
+/// Adds the standard library for `target` (the release build's) to the stable toolchain when
+/// missing.
+pub fn release_target(target: &str) -> Result<()> {
+    announce("bootstrap", &format!("Rust standard library for {target}"));
+    let installed = output(Command::new("rustup").args([
+        "target",
+        "list",
+        "--installed",
+        "--toolchain",
+        "stable",
+    ]))
+    .unwrap_or_default();
+    if installed.lines().any(|l| l.trim() == target) {
+        detail("present, skipping");
+        return Ok(());
+    }
+    run(Command::new("rustup").args(["target", "add", target, "--toolchain", "stable"]))
 }
 
 /// Where provisioner keeps the tools it builds for itself.

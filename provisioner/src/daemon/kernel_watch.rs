@@ -33,17 +33,6 @@ const KEPT_TEXTS: usize = 16;
 /// `tracing_unavailable` while the programs load.
 pub const STARTING: &str = "kernel tracing is starting";
 
-/// Parsing the kernel's BTF allocates tens of MiB that glibc's allocator keeps after it is
-/// freed; hand it back so the daemon's resident size reflects what it uses. (musl's returns
-/// freed memory by itself.)
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// One sandbox namespace as the kernel showed it.
 #[derive(Clone, Debug, Serialize)]
 pub struct SandboxView {
@@ -265,7 +254,7 @@ struct WatchSink {
 
 impl Sink for WatchSink {
     fn attached(&mut self) {
-        release_freed_memory();
+        crate::memory::return_freed_memory();
         tracing::info!(deadline = ?self.deadline, "kernel tracing of sandbox network setup started");
         lock(&self.shared).unavailable = None;
     }

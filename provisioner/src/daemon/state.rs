@@ -218,7 +218,7 @@ impl DaemonState {
                 }
             }
         }
-        return_freed_memory();
+        crate::memory::return_freed_memory();
         self.set_active(Some(Arc::new(Active { loaded, service })));
         self.metrics.ready.set(1);
     }
@@ -312,14 +312,3 @@ async fn wait_released(previous: &std::sync::Weak<Allocator>) {
 
 /// Longest wait for the previous allocation store to be closed before opening the next one.
 const STORE_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Reconciliation reads every host link and every allocation at once; glibc keeps the pages it
-/// frees afterwards in its arenas (RSS 24 instead of 11 MiB after a restart with 1000 sandboxes,
-/// kernel watch off): give them back.
-fn return_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}

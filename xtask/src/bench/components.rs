@@ -10,11 +10,15 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::report::{Single, Target};
-use super::{RELEASE_RUSTFLAGS, RELEASE_TARGET};
 use crate::step::{announce, cargo, detail, workspace_root};
 
 /// Sandboxes / allocations per phase.
 const N: usize = 100;
+
+/// The components are measured in a glibc build (static, non-PIE): the test crate's
+/// dependencies are not built for musl. So they run on glibc's allocator, not the daemon's.
+const COMPONENTS_TARGET: &str = "x86_64-unknown-linux-gnu";
+const COMPONENTS_RUSTFLAGS: &str = "-C target-feature=+crt-static -C relocation-model=static";
 
 /// Builds the components bench; the path of its executable.
 pub fn build() -> Result<PathBuf> {
@@ -25,9 +29,9 @@ pub fn build() -> Result<PathBuf> {
     let out = cargo("stable")
         .current_dir(workspace_root())
         .args(["build", "--profile", "dist", "-p", "provisioner-tests"])
-        .args(["--bench", "components", "--target", RELEASE_TARGET])
+        .args(["--bench", "components", "--target", COMPONENTS_TARGET])
         .args(["--message-format", "json-render-diagnostics"])
-        .env("RUSTFLAGS", RELEASE_RUSTFLAGS)
+        .env("RUSTFLAGS", COMPONENTS_RUSTFLAGS)
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("run cargo build for the components bench")?;
