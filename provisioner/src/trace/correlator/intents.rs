@@ -9,7 +9,7 @@ use crate::trace::verdict::{
     TimelineEntry,
 };
 
-use super::judge::missing_steps;
+use super::judge::{intent_parts_missing, missing_steps};
 use super::state::Progress;
 
 struct Registered {
@@ -129,23 +129,23 @@ impl Intents {
     ) -> Vec<Report> {
         let mut reports = Vec::new();
         for r in self.by_cookie.get_mut(&cookie).into_iter().flatten() {
-            let missing = missing_steps(&r.intent, &progress.now);
+            let complete = intent_parts_missing(&r.intent, &progress.now)
+                .next()
+                .is_none();
             match r.status {
-                None | Some(IntentStatus::Unconfirmed | IntentStatus::Drifted)
-                    if missing.is_empty() =>
-                {
+                None | Some(IntentStatus::Unconfirmed | IntentStatus::Drifted) if complete => {
                     r.status = Some(IntentStatus::Confirmed);
                     r.drifted.clear();
                     self.counts.confirmed += 1;
                     reports.push(Report::Intent(IntentVerdict {
                         intent: r.intent.clone(),
                         status: IntentStatus::Confirmed,
-                        missing,
+                        missing: Vec::new(),
                         evidence: trigger,
                     }));
                 }
-                Some(IntentStatus::Confirmed) => {
-                    for what in missing {
+                Some(IntentStatus::Confirmed) if !complete => {
+                    for what in missing_steps(&r.intent, &progress.now) {
                         if r.drifted.insert(what.clone()) {
                             self.counts.drifts += 1;
                             reports.push(Report::Drift(Drift {

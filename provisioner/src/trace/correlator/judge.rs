@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use crate::trace::sandbox_rules::{SandboxReason, SandboxRules};
-use crate::trace::verdict::{Evidence, Intent, Verdict, format_time};
+use ipnetwork::IpNetwork;
+
+use crate::trace::verdict::{Evidence, Intent, RouteIntent, Verdict, format_time};
 
 use super::state::{Progress, State};
 use super::timeline::Ns;
@@ -132,35 +134,63 @@ fn missing_parts(best: &State) -> Vec<&'static str> {
     missing
 }
 
+/// One part of an intent the state does not show; named (formatted) only when reported.
+pub(super) enum MissingStep<'a> {
+    Up(&'a str),
+    Address(&'a IpNetwork),
+    Route(&'a RouteIntent),
+}
+
+impl std::fmt::Display for MissingStep<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MissingStep::Up(ifname) => write!(f, "interface {ifname} up"),
+            MissingStep::Address(net) => write!(f, "address {net}"),
+            MissingStep::Route(RouteIntent {
+                dst,
+                gateway: Some(gw),
+            }) => write!(f, "route {dst} via {gw}"),
+            MissingStep::Route(RouteIntent { dst, gateway: None }) => write!(f, "route {dst}"),
+        }
+    }
+}
+
+/// What of `intent` the state does not show. Checked on every change of a namespace being set
+/// up, when most of it is still missing: nothing is formatted here.
+pub(super) fn intent_parts_missing<'a>(
+    intent: &'a Intent,
+    state: &'a State,
+) -> impl Iterator<Item = MissingStep<'a>> {
+    let up = (!state.up.contains(&intent.ifname)).then_some(MissingStep::Up(&intent.ifname));
+    let addresses = intent
+        .addresses
+        .iter()
+        .filter(|net| {
+            !state
+                .addrs
+                .iter()
+                .any(|(_, a, p)| *a == net.ip() && *p == net.prefix())
+        })
+        .map(MissingStep::Address);
+    let routes = intent
+        .routes
+        .iter()
+        .filter(|route| {
+            !state.routes.iter().any(|r| {
+                r.dst_len == route.dst.prefix()
+                    && (route.dst.prefix() == 0 || r.dst == Some(route.dst.network()))
+                    && (route.gateway.is_none() || r.gateway == route.gateway)
+            })
+        })
+        .map(MissingStep::Route);
+    up.into_iter().chain(addresses).chain(routes)
+}
+
 /// What of `intent` the state does not show, each named.
 pub(super) fn missing_steps(intent: &Intent, state: &State) -> Vec<String> {
-    let mut missing = Vec::new();
-    if !state.up.contains(&intent.ifname) {
-        missing.push(format!("interface {} up", intent.ifname));
-    }
-    for net in &intent.addresses {
-        if !state
-            .addrs
-            .iter()
-            .any(|(_, a, p)| *a == net.ip() && *p == net.prefix())
-        {
-            missing.push(format!("address {net}"));
-        }
-    }
-    for route in &intent.routes {
-        let found = state.routes.iter().any(|r| {
-            r.dst_len == route.dst.prefix()
-                && (route.dst.prefix() == 0 || r.dst == Some(route.dst.network()))
-                && (route.gateway.is_none() || r.gateway == route.gateway)
-        });
-        if !found {
-            missing.push(match route.gateway {
-                Some(gw) => format!("route {} via {gw}", route.dst),
-                None => format!("route {}", route.dst),
-            });
-        }
-    }
-    missing
+    intent_parts_missing(intent, state)
+        .map(|step| step.to_string())
+        .collect()
 }
 
 #[cfg(test)]
