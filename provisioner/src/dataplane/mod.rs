@@ -102,7 +102,7 @@ impl Dataplane {
     /// The host side is the netns at `path` (e.g. a "node" netns in tests).
     pub fn with_host_netns(path: &Path) -> Result<Self, DataplaneError> {
         let host_ns = NetnsFile::open(path)?;
-        let socket = netlink::socket_in_blocking(&host_ns)?;
+        let socket = netlink::socket_in(&host_ns)?;
         Self::from_parts(host_ns, socket)
     }
 
@@ -180,7 +180,7 @@ impl Dataplane {
                     .take();
                 let socket = match taken {
                     Some(s) => s,
-                    None => netlink::socket_in(&self.inner.host_ns).await?,
+                    None => netlink::socket_in(&self.inner.host_ns)?,
                 };
                 Conn::from_socket(socket, self.inner.host_ns.label())
             })

@@ -47,20 +47,9 @@ pub fn request_timeout() -> Duration {
     Duration::from_millis(REQUEST_TIMEOUT_MS.load(Ordering::Relaxed))
 }
 
-/// Creates a (blocking, not yet registered) rtnetlink socket inside `ns` from a worker thread.
-pub(crate) async fn socket_in(ns: &NetnsFile) -> Result<Socket, DataplaneError> {
-    let label = ns.label().to_owned();
-    ns.run(move || Socket::new(NETLINK_ROUTE))
-        .await?
-        .map_err(|source| DataplaneError::Socket {
-            netns: label,
-            source,
-        })
-}
-
-/// Same as [`socket_in`] for sync callers.
-pub(crate) fn socket_in_blocking(ns: &NetnsFile) -> Result<Socket, DataplaneError> {
-    ns.run_blocking(|| Socket::new(NETLINK_ROUTE))?
+/// Creates a (blocking, not yet registered) rtnetlink socket inside `ns`.
+pub(crate) fn socket_in(ns: &NetnsFile) -> Result<Socket, DataplaneError> {
+    ns.run_here(|| Socket::new(NETLINK_ROUTE))?
         .map_err(|source| DataplaneError::Socket {
             netns: ns.label().to_owned(),
             source,
@@ -159,7 +148,7 @@ impl Conn {
 
     /// Creates the socket inside `ns` and connects it.
     pub(crate) async fn open(ns: &NetnsFile) -> Result<Self, DataplaneError> {
-        let socket = socket_in(ns).await?;
+        let socket = socket_in(ns)?;
         Self::from_socket(socket, ns.label())
     }
 

@@ -1,9 +1,10 @@
 //! Network namespace handles and running a closure inside a netns.
 //!
-//! The calling thread never changes its netns: work that must happen "inside" a namespace
-//! (creating a netlink socket, opening a `/proc/sys/net` file) runs on one of a few long-lived
-//! worker threads: it enters the namespace with `setns(CLONE_NEWNET)`, runs the job and goes back
-//! to its home netns (the process's), so no worker pins a sandbox netns after its job. Spawning a
+//! Work that must happen "inside" a namespace runs either on the calling thread for an instant
+//! (`run_here`: creating a netlink socket; the thread is back in its netns before the call
+//! returns) or, when it touches files (`/proc/sys/net`), on one of a few long-lived worker
+//! threads: it enters the namespace with `setns(CLONE_NEWNET)`, runs the job and goes back to
+//! its home netns (the process's), so no worker pins a sandbox netns after its job. Spawning a
 //! thread per job cost more than the job itself.
 
 use std::fs::File;
@@ -201,24 +202,30 @@ impl NetnsFile {
         })
     }
 
-    /// Like [`Self::run`] but blocking the calling thread (for sync constructors).
-    pub(crate) fn run_blocking<T, F>(&self, f: F) -> Result<T, DataplaneError>
-    where
-        T: Send,
-        F: FnOnce() -> T + Send,
-    {
-        let fd = self.file.as_fd();
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || setns(fd, CloneFlags::CLONE_NEWNET).map(|()| f()))
-                .join()
-                .map_err(|_| io::Error::other("netns worker thread panicked"))?
-                .map_err(io::Error::from)
-        })
-        .map_err(|source| DataplaneError::EnterNetns {
+    /// Runs `f` on the calling thread inside this netns, and puts the thread back in the netns
+    /// it was in before returning: for a job that cannot block and is cheaper than the two
+    /// thread wake-ups of handing it to a worker (creating a socket: two `setns` against
+    /// about 30 us of wake-ups per ADD on the daemon's path). Nothing else runs on the thread
+    /// meanwhile: `f` is synchronous.
+    pub(crate) fn run_here<T>(&self, f: impl FnOnce() -> T) -> Result<T, DataplaneError> {
+        let enter_failed = |source: io::Error| DataplaneError::EnterNetns {
             netns: self.label.clone(),
             source,
-        })
+        };
+        let back = File::open("/proc/thread-self/ns/net").map_err(enter_failed)?;
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| enter_failed(io::Error::from(e)))?;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        if let Err(e) = setns(back.as_fd(), CloneFlags::CLONE_NEWNET) {
+            // Going on would open every later socket of this thread in the sandbox's netns.
+            // A restart converges (nothing the daemon keeps depends on this thread's state).
+            tracing::error!(netns = %self.label, error = %e, "cannot leave a sandbox netns; aborting");
+            std::process::abort();
+        }
+        match result {
+            Ok(value) => Ok(value),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 
@@ -484,6 +491,28 @@ mod tests {
             let _ = tx.send(made);
         });
         rx.recv().expect("thread answers").expect("unshare (root)")
+    }
+
+    #[test]
+    fn run_here_works_inside_the_netns_and_leaves_the_thread_where_it_was() {
+        let (file, cookie) = fresh_netns();
+        let ns = NetnsFile {
+            file,
+            label: "fresh".to_owned(),
+        };
+        let before = current_netns_cookie().expect("cookie before");
+        let inside = ns.run_here(current_netns_cookie).expect("enter");
+        assert_eq!(inside.expect("cookie inside"), cookie);
+        assert_eq!(current_netns_cookie().expect("cookie after"), before);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ns.run_here(|| panic!("job panics"))
+        }));
+        assert!(panicked.is_err(), "the job's panic reaches the caller");
+        assert_eq!(
+            current_netns_cookie().expect("cookie after a panic"),
+            before,
+            "back in its netns after a panicking job too"
+        );
     }
 
     #[test]

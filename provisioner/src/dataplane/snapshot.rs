@@ -51,7 +51,7 @@ pub struct SnapshotRoute {
 pub(crate) async fn take(path: &Path) -> Result<NetnsSnapshot, DataplaneError> {
     let ns = NetnsFile::open(path)?;
     let inode = ns.inode()?;
-    let socket = socket_in(&ns).await?;
+    let socket = socket_in(&ns)?;
     let cookie = socket_netns_cookie(socket.as_fd()).map_err(|source| DataplaneError::Socket {
         netns: ns.label().to_owned(),
         source,
