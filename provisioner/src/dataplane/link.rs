@@ -119,10 +119,17 @@ pub(crate) async fn create_veth(
         peer.attributes.push(LinkAttribute::Mtu(mtu));
         msg.attributes.push(LinkAttribute::Mtu(mtu));
     }
+    // One queue each, said explicitly: without it veth allocates one per CPU and then cuts
+    // each end down to one while registered, which waits for an expedited RCU grace period
+    // (synchronize_net) twice per pair, with rtnl held. After LinkInfo: the tracer reads the
+    // first 256 bytes of the request.
+    let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
+    peer.attributes.extend(one_queue.clone());
     msg.attributes.push(LinkAttribute::LinkInfo(vec![
         LinkInfo::Kind(InfoKind::Veth),
         LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
     ]));
+    msg.attributes.extend(one_queue);
     let echoed = conn
         .ack_echo(
             RouteNetlinkMessage::NewLink(msg),
