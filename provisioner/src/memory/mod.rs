@@ -7,7 +7,7 @@
 //! of the kernel, nothing given back), musl's allocator what does not fit. Everything else,
 //! the daemon above all, gets mimalloc: musl's allocator hands memory back to the kernel on
 //! nearly every free, and the daemon paid for it in page faults and copies on each ADD.
-//! Built for glibc (tests, the demo's release build), glibc's allocator serves every mode.
+//! Built for glibc (tests, builds without `--target`), glibc's allocator serves every mode.
 
 mod arena;
 #[cfg(target_env = "musl")]
