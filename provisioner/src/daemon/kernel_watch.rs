@@ -18,7 +18,7 @@ use crate::ipam::Allocation;
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef};
 use crate::trace::diagnosis::CniSetup;
 use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
-use crate::trace::render::report_lines;
+use crate::trace::render::{report_lines, verdict_lines};
 use crate::trace::verdict::format_time;
 use crate::trace::{
     CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentStatus, IntentVerdict, NetnsVerdict,
@@ -37,7 +37,8 @@ pub const STARTING: &str = "kernel tracing is starting";
 #[derive(Clone, Debug, Serialize)]
 pub struct SandboxView {
     /// The latest verdict (a revised one replaces the alarm it revises).
-    pub verdict: Option<NetnsVerdict>,
+    #[serde(serialize_with = "serialize_shared")]
+    pub verdict: Option<Arc<NetnsVerdict>>,
     /// The daemon's own ADD (or the audit at start) for this namespace, and whether the kernel
     /// confirmed it.
     pub intent: Option<IntentVerdict>,
@@ -47,7 +48,39 @@ pub struct SandboxView {
     /// is history, its addresses are free.
     pub removed: Option<RemovedSandbox>,
     /// The latest reports for this namespace, as `provisioner trace` prints them.
-    pub text: Vec<String>,
+    pub text: Vec<ViewText>,
+}
+
+/// One of a view's reports as `provisioner trace` prints it. A verdict is kept once, shared
+/// with [`SandboxView::verdict`], and rendered when asked for: its timeline, rendered, was the
+/// largest thing kept per sandbox.
+#[derive(Clone, Debug)]
+pub enum ViewText {
+    Line(String),
+    Verdict(Arc<NetnsVerdict>),
+}
+
+impl ViewText {
+    /// The text as `provisioner sandboxes` shows it.
+    pub fn render(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ViewText::Line(line) => line.into(),
+            ViewText::Verdict(verdict) => verdict_lines(verdict).into(),
+        }
+    }
+}
+
+impl Serialize for ViewText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.render())
+    }
+}
+
+fn serialize_shared<S: serde::Serializer>(
+    verdict: &Option<Arc<NetnsVerdict>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    verdict.as_deref().serialize(serializer)
 }
 
 /// How and when a sandbox's wiring was removed.
@@ -117,7 +150,7 @@ impl Shared {
         })
     }
 
-    fn push_text(view: &mut SandboxView, text: String) {
+    fn push_text(view: &mut SandboxView, text: ViewText) {
         if view.text.len() >= KEPT_TEXTS {
             view.text.remove(0);
         }
@@ -182,13 +215,13 @@ impl Shared {
             }
             Self::push_text(
                 view,
-                format!(
+                ViewText::Line(format!(
                     "{at} REMOVED container {} ({}) by {}: addresses [{}] released",
                     sandbox.container_id,
                     sandbox.ifname,
                     by.to_uppercase(),
                     addresses.join(", ")
-                ),
+                )),
             );
             view.removed = Some(RemovedSandbox {
                 by,
@@ -200,16 +233,26 @@ impl Shared {
 
     fn record(&mut self, reports: Vec<Report>) {
         for report in reports {
-            let text = report_lines(&report);
             let cookie = match &report {
                 Report::Verdict(v) => v.netns.cookie,
                 Report::Intent(i) => i.intent.netns_cookie,
                 Report::Drift(d) => d.netns_cookie,
             };
+            // A verdict's text is rendered from the verdict when asked for.
+            let line = match &report {
+                Report::Verdict(_) => None,
+                other => Some(ViewText::Line(report_lines(other))),
+            };
             let view = self.view(cookie);
-            Self::push_text(view, text);
+            if let Some(line) = line {
+                Self::push_text(view, line);
+            }
             match report {
-                Report::Verdict(v) => view.verdict = Some(v),
+                Report::Verdict(v) => {
+                    let verdict = Arc::new(v);
+                    Self::push_text(view, ViewText::Verdict(Arc::clone(&verdict)));
+                    view.verdict = Some(verdict);
+                }
                 Report::Intent(i) => {
                     let key_of = |i: &IntentVerdict| {
                         (
@@ -552,7 +595,7 @@ mod tests {
             shared.views[&1]
                 .text
                 .iter()
-                .any(|t| t.contains("REMOVED container c1"))
+                .any(|t| t.render().contains("REMOVED container c1"))
         );
         shared.for_views_of(&sandbox("c1"), |view| view.removed = None);
         assert_eq!(removed(&shared), Vec::<u64>::new());

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::events::{EventKind, TraceEvent};
 use super::netlink_parse::{RtRequest, op_name};
-use super::verdict::{IntentStatus, Report, errno_text, format_time};
+use super::verdict::{IntentStatus, NetnsVerdict, Report, errno_text, format_time};
 
 /// `HH:MM:SS.mmm comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
@@ -157,49 +157,52 @@ pub fn request_detail(body: &RtRequest, ifnames: &HashMap<u32, String>) -> Optio
     }
 }
 
+/// A verdict and its timeline (indented lines).
+pub fn verdict_lines(v: &NetnsVerdict) -> String {
+    let mut s = format!(
+        "{} VERDICT {} netns cookie={} inode={} creator={}",
+        format_time(v.destroyed_at.unwrap_or(v.created_at)),
+        v.verdict.as_str().to_uppercase(),
+        v.netns.cookie,
+        v.netns.inode,
+        v.creator
+    );
+    if let Some(why) = &v.sandbox {
+        let _ = write!(s, " sandbox: {why}");
+    }
+    if let Some(old) = v.revises {
+        let _ = write!(s, " (revises {}", old.as_str().to_uppercase());
+        if let Some(ms) = v.late_ms {
+            let _ = write!(s, ", late by {ms} ms");
+        }
+        s.push(')');
+    }
+    let _ = write!(s, ": {} [evidence: {}]", v.reason, v.evidence);
+    if let Some(why) = &v.diagnosis {
+        let _ = write!(s, "\n  why: {why}");
+    }
+    if let Some(r) = &v.repeat
+        && r.count > 1
+    {
+        let _ = write!(
+            s,
+            " [{} skips from {}[{}] since {}]",
+            r.count,
+            r.creator_comm,
+            r.creator_pid,
+            format_time(r.first)
+        );
+    }
+    for entry in &v.timeline {
+        let _ = write!(s, "\n    {entry}");
+    }
+    s
+}
+
 /// A report and, for verdicts, its timeline (indented lines).
 pub fn report_lines(report: &Report) -> String {
     match report {
-        Report::Verdict(v) => {
-            let mut s = format!(
-                "{} VERDICT {} netns cookie={} inode={} creator={}",
-                format_time(v.destroyed_at.unwrap_or(v.created_at)),
-                v.verdict.as_str().to_uppercase(),
-                v.netns.cookie,
-                v.netns.inode,
-                v.creator
-            );
-            if let Some(why) = &v.sandbox {
-                let _ = write!(s, " sandbox: {why}");
-            }
-            if let Some(old) = v.revises {
-                let _ = write!(s, " (revises {}", old.as_str().to_uppercase());
-                if let Some(ms) = v.late_ms {
-                    let _ = write!(s, ", late by {ms} ms");
-                }
-                s.push(')');
-            }
-            let _ = write!(s, ": {} [evidence: {}]", v.reason, v.evidence);
-            if let Some(why) = &v.diagnosis {
-                let _ = write!(s, "\n  why: {why}");
-            }
-            if let Some(r) = &v.repeat
-                && r.count > 1
-            {
-                let _ = write!(
-                    s,
-                    " [{} skips from {}[{}] since {}]",
-                    r.count,
-                    r.creator_comm,
-                    r.creator_pid,
-                    format_time(r.first)
-                );
-            }
-            for entry in &v.timeline {
-                let _ = write!(s, "\n    {entry}");
-            }
-            s
-        }
+        Report::Verdict(v) => verdict_lines(v),
         Report::Intent(i) => {
             let mut s = format!(
                 "INTENT {} {} netns cookie={} {} [evidence: {}]",

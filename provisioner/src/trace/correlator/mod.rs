@@ -20,6 +20,7 @@ mod effects;
 mod execs;
 mod intents;
 mod judge;
+mod name_set;
 mod requests;
 mod state;
 mod timeline;

@@ -5,7 +5,7 @@
 //! A verdict rests on what a sandbox reached before its teardown began: a sandbox wired, used
 //! and torn down (a Job, a `--rm` container) was networked, whatever its last state.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::SystemTime;
@@ -14,6 +14,7 @@ use crate::dataplane::NetnsSnapshot;
 use crate::trace::verdict::{Evidence, RequestStatus, Step, errno_text};
 
 use super::effects::{Effect, RouteKey};
+use super::name_set::NameSet;
 use super::timeline::Entry;
 
 /// `lo` has index 1 in every network namespace.
@@ -23,9 +24,9 @@ pub(super) const LOOPBACK_IFINDEX: u32 = 1;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct State {
     /// Non-loopback interfaces present, by name.
-    pub links: BTreeSet<String>,
+    pub links: NameSet,
     /// Non-loopback interfaces up, by name.
-    pub up: BTreeSet<String>,
+    pub up: NameSet,
     pub lo_up: bool,
     /// `(ifindex, address, prefix)`
     pub addrs: Vec<(u32, IpAddr, u8)>,
@@ -121,7 +122,7 @@ impl State {
         let down: Vec<&str> = self
             .links
             .iter()
-            .filter(|l| !self.up.contains(*l))
+            .filter(|l| !self.up.contains(l))
             .map(String::as_str)
             .collect();
         let mut s = format!(

@@ -322,7 +322,7 @@ mod tests {
         }
         assert!(ns.entries.len() <= MAX_ENTRIES);
         assert_eq!(ns.folded_away + ns.entries.len(), 3 * MAX_ENTRIES);
-        assert_eq!(ns.progress().now.up.len(), 3 * MAX_ENTRIES);
+        assert_eq!(ns.progress().now.up.iter().count(), 3 * MAX_ENTRIES);
     }
 
     /// The fold kept up to date as entries arrive equals a fold from scratch, whatever the
