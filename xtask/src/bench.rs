@@ -276,10 +276,39 @@ fn start_daemon(
     dir: &Path,
     opts: &Options,
 ) -> Result<(Daemon, Duration)> {
-    let extra: &[&str] = if opts.no_trace { &["--no-trace"] } else { &[] };
-    let mut daemon = Daemon::spawn(bin, node, dir, extra)?;
+    start_daemon_with(bin, node, dir, opts, &[])
+}
+
+fn start_daemon_with(
+    bin: &Path,
+    node: &Netns,
+    dir: &Path,
+    opts: &Options,
+    args: &[&str],
+) -> Result<(Daemon, Duration)> {
+    let mut extra = args.to_vec();
+    if opts.no_trace {
+        extra.push("--no-trace");
+    }
+    let mut daemon = Daemon::spawn(bin, node, dir, &extra)?;
     let ready = daemon.wait_ready(Duration::from_secs(10))?;
     Ok((daemon, ready))
+}
+
+/// The RSS phase's daemon judges its sandboxes this soon after their ADD...
+const RSS_TRACE_DEADLINE: Duration = Duration::from_secs(1);
+/// ...and the RSS is read this long after that (the verdicts come at the driver's next tick).
+const VERDICT_SETTLE: Duration = Duration::from_secs(2);
+
+/// How many of the daemon's sandbox views hold a verdict, in words (asked after the RSS is
+/// read: the answer is large).
+fn verdicts_given(daemon: &mut Daemon) -> Result<String> {
+    let answer = daemon.request(&json!({"op": "sandboxes"}))?;
+    let views = answer["sandboxes"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let judged = views.iter().filter(|v| !v["verdict"].is_null()).count();
+    Ok(format!("{judged} of {} sandbox views judged", views.len()))
 }
 
 /// What the daemon-only phases measured.
@@ -573,7 +602,18 @@ pub fn run(opts: &Options) -> Result<()> {
     let dir = tmp.path().join("rss");
     let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
     write_conflist(&dir, &conflist)?;
-    let (mut daemon, _) = start_daemon(&bin, &node_prov, &dir, opts)?;
+    // The sandboxes are judged (their verdicts kept, with timelines) before the RSS is read:
+    // a short trace deadline, then a wait past it.
+    let (mut daemon, _) = start_daemon_with(
+        &bin,
+        &node_prov,
+        &dir,
+        opts,
+        &[
+            "--trace-deadline",
+            &RSS_TRACE_DEADLINE.as_secs().to_string(),
+        ],
+    )?;
     let n = opts.sandboxes;
     drop(pods_api);
     let (pods_api, _) = sandboxes_seen_created(&daemon, opts, "s", "", n)?;
@@ -591,11 +631,19 @@ pub fn run(opts: &Options) -> Result<()> {
     let rss_ids = vec![ways::ids(&api_lane[0], "rss", n)];
     let provision =
         ways::interleaved(&api_lane, Verb::Add, &rss_ids, n, opts.concurrency)?.remove(0);
+    if !opts.no_trace {
+        std::thread::sleep(RSS_TRACE_DEADLINE + VERDICT_SETTLE);
+    }
     let rss_loaded_kib = daemon.rss_kib()?;
     detail(&format!(
-        "provisioned: {}; RSS {:.1} MiB",
+        "provisioned: {}; RSS {:.1} MiB{}",
         Summary::of(&provision).line(),
-        mib(rss_loaded_kib)
+        mib(rss_loaded_kib),
+        if opts.no_trace {
+            String::new()
+        } else {
+            format!(", {}", verdicts_given(&mut daemon)?)
+        }
     ));
     announce(
         "bench",

@@ -269,7 +269,8 @@ pub struct NetnsVerdict {
     /// For `skipped`: why, as far as the node can tell (the runtime's CNI conf dir and what it
     /// holds, whether a plugin ran).
     pub diagnosis: Option<String>,
-    pub timeline: Vec<TimelineEntry>,
+    /// Shared with the correlator's own timeline of the namespace (entries are not copied).
+    pub timeline: Vec<std::sync::Arc<TimelineEntry>>,
     /// For `skipped`: all skips from the same creator so far.
     pub repeat: Option<SkipSummary>,
 }

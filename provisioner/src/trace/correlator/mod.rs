@@ -27,6 +27,7 @@ mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::dataplane::NetnsSnapshot;
@@ -183,7 +184,7 @@ impl Correlator {
     }
 
     /// The timeline of a tracked namespace so far.
-    pub fn timeline(&self, cookie: u64) -> Option<Vec<TimelineEntry>> {
+    pub fn timeline(&self, cookie: u64) -> Option<Vec<Arc<TimelineEntry>>> {
         self.namespaces.get(&cookie).map(Ns::timeline)
     }
 
@@ -898,6 +899,7 @@ impl Correlator {
             timeline: ns.timeline(),
             repeat: None,
         };
+        ns.at_rest();
         *self
             .metrics
             .verdicts

@@ -348,7 +348,7 @@ mod tests {
     fn entry(ms: u64, effect: Effect) -> Entry {
         Entry {
             id: ms,
-            public: TimelineEntry {
+            public: std::sync::Arc::new(TimelineEntry {
                 at: t(ms),
                 pid: 1,
                 comm: "plugin".into(),
@@ -356,7 +356,7 @@ mod tests {
                     ifname: String::new(),
                     ifindex: 0,
                 },
-            },
+            }),
             effect: Some(effect),
             extack: None,
         }
