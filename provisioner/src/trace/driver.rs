@@ -183,41 +183,41 @@ pub async fn run<S: Sink>(
     }
     let mut ticker = tokio::time::interval(TICK);
     tokio::pin!(stop);
-    let mut commands_open = true;
     loop {
-        let reports = tokio::select! {
-            biased;
-            () = &mut stop => break,
-            // Commands first: a forget sent before a teardown is in effect before the
-            // teardown's events are fed.
-            command = commands.recv(), if commands_open => match command {
-                Some(Command::Intent(spec)) => {
+        // Commands are taken whenever the driver wakes for anything else (the ring is drained
+        // every 20 ms, the ticker ticks every 100 ms) instead of each waking its thread: one
+        // wake-up less per ADD. Taken first: a forget sent before a teardown is in effect
+        // before the teardown's events are fed.
+        while let Ok(command) = commands.try_recv() {
+            match command {
+                Command::Intent(spec) => {
                     seq += 1;
                     latest.insert(spec.key.clone(), seq);
                     let this = seq;
                     work.spawn(async move {
                         let netns = identify(&spec.netns).await;
-                        Done::Identified(Identified { seq: this, spec, netns })
+                        Done::Identified(Identified {
+                            seq: this,
+                            spec,
+                            netns,
+                        })
                     });
-                    Vec::new()
                 }
-                Some(Command::Forget(key)) => {
+                Command::Forget(key) => {
                     latest.remove(&key);
                     correlator.remove_intent(&key);
-                    Vec::new()
                 }
-                Some(Command::Expect(path)) => {
+                Command::Expect(path) => {
                     work.spawn(async move {
                         let netns = identify(&path).await;
                         Done::Expected(path, netns)
                     });
-                    Vec::new()
                 }
-                None => {
-                    commands_open = false;
-                    Vec::new()
-                }
-            },
+            }
+        }
+        let reports = tokio::select! {
+            biased;
+            () = &mut stop => break,
             Some(done) = work.join_next(), if !work.is_empty() => match done {
                 Ok(done) => {
                     let (reports, was_read) =
