@@ -263,6 +263,20 @@ impl Collector for TraceCollector {
             MetricType::Gauge,
             m.tracked_namespaces as u64,
         )?;
+        single(
+            &mut encoder,
+            "trace_ring_bytes",
+            "Size of the kernel-to-daemon ring buffer of trace records",
+            MetricType::Gauge,
+            trace.ring.bytes,
+        )?;
+        single(
+            &mut encoder,
+            "trace_ring_backlog_peak_bytes",
+            "The most bytes of trace records drained from the ring buffer at once",
+            MetricType::Gauge,
+            trace.ring.backlog_peak_bytes,
+        )?;
         Ok(())
     }
 }

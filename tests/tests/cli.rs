@@ -304,6 +304,13 @@ fn metrics_follow_prometheus_conventions_and_count_what_happened() -> Result<()>
             "every verdict is exported: {verdict}"
         );
     }
+    let ring = sample(&scrape, "provisioner_trace_ring_bytes", &[]).unwrap_or(0.0);
+    let backlog_peak =
+        sample(&scrape, "provisioner_trace_ring_backlog_peak_bytes", &[]).unwrap_or(0.0);
+    assert!(
+        ring > 0.0 && backlog_peak > 0.0 && backlog_peak <= ring,
+        "ring buffer size {ring} and its peak backlog {backlog_peak} after events were counted"
+    );
     for s in &scrape.samples {
         if matches!(s.value, prometheus_parse::Value::Counter(_)) {
             assert!(

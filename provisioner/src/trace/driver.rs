@@ -243,7 +243,11 @@ pub async fn run<S: Sink>(
             },
             _ = ticker.tick() => {
                 let reports = correlator.tick(SystemTime::now());
-                sink.metrics(TraceMetrics::collect(&correlator.metrics(), &tracer.loss_counters()));
+                sink.metrics(TraceMetrics::collect(
+                    &correlator.metrics(),
+                    &tracer.loss_counters(),
+                    tracer.ring_usage(),
+                ));
                 reports
             }
         };
@@ -273,7 +277,7 @@ pub async fn run<S: Sink>(
         sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
     }
     let loss = tracer.loss_counters();
-    let metrics = TraceMetrics::collect(&correlator.metrics(), &loss);
+    let metrics = TraceMetrics::collect(&correlator.metrics(), &loss, tracer.ring_usage());
     sink.metrics(metrics.clone());
     Ok(RunSummary { loss, metrics })
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use provisioner_common::kind;
 
 use super::correlator::CorrelatorMetrics;
-use super::loader::LossCounters;
+use super::loader::{LossCounters, RingUsage};
 use super::verdict::Verdict;
 
 /// A snapshot of the tracer's counters.
@@ -20,10 +20,11 @@ pub struct TraceMetrics {
     pub undecodable_by_kind: BTreeMap<&'static str, u64>,
     /// Records the kernel did not send because the task's netns could not be read, by kind.
     pub netns_unreadable_by_kind: BTreeMap<&'static str, u64>,
+    pub ring: RingUsage,
 }
 
 impl TraceMetrics {
-    pub fn collect(correlator: &CorrelatorMetrics, loss: &LossCounters) -> Self {
+    pub fn collect(correlator: &CorrelatorMetrics, loss: &LossCounters, ring: RingUsage) -> Self {
         let mut correlator = correlator.clone();
         for verdict in Verdict::ALL {
             correlator.verdicts.entry(verdict.as_str()).or_default();
@@ -40,6 +41,7 @@ impl TraceMetrics {
             lost_by_kind: by_kind(&loss.reserve_failures),
             undecodable_by_kind: by_kind(&loss.decode_failures),
             netns_unreadable_by_kind: by_kind(&loss.netns_unreadable),
+            ring,
         }
     }
 
@@ -70,7 +72,7 @@ mod tests {
             decode_failures: vec![(kind::EXEC, 1)],
             netns_unreadable: vec![(kind::NETNS_CREATED, 2)],
         };
-        let m = TraceMetrics::collect(&correlator, &loss);
+        let m = TraceMetrics::collect(&correlator, &loss, RingUsage::default());
         assert_eq!(m.correlator.verdicts.len(), Verdict::ALL.len());
         assert_eq!(m.correlator.verdicts["skipped"], 2);
         assert_eq!(m.correlator.verdicts["networked"], 0);
