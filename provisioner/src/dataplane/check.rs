@@ -51,7 +51,7 @@ async fn check_sandbox(
         Some(c) => c,
         None => {
             let sbx = match dp.open_sandbox_netns(&spec.netns) {
-                Ok(ns) => Conn::open(&ns).await,
+                Ok(ns) => Conn::open(&ns),
                 Err(e) => Err(e),
             };
             match sbx {

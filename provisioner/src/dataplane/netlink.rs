@@ -147,7 +147,7 @@ impl Conn {
     }
 
     /// Creates the socket inside `ns` and connects it.
-    pub(crate) async fn open(ns: &NetnsFile) -> Result<Self, DataplaneError> {
+    pub(crate) fn open(ns: &NetnsFile) -> Result<Self, DataplaneError> {
         let socket = socket_in(ns)?;
         Self::from_socket(socket, ns.label())
     }

@@ -174,15 +174,14 @@ impl Run<'_> {
         let ifname = self.spec.ifname.clone();
         let host_ifname = self.plan.host_ifname.clone();
 
-        // Sandbox netns and its socket (made by a pooled netns worker); the host socket is
-        // shared and made once.
+        // Sandbox netns and its socket (made on this thread, see `NetnsFile::run_here`); the
+        // host socket is shared and made once.
         let ns = at(
             S::SandboxNetns,
             self.dp.open_sandbox_netns(&self.spec.netns),
         )?;
-        let (conn, host) = futures::join!(Conn::open(&ns), self.dp.host());
-        let conn = at(S::SandboxNetns, conn)?;
-        let host = at(S::SandboxNetns, host)?.clone();
+        let conn = at(S::SandboxNetns, Conn::open(&ns))?;
+        let host = at(S::SandboxNetns, self.dp.host().await)?.clone();
         self.sandbox = Some((ns, conn.clone()));
         self.done(S::SandboxNetns)?;
 

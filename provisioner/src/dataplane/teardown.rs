@@ -89,7 +89,7 @@ async fn withdraw_sandbox(
         Err(e) if e.errno() == Some(libc::ENOENT) => return (false, errors),
         Err(e) => return (false, vec![e]),
     };
-    let conn = match Conn::open(&ns).await {
+    let conn = match Conn::open(&ns) {
         Ok(c) => c,
         // Not a netns (any more): nothing to clean there.
         Err(e) if e.errno() == Some(libc::EINVAL) => return (false, errors),

@@ -64,15 +64,16 @@ unsafe impl GlobalAlloc for ByRole {
             // SAFETY: forwarded with the caller's guarantees.
             return unsafe { MiMalloc.alloc_zeroed(layout) };
         }
-        // SAFETY: forwarded with the caller's guarantees.
-        let block = unsafe { self.alloc(layout) };
-        if !block.is_null() {
-            // Arena blocks may be reused ones; the system's are zeroed again, which is cheap
-            // next to what left the arena for it.
-            // SAFETY: `block` is `layout.size()` writable bytes.
-            unsafe { block.write_bytes(0, layout.size()) };
+        match PLUGIN_ARENA.alloc(layout.size(), layout.align()) {
+            Some(block) => {
+                // An arena block may be one freed and handed out again.
+                // SAFETY: `block` is `layout.size()` writable bytes.
+                unsafe { block.write_bytes(0, layout.size()) };
+                block
+            }
+            // SAFETY: forwarded with the caller's guarantees.
+            None => unsafe { System.alloc_zeroed(layout) },
         }
-        block
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
