@@ -721,7 +721,43 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use serde::Deserialize;
+
     use super::*;
+
+    #[test]
+    fn a_claim_is_served_when_its_name_and_ranges_are_the_daemons() {
+        let loaded = serde_json::json!({
+            "type": "provisioner",
+            "ranges": [[{"subnet": "10.244.0.0/22"}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        });
+        let ipam = IpamConfig::deserialize(&loaded).expect("ipam");
+        let network = Network::new("pods", None, ipam).expect("network");
+        let claim = |name: &str, ipam: serde_json::Value| NetworkClaim {
+            name: name.to_owned(),
+            ipam,
+        };
+        let code = |claim: &NetworkClaim| match claim_mismatch(&network, Some(claim)) {
+            None => None,
+            Some(Response::Error { code, msg, .. }) => Some((code, msg)),
+            Some(other) => panic!("not an error: {other:?}"),
+        };
+        assert_eq!(code(&claim("pods", loaded.clone())), None);
+        // Other routes, the same ranges: still this network.
+        let other_routes = serde_json::json!({"ranges": [[{"subnet": "10.244.0.0/22"}]]});
+        assert_eq!(code(&claim("pods", other_routes)), None);
+        let (c, msg) = code(&claim("other", loaded)).expect("another network");
+        assert_eq!(c, CniError::CONFIG_MISMATCH, "{msg}");
+        assert!(msg.contains("\"other\""), "{msg}");
+        let other_ranges = serde_json::json!({"ranges": [[{"subnet": "10.245.0.0/22"}]]});
+        let (c, msg) = code(&claim("pods", other_ranges)).expect("other ranges");
+        assert_eq!(c, CniError::CONFIG_MISMATCH, "{msg}");
+        assert!(msg.contains("10.245.0.0/22"), "{msg}");
+        let invalid = serde_json::json!({"ranges": [[{"subnet": "10.245.0.0/33"}]]});
+        let (c, msg) = code(&claim("pods", invalid)).expect("invalid");
+        assert_eq!(c, CniError::INVALID_NETWORK_CONFIG, "{msg}");
+    }
 
     #[test]
     fn a_missing_socket_directory_is_created_0700() {

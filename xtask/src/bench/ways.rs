@@ -1,6 +1,8 @@
 //! The ways of wiring a sandbox, and phases that run them interleaved in blocks: block 1 of
 //! every way, then block 2 of every way, ... so that a change of load on this shared machine
-//! hits every way alike and the ratios stay meaningful.
+//! hits every way alike and the ratios stay meaningful. Each round starts with the next way:
+//! the kernel work a way leaves behind (deferred device deletion, RCU callbacks, workqueue
+//! items) slows whichever way runs next, and no way should always be the one that pays.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -109,9 +111,12 @@ pub fn interleaved(
     let n = ids.first().map_or(0, Vec::len);
     let mut out = vec![Samples::default(); lanes.len()];
     let mut start = 0;
+    let mut round = 0;
     while start < n {
         let end = (start + block.max(1)).min(n);
-        for ((lane, ids), samples) in lanes.iter().zip(ids).zip(&mut out) {
+        for k in 0..lanes.len() {
+            let i = (round + k) % lanes.len();
+            let (lane, ids, samples) = (&lanes[i], &ids[i], &mut out[i]);
             check_interrupted()?;
             let daemon_before = lane.way.daemon().map(Daemon::cpu_time).transpose()?;
             let started = Instant::now();
@@ -135,6 +140,7 @@ pub fn interleaved(
             });
         }
         start = end;
+        round += 1;
     }
     Ok(out)
 }
