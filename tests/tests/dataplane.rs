@@ -441,6 +441,70 @@ async fn check_names_the_missing_default_route() -> Result<()> {
     Ok(())
 }
 
+/// ADD's check after setup: what the kernel acknowledged is not read back, but a node whose
+/// policy routing sends the pod's address elsewhere is caught and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_and_check_names_node_routing_that_bypasses_the_veth() -> Result<()> {
+    let (node, dp) = node()?;
+    let healthy = Netns::new("rt")?;
+    let s = spec("routed", &healthy, &[("10.244.10.2/24", "10.244.10.1")]);
+    let (_, verified) = dp.setup_and_check(&s).await?;
+    ensure!(
+        verified.is_ok(),
+        "a healthy setup failed its check: {verified:?}"
+    );
+
+    node.ip(&[
+        "rule",
+        "add",
+        "to",
+        "10.244.9.0/24",
+        "lookup",
+        "77",
+        "pref",
+        "100",
+    ])?;
+    node.ip(&["route", "add", "10.244.9.0/24", "dev", "lo", "table", "77"])?;
+    let diverted = Netns::new("rt")?;
+    let d = spec("diverted", &diverted, &[("10.244.9.2/24", "10.244.9.1")]);
+    let (out, verified) = dp.setup_and_check(&d).await?;
+    let failure = verified.expect_err("the node does not route 10.244.9.2 through the veth");
+    ensure!(failure.problems.len() == 1, "{failure}");
+    let p = &failure.problems[0];
+    ensure!(
+        p.contains("10.244.9.2/32")
+            && p.contains(&out.host_ifname)
+            && p.contains("unicast 10.244.9.0/24 oif 1 table 77")
+            && p.contains(node.name()),
+        "{p}"
+    );
+    node.ip(&[
+        "route",
+        "replace",
+        "blackhole",
+        "10.244.9.0/24",
+        "table",
+        "77",
+    ])?;
+    let failure = dp.check(&d).await.expect_err("blackholed");
+    ensure!(
+        failure
+            .problems
+            .iter()
+            .any(|p| p.contains("10.244.9.2/32") && p.contains("blackhole")),
+        "{failure}"
+    );
+
+    for (id, sandbox) in [("routed", &healthy), ("diverted", &diverted)] {
+        dp.teardown(id, "eth0", Some(sandbox.path())).await?;
+    }
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&healthy)?;
+    assert_sandbox_clean(&diverted)?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_name_operation_object_and_netns() -> Result<()> {
     let (_node, dp) = node()?;

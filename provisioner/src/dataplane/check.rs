@@ -1,5 +1,7 @@
 //! Check of one sandbox: every expected resource, each missing or different one named.
 
+use netlink_packet_route::route::RouteAttribute;
+
 use super::error::CheckFailure;
 use super::link::{self, Link};
 use super::netlink::Conn;
@@ -8,15 +10,6 @@ use super::spec::SandboxSpec;
 use super::{Dataplane, address, route};
 
 pub(crate) async fn run(dp: &Dataplane, spec: &SandboxSpec) -> Result<(), CheckFailure> {
-    run_with(dp, spec, None).await
-}
-
-/// Like [`run`], reusing `sandbox` (a connection in `spec.netns`) when the caller has one.
-pub(crate) async fn run_with(
-    dp: &Dataplane,
-    spec: &SandboxSpec,
-    sandbox: Option<&Conn>,
-) -> Result<(), CheckFailure> {
     let plan = match plan(spec) {
         Ok(p) => p,
         Err(e) => {
@@ -26,11 +19,31 @@ pub(crate) async fn run_with(
         }
     };
     // Both sides at once, each on its own socket.
-    let (mut problems, host_problems) = futures::join!(
-        check_sandbox(dp, spec, &plan, sandbox),
-        check_host(dp, spec, &plan)
-    );
+    let (mut problems, host_problems) =
+        futures::join!(check_sandbox(dp, spec, &plan), check_host(dp, spec, &plan));
     problems.extend(host_problems);
+    failure_of(problems)
+}
+
+/// What the kernel's acknowledgements of a setup cannot tell: that the node routes each pod
+/// address through host link `host_index` (a policy rule or a route of another table may send
+/// it elsewhere). One FIB lookup per family on the host socket.
+pub(crate) async fn host_routing(
+    dp: &Dataplane,
+    plan: &ExpectedState,
+    host_index: u32,
+) -> Result<(), CheckFailure> {
+    let mut problems = Vec::new();
+    match dp.host().await {
+        Ok(host) => {
+            check_host_routes(host, plan, host_index, &plan.host_ifname, &mut problems).await;
+        }
+        Err(e) => problems.push(format!("host netns unusable: {e}")),
+    }
+    failure_of(problems)
+}
+
+fn failure_of(problems: Vec<String>) -> Result<(), CheckFailure> {
     if problems.is_empty() {
         Ok(())
     } else {
@@ -38,34 +51,20 @@ pub(crate) async fn run_with(
     }
 }
 
-async fn check_sandbox(
-    dp: &Dataplane,
-    spec: &SandboxSpec,
-    plan: &ExpectedState,
-    sandbox: Option<&Conn>,
-) -> Vec<String> {
+async fn check_sandbox(dp: &Dataplane, spec: &SandboxSpec, plan: &ExpectedState) -> Vec<String> {
     let mut problems = Vec::new();
     let sbx_label = spec.netns.display().to_string();
-    let opened;
-    let conn = match sandbox {
-        Some(c) => c,
-        None => {
-            let sbx = match dp.open_sandbox_netns(&spec.netns) {
-                Ok(ns) => Conn::open(&ns),
-                Err(e) => Err(e),
-            };
-            match sbx {
-                Err(e) => {
-                    problems.push(format!("sandbox netns unusable: {e}"));
-                    return problems;
-                }
-                Ok(c) => {
-                    opened = c;
-                    &opened
-                }
-            }
+    let conn = match dp
+        .open_sandbox_netns(&spec.netns)
+        .and_then(|ns| Conn::open(&ns))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            problems.push(format!("sandbox netns unusable: {e}"));
+            return problems;
         }
     };
+    let conn = &conn;
     // `lo` and the interface at once (plain requests); then its addresses and routes (dumps,
     // which take turns on one socket).
     let (l, lo) = futures::join!(
@@ -100,27 +99,84 @@ async fn check_host(dp: &Dataplane, spec: &SandboxSpec, plan: &ExpectedState) ->
         return problems;
     };
     let want: Vec<_> = plan.families.iter().map(|f| f.host_address).collect();
-    let lookups = futures::future::join_all(
+    let mut route_problems = Vec::new();
+    futures::join!(
+        check_addresses(host, &l, &want, &mut problems),
+        check_host_routes(host, plan, l.index, &l.name, &mut route_problems)
+    );
+    problems.extend(route_problems);
+    problems
+}
+
+/// One FIB lookup per family: the node must route the pod's address through `index`.
+async fn check_host_routes(
+    host: &Conn,
+    plan: &ExpectedState,
+    index: u32,
+    name: &str,
+    problems: &mut Vec<String>,
+) {
+    let found = futures::future::join_all(
         plan.families
             .iter()
             .map(|f| route::fib_match(host, f.host_route.dst)),
-    );
-    let (_, found) = futures::join!(check_addresses(host, &l, &want, &mut problems), lookups);
+    )
+    .await;
     for (f, found) in plan.families.iter().zip(found) {
         match found {
-            Err(e) => problems.push(e.to_string()),
-            Ok(r)
-                if r.as_ref()
-                    .is_some_and(|r| r.matches(&f.host_route, l.index)) => {}
-            Ok(_) => problems.push(format!(
-                "route {} dev {} missing in netns {}",
+            Err(e) => {
+                // EINVAL and EACCES are also how the kernel answers a lookup that ends in a
+                // blackhole or prohibit route.
+                let hint = match e.errno() {
+                    Some(libc::EINVAL) => " (a blackhole route answers so)",
+                    Some(libc::EACCES) => " (a prohibit route answers so)",
+                    _ => "",
+                };
+                problems.push(format!(
+                    "route {} dev {name} not in effect in netns {}: the node's lookup of {} \
+                     failed{hint}: {e}",
+                    f.host_route.dst,
+                    host.netns(),
+                    f.host_route.dst,
+                ));
+            }
+            Ok(Some(r)) if r.matches(&f.host_route, index) => {}
+            Ok(Some(r)) => problems.push(format!(
+                "route {} dev {name} not in effect in netns {}: the node's lookup of {} finds {}",
                 f.host_route.dst,
-                l.name,
+                host.netns(),
+                f.host_route.dst,
+                describe(&r)
+            )),
+            Ok(None) => problems.push(format!(
+                "route {} dev {name} missing in netns {}",
+                f.host_route.dst,
                 host.netns()
             )),
         }
     }
-    problems
+}
+
+/// `blackhole 10.1.0.0/16 table 77`, `unicast 10.1.0.5/32 via 10.1.0.1 oif 12 table 254`.
+fn describe(r: &route::FoundRoute) -> String {
+    let table = r
+        .msg
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or_else(|| u32::from(r.msg.header.table));
+    let mut out = format!("{:?} {}", r.msg.header.kind, r.dst).to_lowercase();
+    if let Some(gw) = r.gw {
+        out.push_str(&format!(" via {gw}"));
+    }
+    if let Some(oif) = r.oif {
+        out.push_str(&format!(" oif {oif}"));
+    }
+    out.push_str(&format!(" table {table}"));
+    out
 }
 
 async fn expect_link(

@@ -193,8 +193,10 @@ impl Dataplane {
         setup::run(self, spec, None).await
     }
 
-    /// [`Self::setup`], then [`Self::check`] of what it built, over the same sandbox socket.
-    /// The check's verdict is returned beside the outcome; a failed check is not rolled back.
+    /// [`Self::setup`], then a check of what the kernel's acknowledgements of its requests
+    /// cannot tell: that the node routes each pod address through the new host veth (one FIB
+    /// lookup per family; [`Self::check`] reads everything back, for the CHECK verb). The
+    /// check's verdict is returned beside the outcome; a failed check is not rolled back.
     pub async fn setup_and_check(
         &self,
         spec: &SandboxSpec,

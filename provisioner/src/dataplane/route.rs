@@ -215,7 +215,13 @@ pub(crate) async fn fib_match(
         AddressFamily::Inet6
     };
     req.header.destination_prefix_length = dst.prefix();
-    req.header.flags = RouteFlags::FibMatch;
+    // IPv4 answers name the table the lookup ended in only with LookupTable (else always
+    // main); IPv6 ones always do, and IPv6 refuses the flag.
+    req.header.flags = if dst.is_ipv4() {
+        RouteFlags::FibMatch | RouteFlags::LookupTable
+    } else {
+        RouteFlags::FibMatch
+    };
     req.attributes
         .push(RouteAttribute::Destination(RouteAddress::from(dst.ip())));
     match conn

@@ -106,8 +106,10 @@ pub(crate) async fn run(
         .map(|(out, _)| out)
 }
 
-/// Setup, then a check of the result over the setup's own sandbox socket (no second socket
-/// in the sandbox netns on the ADD path). A failed check rolls nothing back: the caller decides.
+/// Setup, then what its acknowledgements cannot tell: that the node routes each pod address
+/// through the new host veth ([`check::host_routing`]). Every request of the setup was
+/// acknowledged by the kernel one by one, so nothing it created is read back. A failed check
+/// rolls nothing back: the caller decides.
 pub(crate) async fn run_and_check(
     dp: &Dataplane,
     spec: &SandboxSpec,
@@ -132,10 +134,10 @@ async fn execute(
     };
     match run.steps().await {
         Ok(out) => {
-            let verified = match (verify, &run.sandbox) {
-                (true, Some((_, conn))) => check::run_with(dp, spec, Some(conn)).await,
-                (true, None) => check::run(dp, spec).await,
-                (false, _) => Ok(()),
+            let verified = if verify {
+                check::host_routing(dp, &run.plan, out.host_ifindex).await
+            } else {
+                Ok(())
             };
             Ok((out, verified))
         }
@@ -294,6 +296,7 @@ impl Run<'_> {
 
         Ok(SetupOutcome {
             host_ifname,
+            host_ifindex: host_link.index,
             host_mac: host_link.mac,
             sandbox_ifname: ifname,
             sandbox_mac: sbx_link.mac,

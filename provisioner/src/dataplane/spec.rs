@@ -38,6 +38,7 @@ pub struct RouteSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetupOutcome {
     pub host_ifname: String,
+    pub host_ifindex: u32,
     pub host_mac: String,
     pub sandbox_ifname: String,
     pub sandbox_mac: String,

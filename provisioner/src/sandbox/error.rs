@@ -18,7 +18,7 @@ pub enum SandboxError {
         #[source]
         source: DataplaneError,
     },
-    #[error("{sandbox}: interface verification after setup failed (rolled back): {source}")]
+    #[error("{sandbox}: verification after setup failed (rolled back): {source}")]
     Verify {
         sandbox: String,
         #[source]

@@ -116,6 +116,7 @@ impl SandboxDataplane for FakeDataplane {
         Ok((
             SetupOutcome {
                 host_ifname: host_ifname(&spec.container_id, &spec.ifname),
+                host_ifindex: 3,
                 host_mac: String::new(),
                 sandbox_ifname: spec.ifname.clone(),
                 sandbox_mac: String::new(),
