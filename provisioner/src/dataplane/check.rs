@@ -1,4 +1,5 @@
-//! Check of one sandbox: every expected resource, each missing or different one named.
+//! Check of one sandbox: every expected resource, each missing or different one named (the
+//! CHECK verb); and after a setup, only what its acknowledgements do not tell ([`host_routing`]).
 
 use netlink_packet_route::route::RouteAttribute;
 

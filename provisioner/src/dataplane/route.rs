@@ -52,7 +52,8 @@ impl fmt::Display for Route {
     }
 }
 
-/// A route found in the main table.
+/// A route the kernel answered with: from a dump of the main table, or the entry a FIB lookup
+/// ended in (whatever its table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FoundRoute {
     pub dst: IpNetwork,
