@@ -2,7 +2,8 @@
 //! namespace (a regular file, a FIFO, a missing path, the node's netns, the daemon's own),
 //! names the kernel would choke on, an invalid network config, more connections than allowed.
 //! Each is refused with its CNI code and a message naming what is wrong; nothing is allocated
-//! and nothing is configured in any namespace.
+//! and nothing is configured in any namespace. Likewise an ADD into a node whose own routing
+//! sends the pod's address elsewhere: wired, found not in effect, rolled back.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
@@ -215,6 +216,51 @@ fn names_and_network_configs_that_cannot_work_are_refused_before_allocating() ->
     let (code, msg) = refused(&daemon, &Request::Add(request))?;
     assert_eq!(code, CniError::INVALID_NETWORK_CONFIG, "{msg}");
     assert!(allocations(&daemon)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn add_into_a_node_whose_rules_divert_the_pod_address_is_rolled_back_and_named() -> Result<()> {
+    let node = Netns::new("hnode")?;
+    let daemon = start(&node, &[])?;
+    let sandbox = Netns::new("hsbx")?;
+    let id = format!("hostrule{}", std::process::id());
+    let ifname = "hst0";
+    node.ip(&[
+        "rule",
+        "add",
+        "to",
+        "10.77.0.0/24",
+        "lookup",
+        "77",
+        "pref",
+        "100",
+    ])?;
+    node.ip(&["route", "add", "10.77.0.0/24", "dev", "lo", "table", "77"])?;
+    let request = Request::Add(sandbox_request(&id, ifname, Some(sandbox.path())));
+    let (code, msg) = refused(&daemon, &request)?;
+    assert_eq!(code, CniError::DATAPLANE_FAILURE, "{msg}");
+    assert!(
+        msg.contains(&id)
+            && msg.contains(&host_ifname(&id, ifname))
+            && msg.contains("not in effect")
+            && msg.contains("10.77.0.0/24 oif 1 table 77"),
+        "the message names the sandbox, the veth and the route the node uses: {msg}"
+    );
+    // Rolled back: no allocation, and the veth goes (the reaper deletes it in the background).
+    assert!(allocations(&daemon)?.is_empty());
+    wait_until("the rolled-back veth deleted", ANSWER_WITHIN, || {
+        Ok(node.links()?.is_empty().then_some(()))
+    })?;
+    nothing_done(&daemon, &node, &id, ifname)?;
+    // With the rule gone the same ADD succeeds.
+    node.ip(&["rule", "del", "pref", "100"])?;
+    let added = client::call(&daemon.socket, &request, ANSWER_WITHIN * 2)?;
+    assert!(matches!(added, Response::Ok { .. }), "{added:?}");
+    assert_eq!(sandbox.links()?, vec![ifname.to_owned()]);
+    let del = Request::Del(sandbox_request(&id, ifname, Some(sandbox.path())));
+    let deleted = client::call(&daemon.socket, &del, ANSWER_WITHIN * 2)?;
+    assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
     Ok(())
 }
 
