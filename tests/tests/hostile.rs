@@ -75,6 +75,18 @@ fn nothing_done(daemon: &Daemon, node: &Netns, container_id: &str, ifname: &str)
     Ok(())
 }
 
+/// An ADD of `container_id` into `sandbox` gets it `ifname`, and its DEL succeeds.
+fn add_then_del(daemon: &Daemon, sandbox: &Netns, container_id: &str, ifname: &str) -> Result<()> {
+    let request = Request::Add(sandbox_request(container_id, ifname, Some(sandbox.path())));
+    let added = client::call(&daemon.socket, &request, ANSWER_WITHIN * 2)?;
+    assert!(matches!(added, Response::Ok { .. }), "{added:?}");
+    assert_eq!(sandbox.links()?, vec![ifname.to_owned()]);
+    let request = Request::Del(sandbox_request(container_id, ifname, Some(sandbox.path())));
+    let deleted = client::call(&daemon.socket, &request, ANSWER_WITHIN * 2)?;
+    assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
+    Ok(())
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     regular: PathBuf,
@@ -152,14 +164,7 @@ fn add_into_a_path_that_is_not_a_sandbox_netns_is_refused_and_allocates_nothing(
     assert_eq!(refused(&daemon, &request)?.0, CniError::INVALID_ENV);
     // The daemon still serves: a real sandbox gets its network.
     let sandbox = Netns::new("hsbx")?;
-    let request = Request::Add(sandbox_request(&id, ifname, Some(sandbox.path())));
-    let added = client::call(&daemon.socket, &request, ANSWER_WITHIN * 2)?;
-    assert!(matches!(added, Response::Ok { .. }), "{added:?}");
-    assert_eq!(sandbox.links()?, vec![ifname.to_owned()]);
-    let request = Request::Del(sandbox_request(&id, ifname, Some(sandbox.path())));
-    let deleted = client::call(&daemon.socket, &request, ANSWER_WITHIN * 2)?;
-    assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
-    Ok(())
+    add_then_del(&daemon, &sandbox, &id, ifname)
 }
 
 #[test]
@@ -255,13 +260,7 @@ fn add_into_a_node_whose_rules_divert_the_pod_address_is_rolled_back_and_named()
     nothing_done(&daemon, &node, &id, ifname)?;
     // With the rule gone the same ADD succeeds.
     node.ip(&["rule", "del", "pref", "100"])?;
-    let added = client::call(&daemon.socket, &request, ANSWER_WITHIN * 2)?;
-    assert!(matches!(added, Response::Ok { .. }), "{added:?}");
-    assert_eq!(sandbox.links()?, vec![ifname.to_owned()]);
-    let del = Request::Del(sandbox_request(&id, ifname, Some(sandbox.path())));
-    let deleted = client::call(&daemon.socket, &del, ANSWER_WITHIN * 2)?;
-    assert!(matches!(deleted, Response::Ok { .. }), "{deleted:?}");
-    Ok(())
+    add_then_del(&daemon, &sandbox, &id, ifname)
 }
 
 #[test]
