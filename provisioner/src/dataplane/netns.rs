@@ -205,8 +205,8 @@ impl NetnsFile {
     /// Runs `f` on the calling thread inside this netns, and puts the thread back in the netns
     /// it was in before returning: for a job that cannot block and is cheaper than the two
     /// thread wake-ups of handing it to a worker (creating a socket: an open of the thread's
-    /// netns file and two `setns` against about 30 us of wake-ups per ADD on the daemon's path). Nothing else runs on the thread
-    /// meanwhile: `f` is synchronous.
+    /// netns file and two `setns` against about 30 us of wake-ups per ADD on the daemon's
+    /// path). Nothing else runs on the thread meanwhile: `f` is synchronous.
     pub(crate) fn run_here<T>(&self, f: impl FnOnce() -> T) -> Result<T, DataplaneError> {
         let enter_failed = |source: io::Error| DataplaneError::EnterNetns {
             netns: self.label.clone(),

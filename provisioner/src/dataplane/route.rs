@@ -62,6 +62,30 @@ pub(crate) struct FoundRoute {
     pub msg: RouteMessage,
 }
 
+/// `blackhole 10.1.0.0/16 table 77`, `unicast 10.1.0.5/32 via 10.1.0.1 oif 12 table 254`.
+impl fmt::Display for FoundRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = format!("{:?}", self.msg.header.kind).to_lowercase();
+        write!(f, "{kind} {}", self.dst)?;
+        if let Some(gw) = self.gw {
+            write!(f, " via {gw}")?;
+        }
+        if let Some(oif) = self.oif {
+            write!(f, " oif {oif}")?;
+        }
+        let table = self
+            .msg
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RouteAttribute::Table(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or_else(|| u32::from(self.msg.header.table));
+        write!(f, " table {table}")
+    }
+}
+
 impl FoundRoute {
     /// Does this kernel route implement `want` through link `oif`?
     pub(crate) fn matches(&self, want: &Route, oif: u32) -> bool {

@@ -116,14 +116,14 @@ pub fn interleaved(
         let end = (start + block.max(1)).min(n);
         for k in 0..lanes.len() {
             let i = (round + k) % lanes.len();
-            let (lane, ids, samples) = (&lanes[i], &ids[i], &mut out[i]);
+            let (lane, lane_ids, samples) = (&lanes[i], &ids[i], &mut out[i]);
             check_interrupted()?;
             let daemon_before = lane.way.daemon().map(Daemon::cpu_time).transpose()?;
             let started = Instant::now();
             let calls = calls(
                 lane,
                 verb,
-                &ids[start..end],
+                &lane_ids[start..end],
                 &lane.pods[start..end],
                 workers,
             )?;
