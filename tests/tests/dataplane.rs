@@ -10,7 +10,7 @@ use provisioner::dataplane::{
     Dataplane, DataplaneError, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, PodAddress, RouteSpec,
     SandboxSpec, SetupStep, graveyard_ifname, host_ifname, is_graveyard_ifname,
 };
-use provisioner_tests::Netns;
+use provisioner_tests::{Netns, wait_until};
 
 fn net(s: &str) -> IpNetwork {
     s.parse().expect("cidr literal")
@@ -310,6 +310,68 @@ async fn dual_stack() -> Result<()> {
     settle(&dp).await?;
     assert_node_clean(&node)?;
     assert_sandbox_clean(&sandbox)
+}
+
+/// An IPv4-only pod's host veth carries no IPv6: no link-local address, no `fe80::/64` route
+/// in the node (nothing for the kernel to set up at ADD, nor to walk at every DEL). The pod's
+/// own interface keeps its link-local address; a link too small for IPv6 (mtu under 1280)
+/// works as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv4_only_host_veth_gets_no_ipv6_link_local() -> Result<()> {
+    let (node, dp) = node()?;
+    let sandbox = Netns::new("v4only")?;
+    let small = Netns::new("v4small")?;
+    let s = spec("v4only", &sandbox, &[("10.244.4.2/24", "10.244.4.1")]);
+    let mut s_small = spec("v4small", &small, &[("10.244.4.3/24", "10.244.4.1")]);
+    s_small.mtu = Some(1000);
+    let out = dp.setup(&s).await?;
+    dp.setup(&s_small).await?;
+    dp.check(&s).await?;
+    dp.check(&s_small).await?;
+
+    let host = out.host_ifname.as_str();
+    let details = node.ip(&["-d", "link", "show", host])?;
+    ensure!(details.contains("addrgenmode none"), "{details}");
+    // Both ends come up together: once the pod's end has its link-local address, the kernel
+    // has configured IPv6 on the pair, and would have given the host end one too.
+    let pod_ll = wait_until(
+        "the pod's IPv6 link-local address",
+        std::time::Duration::from_secs(10),
+        || {
+            let a = sandbox.ip(&["-6", "addr", "show", "eth0"])?;
+            Ok(a.contains("inet6 fe80::").then_some(a))
+        },
+    )?;
+    ensure!(pod_ll.contains("scope link"), "{pod_ll}");
+    let host_v6 = node.ip(&["-6", "addr", "show", "dev", host])?;
+    ensure!(
+        host_v6.trim().is_empty(),
+        "IPv6 address on {host}: {host_v6}"
+    );
+    let node_v6 = node.ip(&["-6", "route", "show", "table", "all"])?;
+    let through_host: Vec<&str> = node_v6
+        .lines()
+        .filter(|l| l.contains(HOST_IFNAME_PREFIX) && !l.starts_with("multicast ff00::/8"))
+        .collect();
+    ensure!(
+        through_host.is_empty(),
+        "IPv6 routes through our veths: {through_host:?}"
+    );
+
+    let small_link = small.ip(&["link", "show", "eth0"])?;
+    ensure!(small_link.contains("mtu 1000"), "{small_link}");
+    node.ping("10.244.4.2")?;
+    node.ping("10.244.4.3")?;
+    small.ping("10.244.4.1")?;
+
+    dp.teardown("v4only", "eth0", Some(sandbox.path())).await?;
+    dp.teardown("v4small", "eth0", Some(small.path())).await?;
+    assert_not_routed(&node, "10.244.4.2")?;
+    assert_not_routed(&node, "10.244.4.3")?;
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sandbox)?;
+    assert_sandbox_clean(&small)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

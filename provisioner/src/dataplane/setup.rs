@@ -62,6 +62,8 @@ struct Op {
     step: SetupStep,
     req: Req,
     undo: Option<Undo>,
+    /// An error the kernel may answer that still means the request's aim holds.
+    benign_errno: Option<i32>,
 }
 
 fn step_pos(step: SetupStep) -> usize {
@@ -79,14 +81,15 @@ async fn run_ops(
     let mut meta = Vec::with_capacity(ops.len());
     let mut reqs = Vec::with_capacity(ops.len());
     for op in ops {
-        meta.push((op.step, op.undo));
+        meta.push((op.step, op.undo, op.benign_errno));
         reqs.push(op.req);
     }
     let results = conn.batch(reqs).await;
     meta.into_iter()
         .zip(results)
-        .map(|((step, undo), res)| match res {
+        .map(|((step, undo, benign), res)| match res {
             Ok(()) => (undo, None),
+            Err(e) if benign.is_some() && e.errno() == benign => (None, None),
             Err(e) => (None, Some((step, e))),
         })
         .collect()
@@ -203,6 +206,14 @@ impl Run<'_> {
         // sent in one go and the kernel applies it in order (addresses, links up, routes).
         let mut host_ops: Vec<Op> = Vec::new();
         let mut sbx_ops: Vec<Op> = Vec::new();
+        if !self.plan.uses_v6 {
+            host_ops.push(Op {
+                step: S::LinkUp,
+                req: link::no_ipv6_link_local_req(host_link.index, &host_ifname),
+                undo: None,
+                benign_errno: Some(libc::EAFNOSUPPORT),
+            });
+        }
         for fam in &self.plan.families {
             host_ops.push(Op {
                 step: S::HostAddress,
@@ -212,6 +223,7 @@ impl Run<'_> {
                     name: host_ifname.clone(),
                     net: fam.host_address,
                 }),
+                benign_errno: None,
             });
             sbx_ops.push(Op {
                 step: S::SandboxAddress,
@@ -221,23 +233,27 @@ impl Run<'_> {
                     name: ifname.clone(),
                     net: fam.pod,
                 }),
+                benign_errno: None,
             });
         }
         host_ops.push(Op {
             step: S::LinkUp,
             req: link::set_up_req(host_link.index, &host_ifname),
             undo: None,
+            benign_errno: None,
         });
         sbx_ops.push(Op {
             step: S::LinkUp,
             req: link::set_up_req(sbx_link.index, &ifname),
             undo: None,
+            benign_errno: None,
         });
         // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
         sbx_ops.push(Op {
             step: S::LinkUp,
             req: link::set_up_req(LOOPBACK_IFINDEX, "lo"),
             undo: None,
+            benign_errno: None,
         });
         for fam in &self.plan.families {
             host_ops.push(Op {
@@ -248,6 +264,7 @@ impl Run<'_> {
                     name: host_ifname.clone(),
                     route: fam.host_route.clone(),
                 }),
+                benign_errno: None,
             });
         }
         for r in &self.plan.sandbox_routes {
@@ -259,6 +276,7 @@ impl Run<'_> {
                     name: ifname.clone(),
                     route: r.clone(),
                 }),
+                benign_errno: None,
             });
         }
         // Fault injection: stop right after the requested step.
