@@ -65,6 +65,7 @@ use super::allocation::{AllocatedIp, Allocation, AllocationKey};
 use super::error::IpamError;
 use super::range::{RangeSet, RangeSets, from_u128, to_u128};
 use super::store::{AddrT, Store, Tables, addr_from_key, addr_key, decode, encode};
+use super::withdrawal::HeldAddresses;
 
 const META_RANGES: &str = "ranges";
 const META_SEQ: &str = "seq";
@@ -92,6 +93,8 @@ struct Core {
     /// Set when a commit with reservations failed (see the module doc): every later write is
     /// refused with this reason.
     broken: Mutex<Option<String>>,
+    /// Released addresses no allocation may pick yet (see [`super::withdrawal`]).
+    held: HeldAddresses,
     /// Test hook: the next commit with reservations fails.
     #[cfg(test)]
     fail_next_staged_commit: std::sync::atomic::AtomicBool,
@@ -102,6 +105,8 @@ struct Core {
 pub(crate) enum Op {
     Allocate(AllocationKey),
     Release(AllocationKey),
+    /// A release whose addresses stay held (see [`super::withdrawal`]).
+    ReleaseHolding(AllocationKey),
 }
 
 /// The answer to an [`Op`].
@@ -353,6 +358,7 @@ impl Allocator {
             network: network.to_string(),
             ranges: ranges.clone(),
             broken: Mutex::new(None),
+            held: HeldAddresses::default(),
             #[cfg(test)]
             fail_next_staged_commit: std::sync::atomic::AtomicBool::new(false),
         });
@@ -454,10 +460,27 @@ impl Allocator {
         &self,
         key: &AllocationKey,
     ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        self.queue_release(Op::Release(key.clone()))
+    }
+
+    /// [`Self::release_queued`], the released addresses held back from every allocation until
+    /// [`Self::end_hold`] (from the moment the release is applied, before it is durable): for
+    /// a DEL whose teardown runs meanwhile. See [`super::withdrawal`].
+    pub fn release_holding(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        self.queue_release(Op::ReleaseHolding(key.clone()))
+    }
+
+    fn queue_release(
+        &self,
+        op: Op,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
         let store = self.core.store.path().to_path_buf();
         let (reply, answer) = oneshot::channel();
         let queued = self.enqueue(Request {
-            op: Op::Release(key.clone()),
+            op,
             reply: Reply::Durable(Answer::Awaited(reply)),
         });
         async move {
@@ -562,6 +585,10 @@ impl Allocator {
 
     pub(super) fn store(&self) -> &Store {
         &self.core.store
+    }
+
+    pub(super) fn held(&self) -> &HeldAddresses {
+        &self.core.held
     }
 
     /// Number of allocations.
@@ -875,11 +902,19 @@ impl Core {
                         Ok(plan) => self.apply_allocate(&mut t, key, plan)?,
                         Err(e) => (Err(e), false),
                     },
-                    Op::Release(key) => match self.plan_release(&t, key) {
-                        Ok(Some(plan)) => self.apply_release(&mut t, key, plan)?,
-                        Ok(None) => (Ok(Done::Released(None)), false),
-                        Err(e) => (Err(e), false),
-                    },
+                    Op::Release(key) | Op::ReleaseHolding(key) => {
+                        let holding = matches!(op, Op::ReleaseHolding(_));
+                        match self.plan_release(&t, key, holding) {
+                            Ok(Some(plan)) => {
+                                if holding {
+                                    self.held.hold(key, &plan.owned);
+                                }
+                                self.apply_release(&mut t, key, plan)?
+                            }
+                            Ok(None) => (Ok(Done::Released(None)), false),
+                            Err(e) => (Err(e), false),
+                        }
+                    }
                 };
                 writes.push(wrote);
                 outcomes.push(outcome);
@@ -1009,11 +1044,14 @@ impl Core {
             };
             let mut skipped = None;
             while let Some(c) = next {
+                // A held address is in the free list (see `plan_release`): passing it loses
+                // nothing.
                 let free = t
                     .addr
                     .get((family.code(), c))
                     .map_err(s.err("read address"))?
-                    .is_none();
+                    .is_none()
+                    && !self.held.is_held((family.code(), c));
                 if let (true, Some(ip)) = (free, from_u128(family, c)) {
                     if let Some(last) = skipped {
                         fixes.push(Fix::Cursor {
@@ -1049,6 +1087,8 @@ impl Core {
             let candidate = addr_from_key(a).and_then(|ip| set.position(ip).map(|j| (ip, j)));
             let reserved = t.addr.get(a).map_err(s.err("read address"))?.is_some();
             match candidate {
+                // Free, but not to be handed out yet: stays in the list.
+                Some(_) if !reserved && self.held.is_held(a) => {}
                 Some((ip, j)) if !reserved => {
                     return Ok(Some(Pick {
                         set: i,
@@ -1083,10 +1123,13 @@ impl Core {
     }
 
     /// Decides what releasing `key` writes, reading only. `None` for an unknown key.
+    /// With `holding`, every address goes to the free list: a held one may be passed by a
+    /// cursor meanwhile.
     fn plan_release(
         &self,
         t: &Tables<'_>,
         key: &AllocationKey,
+        holding: bool,
     ) -> Result<Option<ReleasePlan>, IpamError> {
         let s = &self.store;
         let k = (key.container_id.as_str(), key.ifname.as_str());
@@ -1127,7 +1170,7 @@ impl Core {
                     .get((idx(i), idx(j)))
                     .map_err(s.err("read cursor"))?
                     .is_some_and(|g| to_u128(ip) <= g.value());
-                if passed {
+                if passed || holding {
                     seq += 1;
                     freed.push(((idx(i), seq), a));
                 }

@@ -6,6 +6,7 @@
 //! - [`store`]: the redb file and its tables
 //! - [`allocator`]: allocate / release / get / list
 //! - [`adopt`]: reserving what the kernel shows routed but the store does not hold
+//! - [`withdrawal`]: a release held back from allocations while the kernel withdraws it
 //! - [`error`]: the error type, [`IpamError`]
 
 pub mod adopt;
@@ -15,6 +16,7 @@ pub mod config;
 pub mod error;
 pub mod range;
 pub mod store;
+pub mod withdrawal;
 
 pub use adopt::{ADOPTED_PREFIX, AdoptReport, RoutedOwner};
 pub use allocation::{AllocatedIp, Allocation, AllocationKey};
