@@ -6,12 +6,14 @@
 //!
 //! Points: `add.reserved` (addresses chosen, maybe not durable yet), `setup.<step>` after each
 //! [`SetupStep`] (`setup.create-veth`, `setup.host-address`, ... `setup.sandbox-routes`),
-//! `add.durable` (the allocation is on disk), `add.before-reply`, `del.teardown` (kernel objects
-//! withdrawn, addresses not released yet), `del.released` (released, before the reply).
+//! `add.durable` (the allocation is on disk), `add.before-reply`, `del.release-durable` (the
+//! DEL's release is on disk, its teardown may still run), `del.teardown` (kernel objects
+//! withdrawn, the release on disk, its addresses still held), `del.released` (before the reply).
 //! `commit.slow` is no crash: it delays the durable commit of reservations by [`PAUSE`], so
 //! that a crash in setup comes before the allocation is on disk. Nor is `add.slow`: an ADD
 //! whose allocation is on disk waits [`PAUSE`] before it answers (the daemon serving other
-//! requests meanwhile), so that a GC certainly meets it in flight.
+//! requests meanwhile), so that a GC certainly meets it in flight. Nor is `teardown.slow`: a
+//! DEL's teardown begins [`PAUSE`] late, so that `del.release-durable` comes before it.
 
 use crate::dataplane::SetupStep;
 

@@ -25,7 +25,13 @@ const ADD_POINTS: &[&str] = &[
     "add.durable",
     "add.before-reply",
 ];
-const DEL_POINTS: &[&str] = &["del.teardown", "del.released"];
+/// `teardown.slow`: the release is on disk while the veth still routes the address.
+const DEL_POINTS: &[&str] = &[
+    "teardown.slow,del.release-durable",
+    "del.release-durable",
+    "del.teardown",
+    "del.released",
+];
 
 /// Runs `command` with the daemon armed at `point` and expects the daemon to die there and the
 /// plugin to answer an error.

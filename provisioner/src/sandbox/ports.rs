@@ -130,6 +130,20 @@ pub trait AllocationStore: Send + Sync + 'static {
             other => other,
         })
     }
+    /// [`Self::release_queued`], the released addresses held back from every allocation
+    /// until [`Self::end_hold`]: DEL releases while its teardown still withdraws them. The
+    /// default releases at once: for stores that never hand out an address twice.
+    fn release_holding(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        self.release_queued(key)
+    }
+    /// Ends the hold [`Self::release_holding`] put on the addresses of `key`.
+    fn end_hold(&self, _key: &AllocationKey) {}
+    /// Writes a released allocation back under its key, durably (its addresses still held):
+    /// the undo of a DEL's release when its teardown failed.
+    fn reinstate(&self, allocation: &Allocation) -> Result<(), IpamError>;
     fn list(&self) -> Result<Vec<Allocation>, IpamError>;
     /// The keys of records that cannot be decoded (skipped by `list`; still owners).
     fn unreadable_keys(&self) -> Result<Vec<AllocationKey>, IpamError> {
@@ -167,6 +181,21 @@ impl AllocationStore for Allocator {
         key: &AllocationKey,
     ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
         Allocator::release_queued(self, key)
+    }
+
+    fn release_holding(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        Allocator::release_holding(self, key)
+    }
+
+    fn end_hold(&self, key: &AllocationKey) {
+        Allocator::end_hold(self, key);
+    }
+
+    fn reinstate(&self, allocation: &Allocation) -> Result<(), IpamError> {
+        Allocator::reinstate(self, allocation)
     }
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {

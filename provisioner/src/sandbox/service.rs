@@ -293,7 +293,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         }
     }
 
-    /// The runtime's DEL: removes the wiring, then releases the addresses. Idempotent.
+    /// The runtime's DEL: removes the wiring and releases the addresses. Idempotent.
     pub async fn del(&self, sandbox: &SandboxRef) -> Result<DelOutcome, SandboxError> {
         let _serialised = self
             .locks
@@ -309,9 +309,11 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         self.remove(&sandbox, Removal::NetnsGone).await
     }
 
-    /// Removes the wiring, then releases the addresses (the caller holds the key's lock). When
-    /// teardown fails the allocation is kept (its address may still be routed) and the error
-    /// returned, so the runtime's retry can finish the job.
+    /// Removes the wiring and releases the addresses (the caller holds the key's lock). The
+    /// release runs during the teardown, so that its durable commit overlaps the kernel work,
+    /// and its addresses are held back from every allocation until the teardown is done. When
+    /// teardown fails the allocation is written back (its address may still be routed) and
+    /// the error returned, so the runtime's retry can finish the job.
     async fn remove(
         &self,
         sandbox: &SandboxRef,
@@ -323,35 +325,75 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             return self.remove_adopted(&key, host_link, &label).await;
         }
         self.observer.removing(sandbox, cause);
-        let teardown = self
-            .dataplane
-            .teardown(
-                &sandbox.container_id,
-                &sandbox.ifname,
-                sandbox.netns.as_deref(),
-            )
-            .await
-            .map_err(|source| SandboxError::Dataplane {
-                sandbox: label.clone(),
-                source,
-            })?;
-        crate::failpoint::hit("del.teardown");
-        // The host veth is gone: so are the addresses reconciliation adopted from it.
+        // The host veth goes: so do the addresses reconciliation adopted from it.
         let adopted = AllocationKey::adopted(&host_ifname(&key.container_id, &key.ifname));
-        // Both queued at once: one batch of the committer, usually.
-        let (adopted, released) = tokio::join!(
-            self.allocator.release_queued(&adopted),
-            self.allocator.release_queued(&key)
-        );
+        let teardown = async {
+            crate::failpoint::pause_task("teardown.slow").await;
+            self.dataplane
+                .teardown(
+                    &sandbox.container_id,
+                    &sandbox.ifname,
+                    sandbox.netns.as_deref(),
+                )
+                .await
+        };
+        let releases = async {
+            // Both queued at once: one batch of the committer, usually.
+            let both = tokio::join!(
+                self.allocator.release_holding(&key),
+                self.allocator.release_holding(&adopted)
+            );
+            crate::failpoint::hit("del.release-durable");
+            both
+        };
+        // The releases first: queued to the committer, they wait for its thread, while the
+        // teardown's requests (answered inside their sends) run on this one.
+        let ((released, adopted_released), teardown) = tokio::join!(releases, teardown);
+        let teardown = match teardown {
+            Ok(teardown) => teardown,
+            Err(source) => {
+                for released in [&released, &adopted_released] {
+                    if let Ok(Some(allocation)) = released {
+                        self.reinstate(allocation, &label).await;
+                    }
+                }
+                return Err(SandboxError::Dataplane {
+                    sandbox: label,
+                    source,
+                });
+            }
+        };
+        crate::failpoint::hit("del.teardown");
+        self.allocator.end_hold(&key);
+        self.allocator.end_hold(&adopted);
         let ipam_err = |source| SandboxError::Ipam {
             sandbox: label.clone(),
             source,
         };
-        adopted.map_err(ipam_err)?;
+        adopted_released.map_err(ipam_err)?;
         let released = released.map_err(ipam_err)?;
         crate::failpoint::hit("del.released");
         self.observer.removed(sandbox, cause, released.as_ref());
         Ok(DelOutcome { teardown, released })
+    }
+
+    /// Writes back what a DEL released when its teardown failed, and ends the hold on it. If
+    /// that fails the addresses stay held (never handed out) until a DEL of the sandbox
+    /// succeeds or the daemon restarts (whose reconciliation adopts what is still routed).
+    async fn reinstate(&self, allocation: &Allocation, label: &str) {
+        let key = allocation.key.clone();
+        let write = allocation.clone();
+        match self
+            .blocking(label, move |allocator| allocator.reinstate(&write))
+            .await
+        {
+            Ok(()) => self.allocator.end_hold(&key),
+            Err(err) => {
+                tracing::error!(sandbox = label, %key, error = %err,
+                    "teardown failed and its released addresses could not be written back: \
+                     they stay held until a DEL of the sandbox succeeds");
+            }
+        }
     }
 
     /// Removes an adopted allocation: its host veth, then its addresses.

@@ -192,6 +192,8 @@ struct FakeStore {
     commit: Mutex<Option<tokio::sync::oneshot::Sender<Result<(), IpamError>>>>,
     /// Keys whose records cannot be decoded.
     unreadable: Mutex<Vec<AllocationKey>>,
+    /// Keys whose released addresses are held (`release_holding`, until `end_hold`).
+    held: Mutex<Vec<AllocationKey>>,
 }
 
 impl FakeStore {
@@ -264,6 +266,45 @@ impl AllocationStore for FakeStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key))
+    }
+
+    fn release_holding(
+        &self,
+        key: &AllocationKey,
+    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
+        let released = self
+            .allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+        if released.is_some() {
+            say(&self.log, format!("release {} held", key.container_id));
+            self.held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(key.clone());
+        }
+        std::future::ready(Ok(released))
+    }
+
+    fn end_hold(&self, key: &AllocationKey) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.contains(key) {
+            held.retain(|k| k != key);
+            say(&self.log, format!("end hold {}", key.container_id));
+        }
+    }
+
+    fn reinstate(&self, allocation: &Allocation) -> Result<(), IpamError> {
+        say(
+            &self.log,
+            format!("reinstate {}", allocation.key.container_id),
+        );
+        self.allocations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(allocation.key.clone(), allocation.clone());
+        Ok(())
     }
 
     fn list(&self) -> Result<Vec<Allocation>, IpamError> {
@@ -360,6 +401,7 @@ impl Fixture {
             durable: Mutex::default(),
             commit: Mutex::default(),
             unreadable: Mutex::default(),
+            held: Mutex::default(),
         });
         let ipam = IpamConfig::from_json(
             r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}"#,
@@ -465,7 +507,7 @@ async fn an_unverified_add_is_torn_down_and_released() {
 }
 
 #[tokio::test]
-async fn del_announces_the_teardown_first_and_releases_after_it() {
+async fn del_releases_during_the_teardown_and_holds_the_addresses_until_it_is_done() {
     let f = Fixture::new();
     f.service.add(&sandbox("c1")).await.expect("add");
     f.log();
@@ -475,8 +517,9 @@ async fn del_announces_the_teardown_first_and_releases_after_it() {
         f.log(),
         [
             "observer removing c1 Del",
+            "release c1 held",
             "teardown c1",
-            "release c1",
+            "end hold c1",
             "observer removed c1 Del released=true"
         ]
     );
@@ -489,9 +532,20 @@ async fn a_failed_teardown_keeps_the_allocation_for_the_retry() {
     let f = Fixture::new();
     f.service.add(&sandbox("c1")).await.expect("add");
     f.dataplane.kernel().teardown_fails = true;
+    f.log();
     let err = f.service.del(&sandbox("c1")).await.expect_err("fails");
     assert!(matches!(err, SandboxError::Dataplane { .. }), "{err}");
     assert!(f.store.holds("c1"));
+    assert_eq!(
+        f.log(),
+        [
+            "observer removing c1 Del",
+            "release c1 held",
+            "teardown c1",
+            "reinstate c1",
+            "end hold c1"
+        ]
+    );
     f.dataplane.kernel().teardown_fails = false;
     f.service
         .del(&sandbox("c1"))
