@@ -1211,16 +1211,18 @@ impl Core {
 
 #[cfg(test)]
 #[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::ipam::IpamConfig;
 
-    fn open(dir: &Path, json: &str) -> Allocator {
+    /// The allocator of network "net" over `json`'s ranges, its store in `dir`.
+    pub(in crate::ipam) fn open(dir: &Path, json: &str) -> Allocator {
         let ranges = IpamConfig::from_json(json).unwrap().validate().unwrap();
         Allocator::open(dir, "net", &ranges).unwrap().0
     }
 
-    fn key(i: usize) -> AllocationKey {
+    /// The key of sandbox `c<i>`'s eth0.
+    pub(in crate::ipam) fn key(i: usize) -> AllocationKey {
         AllocationKey::new(format!("c{i}"), "eth0")
     }
 

@@ -100,21 +100,10 @@ impl Allocator {
 #[cfg(test)]
 #[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests {
-    use std::path::Path;
-
     use futures::executor::block_on;
 
     use super::*;
-    use crate::ipam::IpamConfig;
-
-    fn open(dir: &Path, json: &str) -> Allocator {
-        let ranges = IpamConfig::from_json(json).unwrap().validate().unwrap();
-        Allocator::open(dir, "net", &ranges).unwrap().0
-    }
-
-    fn key(i: usize) -> AllocationKey {
-        AllocationKey::new(format!("c{i}"), "eth0")
-    }
+    use crate::ipam::allocator::tests::{key, open};
 
     fn ip_of(a: &Allocation) -> String {
         a.ips[0].address.ip().to_string()
