@@ -59,6 +59,16 @@ fn default_dst(v4: bool) -> IpNetwork {
     IpNetwork::new(ip, prefix).unwrap_or_else(|_| IpNetwork::from(ip))
 }
 
+/// The node's route to pod address `pod` through its host veth: `pod/32 scope host`.
+pub(crate) fn host_route_to(pod: IpAddr) -> Route {
+    Route {
+        dst: host_net(pod),
+        gw: None,
+        src: None,
+        scope: Scope::Host,
+    }
+}
+
 /// Normalizes `net` to its network address (`10.0.0.5/8` -> `10.0.0.0/8`).
 pub(crate) fn network_of(net: IpNetwork) -> IpNetwork {
     IpNetwork::new(net.network(), net.prefix()).unwrap_or(net)
@@ -127,12 +137,7 @@ pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
             pod,
             gateway: gw,
             host_address: host_net(gw),
-            host_route: Route {
-                dst: host_net(pod.ip()),
-                gw: None,
-                src: None,
-                scope: Scope::Host,
-            },
+            host_route: host_route_to(pod.ip()),
         });
         // `10.244.1.1 dev eth0 scope link src 10.244.1.2`
         routes.push(Route {

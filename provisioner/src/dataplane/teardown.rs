@@ -1,14 +1,17 @@
 //! Teardown of one sandbox: idempotent, keeps going, reports every error at the end.
 //!
 //! The host veth is not deleted here (the kernel needs ~24 ms of RCU grace periods for that):
-//! it is *retired*. Every route and address through it is withdrawn (its addresses deleted,
-//! its routes flushed by setting it down), its sandbox end is set down and renamed, the host
-//! end is set down and renamed `pvx<index>`, all from the host socket in one batch of requests;
-//! then the reaper moves it to the graveyard group and deletes the group in the background.
-//! Only the reaper puts links in that group, so that its group deletion never takes a pair
-//! whose teardown is still cleaning the sandbox end. When teardown returns, nothing in the host netns routes the pod's addresses any
-//! more, so the caller may release them; and the deterministic names are free for a re-ADD.
+//! it is *retired*. The sandbox end first, from the sandbox's socket: its addresses deleted,
+//! set down and renamed. Then the host end, from the host socket in one batch: the host routes
+//! to the addresses the sandbox end held, its own addresses, set down (which flushes whatever
+//! still routes through it) and renamed `pvx<index>`. Then the reaper moves it to the
+//! graveyard group and deletes the group in the background. Only the reaper puts links in
+//! that group, so that its group deletion never takes a pair whose teardown is still cleaning
+//! the sandbox end. When teardown returns, nothing in the host netns routes the pod's
+//! addresses any more, so the caller may release them; and the deterministic names are free
+//! for a re-ADD.
 
+use std::net::IpAddr;
 use std::path::Path;
 
 use super::error::DataplaneError;
@@ -16,9 +19,10 @@ use super::link::{self, Link};
 use super::naming::{graveyard_ifname, host_ifname};
 use super::netlink::{Conn, Req};
 use super::netns::is_netns;
+use super::plan::host_route_to;
 use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
-use super::{Dataplane, address};
+use super::{Dataplane, address, route};
 
 pub(crate) async fn run(
     dp: &Dataplane,
@@ -36,18 +40,17 @@ pub(crate) async fn run(
     match dp.host().await {
         Ok(host) => match link::by_name(host, &host_name).await {
             Ok(Some(l)) => {
-                // Both ends at once, each on the socket of its netns.
-                let sandbox = async {
-                    match netns {
-                        Some(path) if !out.sandbox_netns_gone => {
-                            withdraw_sandbox(dp, path, ifname, l.index).await
-                        }
-                        _ => (false, Vec::new()),
+                // The sandbox end first: its addresses name the pod's host routes, which the
+                // host end then deletes by destination before its own address goes (the last
+                // address of a link taking along routes through it walks the whole table).
+                let (cleaned, sbx_errors, pods) = match netns {
+                    Some(path) if !out.sandbox_netns_gone => {
+                        withdraw_sandbox(dp, path, ifname, l.index).await
                     }
+                    _ => (false, Vec::new(), Vec::new()),
                 };
                 let mut host_errors = Vec::new();
-                let (retired, (cleaned, sbx_errors)) =
-                    futures::join!(withdraw_host(host, &l, &mut host_errors), sandbox);
+                let retired = withdraw_host(host, &l, &pods, &mut host_errors).await;
                 // Deleting the host end deletes its peer: only once the sandbox end is done
                 // with, so that teardown never races the reaper.
                 let host_ok = retired.map(|doomed| dp.reaper().queue(doomed)).is_some();
@@ -76,34 +79,39 @@ pub(crate) async fn run(
 /// `host_index`; a foreign interface is left alone): addresses deleted (the last IPv4 one takes
 /// the IPv4 routes through it along), set down (IPv6 routes and addresses go) and renamed
 /// `pvx<index>` so that `ifname` is free for a new setup at once. Returns whether it was
-/// cleaned, and the errors met.
+/// cleaned, the errors met, and the pod addresses it held.
 async fn withdraw_sandbox(
     dp: &Dataplane,
     path: &Path,
     ifname: &str,
     host_index: u32,
-) -> (bool, Vec<DataplaneError>) {
+) -> (bool, Vec<DataplaneError>, Vec<IpAddr>) {
     let mut errors = Vec::new();
     let ns = match dp.open_sandbox_netns(path) {
         Ok(ns) => ns,
-        Err(e) if e.errno() == Some(libc::ENOENT) => return (false, errors),
-        Err(e) => return (false, vec![e]),
+        Err(e) if e.errno() == Some(libc::ENOENT) => return (false, errors, Vec::new()),
+        Err(e) => return (false, vec![e], Vec::new()),
     };
     let conn = match Conn::open(&ns) {
         Ok(c) => c,
         // Not a netns (any more): nothing to clean there.
-        Err(e) if e.errno() == Some(libc::EINVAL) => return (false, errors),
-        Err(e) => return (false, vec![e]),
+        Err(e) if e.errno() == Some(libc::EINVAL) => return (false, errors, Vec::new()),
+        Err(e) => return (false, vec![e], Vec::new()),
     };
     let l = match link::by_name(&conn, ifname).await {
         Ok(Some(l)) if l.peer_index == Some(host_index) => l,
-        Ok(_) => return (false, errors),
-        Err(e) => return (false, vec![e]),
+        Ok(_) => return (false, errors, Vec::new()),
+        Err(e) => return (false, vec![e], Vec::new()),
     };
     let addrs = match address::list(&conn, l.index, &l.name).await {
         Ok(a) => a,
-        Err(e) => return (false, vec![e]),
+        Err(e) => return (false, vec![e], Vec::new()),
     };
+    let pods = addrs
+        .iter()
+        .filter(|a| !a.link_local)
+        .map(|a| a.net.ip())
+        .collect();
     let mut reqs: Vec<(Kind, Req)> = addrs
         .iter()
         .filter(|a| !a.link_local)
@@ -126,7 +134,7 @@ async fn withdraw_sandbox(
             Ok(()) => {}
         }
     }
-    (ok, errors)
+    (ok, errors, pods)
 }
 
 /// Sends `reqs` as one batch; results with "already gone" mapped to success per kind.
@@ -138,6 +146,7 @@ async fn run_reqs(conn: &Conn, reqs: Vec<(Kind, Req)>) -> Vec<Result<(), Datapla
         .zip(results)
         .map(|(kind, res)| match kind {
             Kind::Addr => address::del_result(res),
+            Kind::Route => route::del_result(res),
             Kind::Link => res,
         })
         .collect()
@@ -150,17 +159,23 @@ pub(crate) async fn retire(
     l: &Link,
     errors: &mut Vec<DataplaneError>,
 ) -> bool {
-    withdraw_host(host, l, errors)
+    withdraw_host(host, l, &[], errors)
         .await
         .map(|doomed| dp.reaper().queue(doomed))
         .is_some()
 }
 
-/// Withdraws everything that routes through the host link `l`: its addresses, then the link
-/// down (which flushes every route through it, IPv4 and IPv6, in the same request: no dump of
-/// the node's routing table, whose size grows with the pods) and renamed `pvx<index>`. Returns
-/// the link for the reaper, or `None` when it could not be retired (or vanished meanwhile).
-async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) -> Option<Doomed> {
+/// Withdraws everything that routes through the host link `l`: the host routes to `pods`
+/// (known from the sandbox end), its addresses, then the link down (which flushes every route
+/// through it, IPv4 and IPv6, in the same request: no dump of the node's routing table, whose
+/// size grows with the pods) and renamed `pvx<index>`. Returns the link for the reaper, or
+/// `None` when it could not be retired (or vanished meanwhile).
+async fn withdraw_host(
+    host: &Conn,
+    l: &Link,
+    pods: &[IpAddr],
+    errors: &mut Vec<DataplaneError>,
+) -> Option<Doomed> {
     let already_retired = l.name.starts_with(super::naming::GRAVEYARD_IFNAME_PREFIX);
     let addrs = match address::list(host, l.index, &l.name).await {
         Ok(a) => a,
@@ -169,9 +184,15 @@ async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) 
             return None;
         }
     };
-    // One batch, in order: addresses (v6 link-local ones die with the link going down), then
-    // the link down and renamed.
-    let mut reqs: Vec<(Kind, Req)> = Vec::new();
+    // One batch, in order: the pod routes, addresses (v6 link-local ones die with the link
+    // going down), then the link down and renamed.
+    let mut reqs: Vec<(Kind, Req)> = pods
+        .iter()
+        .map(|pod| {
+            let route = host_route_to(*pod);
+            (Kind::Route, route::del_req(l.index, &l.name, &route))
+        })
+        .collect();
     for a in addrs.iter().filter(|a| !a.link_local) {
         reqs.push((Kind::Addr, address::del_req(l.index, &l.name, a.net)));
     }
@@ -204,5 +225,6 @@ async fn withdraw_host(host: &Conn, l: &Link, errors: &mut Vec<DataplaneError>) 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Addr,
+    Route,
     Link,
 }
