@@ -10,8 +10,9 @@
 //! Complexity: every step is a B-tree point lookup/insert/remove or the first entry of a key
 //! range, O(log n) in the number of allocations n. The only loop is the cursor skipping addresses
 //! that are still reserved from before a range config change; the cursor is persisted past them,
-//! so each such address is skipped once (amortised O(log n)). Nothing scans all entries except
-//! `open` (which builds the report) and `list`.
+//! so each such address is skipped once (amortised O(log n)); and a pick passes over the
+//! addresses held by DELs in flight (see [`super::withdrawal`]), a few at a time. Nothing scans
+//! all entries except `open` (which builds the report) and `list`.
 //!
 //! # Group commit
 //!

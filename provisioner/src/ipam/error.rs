@@ -52,15 +52,6 @@ pub enum IpamError {
         reason: String,
     },
 
-    /// An address to reserve for `key` is reserved for `holder`. Nothing was written.
-    #[error("ipam store {path}: cannot reserve {address} for {key}: it is reserved for {holder}")]
-    Taken {
-        path: PathBuf,
-        address: String,
-        key: String,
-        holder: String,
-    },
-
     /// At least one range set has no free address. Nothing was reserved.
     #[error("no IP addresses available in range set {} (for {key})", .range_sets.join("; "))]
     Exhausted {

@@ -8,7 +8,9 @@
 //! allocation back under its key, as if the DEL had never released it, and the runtime's retry
 //! finishes the job.
 //!
-//! Holds live in memory only. A crash after the durable release and before the teardown ends
+//! A hold is placed when the committer applies the release, and stays if that transaction is
+//! then dropped (the store still reserves the addresses: holding them changes nothing until
+//! the hold ends). Holds live in memory only. A crash after the durable release and before the teardown ends
 //! leaves a host veth of ours routing addresses no allocation owns; reconciliation at start
 //! adopts them (nothing hands them out while the veth lives) and the runtime's retried DEL
 //! removes the veth and releases them.
@@ -60,8 +62,8 @@ impl Allocator {
     }
 
     /// Writes `allocation` back under its key, durably: the undo of a release whose teardown
-    /// failed. Its addresses must still be held (nothing took them meanwhile); one reserved
-    /// for another key is an error, and nothing is written then.
+    /// failed, as if it had never run. Its addresses come off the free list again; one that
+    /// another key reserves is left alone, as the release left it (it was not this key's).
     pub fn reinstate(&self, allocation: &Allocation) -> Result<(), IpamError> {
         let s = self.store();
         let key = &allocation.key;
@@ -70,25 +72,35 @@ impl Allocator {
         {
             let mut t = s.tables(&txn)?;
             for ip in &allocation.ips {
-                let a = addr_key(ip.address.ip());
+                let ip = ip.address.ip();
+                let a = addr_key(ip);
                 if let Some(holder) = t.addr.get(a).map_err(s.err("read address"))? {
                     let (cid, ifname) = holder.value();
                     if (cid, ifname) != k {
-                        return Err(IpamError::Taken {
-                            path: s.path().to_path_buf(),
-                            address: ip.address.to_string(),
-                            key: key.to_string(),
-                            holder: AllocationKey::new(cid, ifname).to_string(),
-                        });
+                        tracing::warn!(network = %self.network(), %key, %ip, holder = %AllocationKey::new(cid, ifname),
+                            "reinstating an allocation: address reserved for another key; left alone");
+                        continue;
+                    }
+                }
+                t.addr.insert(a, k).map_err(s.err("write address"))?;
+                if let Some((set, _)) = self.ranges().position(ip) {
+                    let set = u32::try_from(set).unwrap_or(u32::MAX);
+                    let mut entries = Vec::new();
+                    for entry in t
+                        .free
+                        .range((set, 0)..=(set, u64::MAX))
+                        .map_err(s.err("read free list"))?
+                    {
+                        let (seq, freed) = entry.map_err(s.err("read free list"))?;
+                        if freed.value() == a {
+                            entries.push(seq.value());
+                        }
+                    }
+                    for entry in entries {
+                        t.free.remove(entry).map_err(s.err("write free list"))?;
                     }
                 }
             }
-            for ip in &allocation.ips {
-                t.addr
-                    .insert(addr_key(ip.address.ip()), k)
-                    .map_err(s.err("write address"))?;
-            }
-            // Its free-list entries stay; a pick drops an entry whose address is reserved.
             t.alloc
                 .insert(k, encode(&allocation.ips).as_slice())
                 .map_err(s.err("write allocation"))?;
@@ -154,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn reinstate_undoes_a_held_release_and_refuses_a_taken_address() {
+    fn reinstate_undoes_a_held_release_and_leaves_another_keys_address_alone() {
         let dir = tempfile::tempdir().unwrap();
         let a = open(dir.path(), SMALL);
         let c0 = a.allocate(&key(0)).unwrap();
@@ -176,14 +188,16 @@ mod tests {
             Err(IpamError::Exhausted { .. })
         ));
 
-        // Released, no hold, taken by another key: reinstating it would give it two owners.
+        // A record listing an address another key holds: that one is left alone.
         a.release(&key(0)).unwrap();
         assert_eq!(ip_of(&a.allocate(&key(5)).unwrap()), "10.244.1.2");
-        let err = a.reinstate(&c0).unwrap_err();
-        assert!(
-            err.to_string().contains("10.244.1.2/29") && err.to_string().contains("c5"),
-            "{err}"
-        );
-        assert!(a.get(&key(0)).unwrap().is_none());
+        a.reinstate(&c0).unwrap();
+        assert_eq!(a.get(&key(0)).unwrap(), Some(c0));
+        a.release(&key(0)).unwrap();
+        assert_eq!(ip_of(&a.get(&key(5)).unwrap().unwrap()), "10.244.1.2");
+        assert!(matches!(
+            a.allocate(&key(6)),
+            Err(IpamError::Exhausted { .. })
+        ));
     }
 }

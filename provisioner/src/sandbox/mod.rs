@@ -1,7 +1,9 @@
 //! One sandbox's network, end to end: durable address reservation (ipam) + wiring (dataplane)
 //! + verification, with the rollback rules that keep the two consistent.
 //!
-//! Rules: an address is released only after the kernel objects that route it are gone; an
+//! Rules: an address is handed out again only once the kernel objects that route it are gone
+//! (DEL releases it during its teardown, held back from allocations until the teardown is
+//! done, and written back if the teardown fails); an
 //! allocation that existed before an ADD (a duplicate ADD, or a retry) is never released by that
 //! ADD's failure; ADD reports success only after `check` saw the interface with its addresses.
 

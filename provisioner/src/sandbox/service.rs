@@ -352,9 +352,16 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         let teardown = match teardown {
             Ok(teardown) => teardown,
             Err(source) => {
-                for released in [&released, &adopted_released] {
-                    if let Ok(Some(allocation)) = released {
-                        self.reinstate(allocation, &label).await;
+                for (held, released) in [(&key, &released), (&adopted, &adopted_released)] {
+                    match released {
+                        Ok(Some(allocation)) => self.reinstate(allocation, &label).await,
+                        Ok(None) => {}
+                        // Not released: the store still reserves the addresses.
+                        Err(err) => {
+                            tracing::warn!(sandbox = %label, key = %held, error = %err,
+                                "release during a teardown that failed: not released");
+                            self.allocator.end_hold(held);
+                        }
                     }
                 }
                 return Err(SandboxError::Dataplane {
@@ -391,7 +398,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             Err(err) => {
                 tracing::error!(sandbox = label, %key, error = %err,
                     "teardown failed and its released addresses could not be written back: \
-                     they stay held until a DEL of the sandbox succeeds");
+                     they stay held until a DEL of the sandbox succeeds or the daemon restarts");
             }
         }
     }
