@@ -66,6 +66,17 @@ struct Op {
     benign_errno: Option<i32>,
 }
 
+impl Op {
+    fn new(step: SetupStep, req: Req, undo: Option<Undo>) -> Self {
+        Self {
+            step,
+            req,
+            undo,
+            benign_errno: None,
+        }
+    }
+}
+
 fn step_pos(step: SetupStep) -> usize {
     SetupStep::ALL
         .iter()
@@ -208,76 +219,71 @@ impl Run<'_> {
         let mut sbx_ops: Vec<Op> = Vec::new();
         if !self.plan.uses_v6 {
             host_ops.push(Op {
-                step: S::LinkUp,
-                req: link::no_ipv6_link_local_req(host_link.index, &host_ifname),
-                undo: None,
                 benign_errno: Some(libc::EAFNOSUPPORT),
+                ..Op::new(
+                    S::LinkUp,
+                    link::no_ipv6_link_local_req(host_link.index, &host_ifname),
+                    None,
+                )
             });
         }
         for fam in &self.plan.families {
-            host_ops.push(Op {
-                step: S::HostAddress,
-                req: address::add_req(host_link.index, &host_ifname, fam.host_address, false),
-                undo: Some(Undo::HostAddr {
+            host_ops.push(Op::new(
+                S::HostAddress,
+                address::add_req(host_link.index, &host_ifname, fam.host_address, false),
+                Some(Undo::HostAddr {
                     index: host_link.index,
                     name: host_ifname.clone(),
                     net: fam.host_address,
                 }),
-                benign_errno: None,
-            });
-            sbx_ops.push(Op {
-                step: S::SandboxAddress,
-                req: address::add_req(sbx_link.index, &ifname, fam.pod, true),
-                undo: Some(Undo::SandboxAddr {
+            ));
+            sbx_ops.push(Op::new(
+                S::SandboxAddress,
+                address::add_req(sbx_link.index, &ifname, fam.pod, true),
+                Some(Undo::SandboxAddr {
                     index: sbx_link.index,
                     name: ifname.clone(),
                     net: fam.pod,
                 }),
-                benign_errno: None,
-            });
+            ));
         }
-        host_ops.push(Op {
-            step: S::LinkUp,
-            req: link::set_up_req(host_link.index, &host_ifname),
-            undo: None,
-            benign_errno: None,
-        });
-        sbx_ops.push(Op {
-            step: S::LinkUp,
-            req: link::set_up_req(sbx_link.index, &ifname),
-            undo: None,
-            benign_errno: None,
-        });
+        host_ops.push(Op::new(
+            S::LinkUp,
+            link::set_up_req(host_link.index, &host_ifname),
+            None,
+        ));
+        sbx_ops.push(Op::new(
+            S::LinkUp,
+            link::set_up_req(sbx_link.index, &ifname),
+            None,
+        ));
         // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
-        sbx_ops.push(Op {
-            step: S::LinkUp,
-            req: link::set_up_req(LOOPBACK_IFINDEX, "lo"),
-            undo: None,
-            benign_errno: None,
-        });
+        sbx_ops.push(Op::new(
+            S::LinkUp,
+            link::set_up_req(LOOPBACK_IFINDEX, "lo"),
+            None,
+        ));
         for fam in &self.plan.families {
-            host_ops.push(Op {
-                step: S::HostRoute,
-                req: route::add_req(host_link.index, &host_ifname, &fam.host_route),
-                undo: Some(Undo::HostRoute {
+            host_ops.push(Op::new(
+                S::HostRoute,
+                route::add_req(host_link.index, &host_ifname, &fam.host_route),
+                Some(Undo::HostRoute {
                     index: host_link.index,
                     name: host_ifname.clone(),
                     route: fam.host_route.clone(),
                 }),
-                benign_errno: None,
-            });
+            ));
         }
         for r in &self.plan.sandbox_routes {
-            sbx_ops.push(Op {
-                step: S::SandboxRoutes,
-                req: route::add_req(sbx_link.index, &ifname, r),
-                undo: Some(Undo::SandboxRoute {
+            sbx_ops.push(Op::new(
+                S::SandboxRoutes,
+                route::add_req(sbx_link.index, &ifname, r),
+                Some(Undo::SandboxRoute {
                     index: sbx_link.index,
                     name: ifname.clone(),
                     route: r.clone(),
                 }),
-                benign_errno: None,
-            });
+            ));
         }
         // Fault injection: stop right after the requested step.
         if let Some(stop) = self.fail_after {

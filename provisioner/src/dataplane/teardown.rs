@@ -14,6 +14,8 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use ipnetwork::IpNetwork;
+
 use super::error::DataplaneError;
 use super::link::{self, Link};
 use super::naming::{graveyard_ifname, host_ifname};
@@ -43,20 +45,20 @@ pub(crate) async fn run(
                 // The sandbox end first: its addresses name the pod's host routes, which the
                 // host end then deletes by destination before its own address goes (the last
                 // address of a link taking along routes through it walks the whole table).
-                let (cleaned, sbx_errors, pods) = match netns {
+                let sandbox_end = match netns {
                     Some(path) if !out.sandbox_netns_gone => {
                         withdraw_sandbox(dp, path, ifname, l.index).await
                     }
-                    _ => (false, Vec::new(), Vec::new()),
+                    _ => SandboxEnd::default(),
                 };
                 let mut host_errors = Vec::new();
-                let retired = withdraw_host(host, &l, &pods, &mut host_errors).await;
+                let retired = withdraw_host(host, &l, &sandbox_end.pods, &mut host_errors).await;
                 // Deleting the host end deletes its peer: only once the sandbox end is done
                 // with, so that teardown never races the reaper.
                 let host_ok = retired.map(|doomed| dp.reaper().queue(doomed)).is_some();
                 out.host_link_deleted = host_ok;
-                out.sandbox_cleaned = cleaned;
-                errors.extend(sbx_errors);
+                out.sandbox_cleaned = sandbox_end.cleaned;
+                errors.extend(sandbox_end.errors);
                 errors.extend(host_errors);
             }
             Ok(None) => {}
@@ -79,62 +81,81 @@ pub(crate) async fn run(
 /// `host_index`; a foreign interface is left alone): addresses deleted (the last IPv4 one takes
 /// the IPv4 routes through it along), set down (IPv6 routes and addresses go) and renamed
 /// `pvx<index>` so that `ifname` is free for a new setup at once. Returns whether it was
-/// cleaned, the errors met, and the pod addresses it held.
+/// cleaned, the errors met and the pod addresses it held.
 async fn withdraw_sandbox(
     dp: &Dataplane,
     path: &Path,
     ifname: &str,
     host_index: u32,
-) -> (bool, Vec<DataplaneError>, Vec<IpAddr>) {
-    let mut errors = Vec::new();
+) -> SandboxEnd {
     let ns = match dp.open_sandbox_netns(path) {
         Ok(ns) => ns,
-        Err(e) if e.errno() == Some(libc::ENOENT) => return (false, errors, Vec::new()),
-        Err(e) => return (false, vec![e], Vec::new()),
+        Err(e) if e.errno() == Some(libc::ENOENT) => return SandboxEnd::default(),
+        Err(e) => return SandboxEnd::failed(e),
     };
     let conn = match Conn::open(&ns) {
         Ok(c) => c,
         // Not a netns (any more): nothing to clean there.
-        Err(e) if e.errno() == Some(libc::EINVAL) => return (false, errors, Vec::new()),
-        Err(e) => return (false, vec![e], Vec::new()),
+        Err(e) if e.errno() == Some(libc::EINVAL) => return SandboxEnd::default(),
+        Err(e) => return SandboxEnd::failed(e),
     };
     let l = match link::by_name(&conn, ifname).await {
         Ok(Some(l)) if l.peer_index == Some(host_index) => l,
-        Ok(_) => return (false, errors, Vec::new()),
-        Err(e) => return (false, vec![e], Vec::new()),
+        Ok(_) => return SandboxEnd::default(),
+        Err(e) => return SandboxEnd::failed(e),
     };
-    let addrs = match address::list(&conn, l.index, &l.name).await {
-        Ok(a) => a,
-        Err(e) => return (false, vec![e], Vec::new()),
+    let pods: Vec<_> = match address::list(&conn, l.index, &l.name).await {
+        Ok(a) => a
+            .into_iter()
+            .filter(|a| !a.link_local)
+            .map(|a| a.net)
+            .collect(),
+        Err(e) => return SandboxEnd::failed(e),
     };
-    let pods = addrs
+    let mut reqs: Vec<(Kind, Req)> = pods
         .iter()
-        .filter(|a| !a.link_local)
-        .map(|a| a.net.ip())
-        .collect();
-    let mut reqs: Vec<(Kind, Req)> = addrs
-        .iter()
-        .filter(|a| !a.link_local)
-        .map(|a| (Kind::Addr, address::del_req(l.index, &l.name, a.net)))
+        .map(|net| (Kind::Addr, address::del_req(l.index, &l.name, *net)))
         .collect();
     reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
     reqs.push((
         Kind::Link,
         link::rename_req(l.index, &l.name, &graveyard_ifname(l.index)),
     ));
-    let mut ok = true;
+    let mut end = SandboxEnd {
+        cleaned: true,
+        errors: Vec::new(),
+        pods: pods.iter().map(IpNetwork::ip).collect(),
+    };
     for res in run_reqs(&conn, reqs).await {
         // The pair may be deleted meanwhile (netns going away, or the reaper): that is clean.
         match res {
             Err(e) if e.errno() == Some(libc::ENODEV) => {}
             Err(e) => {
-                ok = false;
-                errors.push(e);
+                end.cleaned = false;
+                end.errors.push(e);
             }
             Ok(()) => {}
         }
     }
-    (ok, errors, pods)
+    end
+}
+
+/// What withdrawing the sandbox end did.
+#[derive(Debug, Default)]
+struct SandboxEnd {
+    cleaned: bool,
+    errors: Vec<DataplaneError>,
+    /// The pod addresses it held.
+    pods: Vec<IpAddr>,
+}
+
+impl SandboxEnd {
+    fn failed(error: DataplaneError) -> Self {
+        Self {
+            errors: vec![error],
+            ..Self::default()
+        }
+    }
 }
 
 /// Sends `reqs` as one batch; results with "already gone" mapped to success per kind.

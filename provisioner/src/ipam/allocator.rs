@@ -339,7 +339,7 @@ struct ReleasePlan {
     seq: u64,
 }
 
-fn idx(i: usize) -> u32 {
+pub(super) fn idx(i: usize) -> u32 {
     // Range sets and ranges come from a config file; more than 4 billion is not a config.
     u32::try_from(i).unwrap_or(u32::MAX)
 }
@@ -455,33 +455,18 @@ impl Allocator {
         }
     }
 
-    /// [`Self::release`] for async callers, queued like [`Self::reserve_queued`]; an unknown key
-    /// costs the committer a read, no write.
-    pub fn release_queued(
-        &self,
-        key: &AllocationKey,
-    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
-        self.queue_release(Op::Release(key.clone()))
-    }
-
-    /// [`Self::release_queued`], the released addresses held back from every allocation until
-    /// [`Self::end_hold`] (from the moment the release is applied, before it is durable): for
-    /// a DEL whose teardown runs meanwhile. See [`super::withdrawal`].
+    /// [`Self::release`] for async callers, queued like [`Self::reserve_queued`] (an unknown key
+    /// costs the committer a read, no write), the released addresses held back from every
+    /// allocation until [`Self::end_hold`] (from the moment the release is applied, before it
+    /// is durable): for a DEL whose teardown runs meanwhile. See [`super::withdrawal`].
     pub fn release_holding(
         &self,
         key: &AllocationKey,
     ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
-        self.queue_release(Op::ReleaseHolding(key.clone()))
-    }
-
-    fn queue_release(
-        &self,
-        op: Op,
-    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
         let store = self.core.store.path().to_path_buf();
         let (reply, answer) = oneshot::channel();
         let queued = self.enqueue(Request {
-            op,
+            op: Op::ReleaseHolding(key.clone()),
             reply: Reply::Durable(Answer::Awaited(reply)),
         });
         async move {
@@ -1529,8 +1514,9 @@ pub(super) mod tests {
         assert!(!again.is_new());
         assert_eq!(again.durable().await.unwrap(), held);
         // Release: the allocation released; an unknown key is nothing, and writes nothing.
-        assert_eq!(a.release_queued(&key(2)).await.unwrap(), Some(second));
-        assert_eq!(a.release_queued(&key(9)).await.unwrap(), None);
+        assert_eq!(a.release_holding(&key(2)).await.unwrap(), Some(second));
+        assert_eq!(a.release_holding(&key(9)).await.unwrap(), None);
+        a.end_hold(&key(2));
         assert_eq!(a.get(&key(2)).unwrap(), None);
         drop(a);
         let a = open(dir.path(), V4_28);

@@ -10,10 +10,10 @@
 //!
 //! A hold is placed when the committer applies the release, and stays if that transaction is
 //! then dropped (the store still reserves the addresses: holding them changes nothing until
-//! the hold ends). Holds live in memory only. A crash after the durable release and before the teardown ends
-//! leaves a host veth of ours routing addresses no allocation owns; reconciliation at start
-//! adopts them (nothing hands them out while the veth lives) and the runtime's retried DEL
-//! removes the veth and releases them.
+//! the hold ends). Holds live in memory only. A crash after the durable release and before
+//! the teardown ends leaves a host veth of ours routing addresses no allocation owns;
+//! reconciliation at start adopts them (nothing hands them out while the veth lives) and the
+//! runtime's retried DEL removes the veth and releases them.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -21,7 +21,7 @@ use std::sync::{Mutex, PoisonError};
 use redb::ReadableTable;
 
 use super::allocation::{Allocation, AllocationKey};
-use super::allocator::Allocator;
+use super::allocator::{Allocator, idx};
 use super::error::IpamError;
 use super::store::{AddrT, addr_key, encode};
 
@@ -84,7 +84,7 @@ impl Allocator {
                 }
                 t.addr.insert(a, k).map_err(s.err("write address"))?;
                 if let Some((set, _)) = self.ranges().position(ip) {
-                    let set = u32::try_from(set).unwrap_or(u32::MAX);
+                    let set = idx(set);
                     let mut entries = Vec::new();
                     for entry in t
                         .free

@@ -120,8 +120,10 @@ pub trait AllocationStore: Send + Sync + 'static {
     /// Frees the key's addresses; the allocation released, if there was one.
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
     /// [`Self::release`] of a key that may have no allocation, for async callers, without
-    /// blocking their thread. The default runs in place: for stores that never block.
-    fn release_queued(
+    /// blocking their thread, the released addresses held back from every allocation until
+    /// [`Self::end_hold`]: DEL releases while its teardown still withdraws them. The default
+    /// releases at once, in place: for stores that never block nor hand out an address twice.
+    fn release_holding(
         &self,
         key: &AllocationKey,
     ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
@@ -129,15 +131,6 @@ pub trait AllocationStore: Send + Sync + 'static {
             Ok(Some(_)) => self.release(key),
             other => other,
         })
-    }
-    /// [`Self::release_queued`], the released addresses held back from every allocation
-    /// until [`Self::end_hold`]: DEL releases while its teardown still withdraws them. The
-    /// default releases at once: for stores that never hand out an address twice.
-    fn release_holding(
-        &self,
-        key: &AllocationKey,
-    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
-        self.release_queued(key)
     }
     /// Ends the hold [`Self::release_holding`] put on the addresses of `key`.
     fn end_hold(&self, _key: &AllocationKey) {}
@@ -174,13 +167,6 @@ impl AllocationStore for Allocator {
 
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {
         Allocator::release(self, key)
-    }
-
-    fn release_queued(
-        &self,
-        key: &AllocationKey,
-    ) -> impl Future<Output = Result<Option<Allocation>, IpamError>> + Send + 'static {
-        Allocator::release_queued(self, key)
     }
 
     fn release_holding(
