@@ -1,6 +1,7 @@
 //! What the daemon's log tells an operator about sandboxes left without network: one WARN line
 //! per skipped sandbox naming its namespace, creator and evidence, and repeated skips from one
-//! creator summarised (logged at the 1st, 2nd, 4th, 8th... with the count so far).
+//! creator summarised (logged at the 1st, 2nd, 4th, 8th... with the count so far), in plain
+//! text when the log is not a terminal.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -11,25 +12,6 @@ use provisioner_tests::daemon_queries::{verdict_and_intent, wait_views_of};
 use provisioner_tests::{Netns, RuntimeNetns, wait_until};
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// The log without its ANSI colour sequences (the daemon colours its log even into a file).
-fn plain(log: &str) -> String {
-    let mut out = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // ESC [ parameters final-letter
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 /// `key=value` of a log line (the value up to the next space).
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -63,7 +45,7 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
     // counts are checked for their shape: powers of two, increasing, and fewer lines than skips.
     let mut ours = Vec::new();
     let log = wait_until("a WARN line for one of our sandboxes", PATIENCE, || {
-        let log = plain(&daemon.log());
+        let log = daemon.log();
         ours = log
             .lines()
             .filter(|l| l.contains("sandbox network setup SKIPPED"))
@@ -77,13 +59,18 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
         Ok((!ours.is_empty()).then_some(log))
     })
     .with_context(|| {
-        let log = plain(&daemon.log());
+        let log = daemon.log();
         let skipped: Vec<&str> = log.lines().filter(|l| l.contains("SKIPPED")).collect();
         format!(
             "our cookies {cookies:?}; SKIPPED lines:\n{}",
             skipped.join("\n")
         )
     })?;
+    // Read from a file (as from journald), the log is plain text: no colour escape codes.
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a log written to a file:\n{log}"
+    );
     for line in &ours {
         assert!(line.contains(" WARN "), "not a warning: {line}");
         assert!(line.contains("containerd"), "creator not named: {line}");

@@ -8,6 +8,7 @@ mod remote_ops;
 mod render;
 mod trace_cmd;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -145,7 +146,14 @@ fn init_logging(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colored_log())
         .init();
+}
+
+/// Colours only on a terminal, and not with `NO_COLOR` set: a log read from journald or a file
+/// must not carry escape codes.
+fn colored_log() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 #[cfg(test)]
