@@ -19,6 +19,7 @@
 //!
 //! One module per part; a new measurement is a new module under `bench/` with a call in `run`.
 
+mod bpf_run_time;
 mod components;
 mod floor;
 pub mod netns;

@@ -7,7 +7,10 @@
 //! round), on the same node namespace and conf. Each round measures
 //! - UDP datagrams sent on `lo` in the node namespace: the sending thread's CPU time per call
 //!   (user + kernel, BPF included), the lowest of a few measurements (other load on the
-//!   machine still disturbs a thread's CPU time through caches and interrupts);
+//!   machine still disturbs a thread's CPU time through caches and interrupts), and, with
+//!   tracing on, the eBPF programs' own run time per datagram from the kernel's statistics,
+//!   over one more measurement (exact, where the CPU time swings by more than the tracer
+//!   adds);
 //! - ADD then DEL of a block of sandboxes through the CNI plugin path and the API. As on a node,
 //!   the sandbox namespaces are created (not timed) once the daemon runs: a namespace the kernel
 //!   watch did not see being created is read at its first ADD, which is the cost of a restart,
@@ -23,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
+use super::bpf_run_time::{Spent, Window};
 use super::netns::Netns;
 use super::report::{Single, Target};
 use super::stats::{Samples, Summary};
@@ -36,6 +40,8 @@ use testkit::daemon::{Daemon, write_conflist};
 const ROUNDS: usize = 10;
 /// Datagrams per sendmsg measurement.
 const SENDS: usize = 50_000;
+/// Datagrams sent before each measurement starts.
+const WARMUP_SENDS: usize = 1000;
 /// Sendmsg measurements per round and condition; the round's figure is the lowest (the one
 /// least disturbed by the other load on the machine).
 const BLASTS: usize = 3;
@@ -49,6 +55,10 @@ pub struct Results {
     /// Nanoseconds of CPU per sendto, one per round.
     sendmsg_off_ns: Vec<f64>,
     sendmsg_on_ns: Vec<f64>,
+    /// What the eBPF programs spent during the sendmsg measurements with tracing on.
+    bpf_on_sendmsg: Spent,
+    /// Datagrams sent during those measurements.
+    sends_on: u64,
     plugin_add_off: Samples,
     plugin_add_on: Samples,
     api_add_off: Samples,
@@ -83,6 +93,8 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
     let mut results = Results {
         sendmsg_off_ns: Vec::new(),
         sendmsg_on_ns: Vec::new(),
+        bpf_on_sendmsg: Spent::default(),
+        sends_on: 0,
         plugin_add_off: Samples::default(),
         plugin_add_on: Samples::default(),
         api_add_off: Samples::default(),
@@ -114,6 +126,14 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             let mut per_send = f64::INFINITY;
             for _ in 0..BLASTS {
                 per_send = per_send.min(sendmsg_cpu_per_call(&node)?);
+            }
+            if tracing == Tracing::On {
+                // A blast of its own: the statistics cost each program run some time, which
+                // must not show in the CPU figures above.
+                let window = Window::open()?;
+                sendmsg_cpu_per_call(&node)?;
+                results.bpf_on_sendmsg.add(&window.close()?);
+                results.sends_on += (WARMUP_SENDS + SENDS) as u64;
             }
             let lanes = [
                 Lane {
@@ -207,7 +227,7 @@ fn sendmsg_cpu_per_call(node: &Netns) -> Result<f64> {
                 let tx = UdpSocket::bind("127.0.0.1:0")?;
                 let to = rx.local_addr()?;
                 let payload = [0u8; 64];
-                for _ in 0..1000 {
+                for _ in 0..WARMUP_SENDS {
                     tx.send_to(&payload, to)?;
                 }
                 let start = thread_cpu();
@@ -256,6 +276,12 @@ impl Results {
             on - off,
             percent(best_off, best_on)
         )];
+        let bpf = self.bpf_on_sendmsg.ns_per_call(self.sends_on);
+        lines.push(format!(
+            "eBPF run time per sendto with tracing on: {bpf:.0} ns ({:.1}% of the median sendto CPU off); {}",
+            bpf / off * 100.0,
+            self.bpf_on_sendmsg.describe(self.sends_on)
+        ));
         for (way, off, on) in [
             ("plugin", &self.plugin_add_off, &self.plugin_add_on),
             ("api", &self.api_add_off, &self.api_add_on),
@@ -288,6 +314,17 @@ impl Results {
             target: Target::AtMost(TARGET_PERCENT),
             note: Some(format!("off {off:.0} ns, on {on:.0} ns per call")),
         }];
+        let bpf = self.bpf_on_sendmsg.ns_per_call(self.sends_on);
+        out.push(Single {
+            metric: "tracing: eBPF programs' own run time per unrelated sendto".to_owned(),
+            unit: "% of sendto",
+            value: if off > 0.0 { bpf / off * 100.0 } else { 0.0 },
+            cpu_ms: None,
+            target: Target::None,
+            note: Some(format!(
+                "{bpf:.0} ns per call (kernel statistics; the syscall tracepoints' slow path is not in it)"
+            )),
+        });
         for (way, off, on) in [
             ("plugin", &self.plugin_add_off, &self.plugin_add_on),
             ("API", &self.api_add_off, &self.api_add_on),
@@ -324,6 +361,7 @@ impl Results {
                 "median_slower_percent": percent(off, on),
                 "best_slower_percent": percent(best_off, best_on),
             },
+            "bpf_run_time_on_sendto": self.bpf_on_sendmsg.json(self.sends_on),
             "plugin_add": { "off": add(&self.plugin_add_off), "on": add(&self.plugin_add_on) },
             "api_add": { "off": add(&self.api_add_off), "on": add(&self.api_add_on) },
         })
