@@ -14,7 +14,9 @@
 //! - ADD then DEL of a block of sandboxes through the CNI plugin path and the API. As on a node,
 //!   the sandbox namespaces are created (not timed) once the daemon runs: a namespace the kernel
 //!   watch did not see being created is read at its first ADD, which is the cost of a restart,
-//!   not of an ADD.
+//!   not of an ADD. With tracing on, what the tracer itself spends on those ADDs is read
+//!   exactly: the eBPF programs' run time (kernel statistics) and the CPU time of the daemon's
+//!   kernel-watch thread (scheduler statistics).
 //!
 //! Figures are medians over rounds (sendmsg) and over every call (ADD).
 
@@ -59,6 +61,11 @@ pub struct Results {
     bpf_on_sendmsg: Spent,
     /// Datagrams sent during those measurements.
     sends_on: u64,
+    /// What the eBPF programs and the daemon's kernel-watch thread spent during the ADDs with
+    /// tracing on, and how many ADDs that was.
+    bpf_on_add: Spent,
+    tracer_thread_on_add: Duration,
+    adds_on: u64,
     plugin_add_off: Samples,
     plugin_add_on: Samples,
     api_add_off: Samples,
@@ -95,6 +102,9 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
         sendmsg_on_ns: Vec::new(),
         bpf_on_sendmsg: Spent::default(),
         sends_on: 0,
+        bpf_on_add: Spent::default(),
+        tracer_thread_on_add: Duration::ZERO,
+        adds_on: 0,
         plugin_add_off: Samples::default(),
         plugin_add_on: Samples::default(),
         api_add_off: Samples::default(),
@@ -155,7 +165,17 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             ];
             let phase = format!("o{}{round}-", tracing.name());
             let ids: Vec<Vec<String>> = lanes.iter().map(|l| ways::ids(l, &phase, ADDS)).collect();
+            let tracer = match tracing {
+                Tracing::On => Some((Window::open()?, tracer_thread_cpu(&daemon)?)),
+                Tracing::Off => None,
+            };
             let mut added = ways::interleaved(&lanes, Verb::Add, &ids, ADDS, 1)?;
+            if let Some((window, thread_before)) = tracer {
+                results.bpf_on_add.add(&window.close()?);
+                results.tracer_thread_on_add +=
+                    tracer_thread_cpu(&daemon)?.saturating_sub(thread_before);
+                results.adds_on += (lanes.len() * ADDS) as u64;
+            }
             ways::interleaved(&lanes, Verb::Del, &ids, ADDS, 1)?;
             drop(lanes);
             drop(plugin_pods);
@@ -188,6 +208,32 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
         detail(&line);
     }
     Ok(results)
+}
+
+/// Name of the daemon's thread that drives the kernel watch (reads the events, judges).
+const TRACER_THREAD: &str = "kernel-watch";
+
+/// CPU time of the daemon's kernel-watch thread so far (scheduler statistics, ns resolution).
+fn tracer_thread_cpu(daemon: &Daemon) -> Result<Duration> {
+    let pid = daemon.pid().context("daemon not running")?;
+    let tasks = format!("/proc/{pid}/task");
+    let mut total = Duration::ZERO;
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("read {tasks}"))? {
+        let dir = task?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() != TRACER_THREAD {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("schedstat"))
+            .with_context(|| format!("read {}/schedstat", dir.display()))?;
+        let ns: u64 = stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{}/schedstat: {stat:?}", dir.display()))?;
+        total += Duration::from_nanos(ns);
+    }
+    Ok(total)
 }
 
 /// Polls the daemon until its kernel watch has attached the programs.
@@ -258,6 +304,16 @@ fn percent(off: f64, on: f64) -> f64 {
 }
 
 impl Results {
+    /// Microseconds per ADD with tracing on: the eBPF programs', the kernel-watch thread's.
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    fn tracer_per_add_us(&self) -> (f64, f64) {
+        let adds = self.adds_on.max(1) as f64;
+        (
+            self.bpf_on_add.ns_per_call(self.adds_on) / 1e3,
+            self.tracer_thread_on_add.as_secs_f64() * 1e6 / adds,
+        )
+    }
+
     fn sendmsg(&self) -> (f64, f64, f64, f64) {
         let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
         (
@@ -281,6 +337,12 @@ impl Results {
             "eBPF run time per sendto with tracing on: {bpf:.0} ns ({:.1}% of the median sendto CPU off); {}",
             bpf / off * 100.0,
             self.bpf_on_sendmsg.describe(self.sends_on)
+        ));
+        let (bpf_us, thread_us) = self.tracer_per_add_us();
+        lines.push(format!(
+            "the tracer's own CPU per ADD (plugin and API alike, tracing on): {:.0} us, eBPF {bpf_us:.0} us ({}) and the kernel-watch thread {thread_us:.0} us",
+            bpf_us + thread_us,
+            self.bpf_on_add.describe(self.adds_on)
         ));
         for (way, off, on) in [
             ("plugin", &self.plugin_add_off, &self.plugin_add_on),
@@ -325,6 +387,22 @@ impl Results {
                 "{bpf:.0} ns per call (kernel statistics; the syscall tracepoints' slow path is not in it)"
             )),
         });
+        let (bpf_us, thread_us) = self.tracer_per_add_us();
+        let api_cpu_ms = Summary::of(&self.api_add_off).cpu_ms;
+        out.push(Single {
+            metric: "tracing: the tracer's own CPU per ADD (eBPF + kernel-watch thread)".to_owned(),
+            unit: "% of API ADD",
+            value: if api_cpu_ms > 0.0 {
+                (bpf_us + thread_us) / 1e3 / api_cpu_ms * 100.0
+            } else {
+                0.0
+            },
+            cpu_ms: Some((bpf_us + thread_us) / 1e3),
+            target: Target::None,
+            note: Some(format!(
+                "eBPF {bpf_us:.0} us + thread {thread_us:.0} us per ADD; API ADD CPU off {api_cpu_ms:.2} ms"
+            )),
+        });
         for (way, off, on) in [
             ("plugin", &self.plugin_add_off, &self.plugin_add_on),
             ("API", &self.api_add_off, &self.api_add_on),
@@ -362,6 +440,11 @@ impl Results {
                 "best_slower_percent": percent(best_off, best_on),
             },
             "bpf_run_time_on_sendto": self.bpf_on_sendmsg.json(self.sends_on),
+            "tracer_on_add": {
+                "adds": self.adds_on,
+                "bpf": self.bpf_on_add.json(self.adds_on),
+                "kernel_watch_thread_cpu_us_per_add": self.tracer_per_add_us().1,
+            },
             "plugin_add": { "off": add(&self.plugin_add_off), "on": add(&self.plugin_add_on) },
             "api_add": { "off": add(&self.api_add_off), "on": add(&self.api_add_on) },
         })
