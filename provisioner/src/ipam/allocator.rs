@@ -339,7 +339,7 @@ struct ReleasePlan {
     seq: u64,
 }
 
-pub(super) fn idx(i: usize) -> u32 {
+fn idx(i: usize) -> u32 {
     // Range sets and ranges come from a config file; more than 4 billion is not a config.
     u32::try_from(i).unwrap_or(u32::MAX)
 }

@@ -21,7 +21,7 @@ use std::sync::{Mutex, PoisonError};
 use redb::ReadableTable;
 
 use super::allocation::{Allocation, AllocationKey};
-use super::allocator::{Allocator, idx};
+use super::allocator::Allocator;
 use super::error::IpamError;
 use super::store::{AddrT, addr_key, encode};
 
@@ -62,8 +62,10 @@ impl Allocator {
     }
 
     /// Writes `allocation` back under its key, durably: the undo of a release whose teardown
-    /// failed, as if it had never run. Its addresses come off the free list again; one that
-    /// another key reserves is left alone, as the release left it (it was not this key's).
+    /// failed, as if it had never run. One of its addresses that another key reserves is left
+    /// alone, as the release left it (it was not this key's). The free-list entries the release
+    /// made stay: reserved again, their addresses are dropped from the list by the next
+    /// allocation that meets them, as every entry whose address is no longer free is.
     pub fn reinstate(&self, allocation: &Allocation) -> Result<(), IpamError> {
         let s = self.store();
         let key = &allocation.key;
@@ -83,23 +85,6 @@ impl Allocator {
                     }
                 }
                 t.addr.insert(a, k).map_err(s.err("write address"))?;
-                if let Some((set, _)) = self.ranges().position(ip) {
-                    let set = idx(set);
-                    let mut entries = Vec::new();
-                    for entry in t
-                        .free
-                        .range((set, 0)..=(set, u64::MAX))
-                        .map_err(s.err("read free list"))?
-                    {
-                        let (seq, freed) = entry.map_err(s.err("read free list"))?;
-                        if freed.value() == a {
-                            entries.push(seq.value());
-                        }
-                    }
-                    for entry in entries {
-                        t.free.remove(entry).map_err(s.err("write free list"))?;
-                    }
-                }
             }
             t.alloc
                 .insert(k, encode(&allocation.ips).as_slice())
