@@ -165,6 +165,8 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             ];
             let phase = format!("o{}{round}-", tracing.name());
             let ids: Vec<Vec<String>> = lanes.iter().map(|l| ways::ids(l, &phase, ADDS)).collect();
+            // Unlike the sendto blast's, this window is over the measured ADDs: the statistics
+            // cost each of the ~70 program runs per ADD some tens of ns, a few us per ADD.
             let tracer = match tracing {
                 Tracing::On => Some((Window::open()?, tracer_thread_cpu(&daemon)?)),
                 Tracing::Off => None,
