@@ -12,9 +12,8 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
-        generated,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+        bpf_probe_read_user, bpf_probe_read_user_str_bytes, generated,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -159,6 +158,24 @@ fn count(counters: &PerCpuArray<u64>, kind: u32) {
     }
 }
 
+/// The `T` at `base + offset`, where `base` is a BTF-typed kernel pointer: a BTF tracepoint's
+/// argument, what `bpf_get_current_task_btf` or `bpf_task_pt_regs` return, or a pointer member
+/// loaded with this function from one of those. The offsets are constants of the frozen
+/// .rodata, so the verifier checks the load against the kernel's BTF and turns it into a
+/// fault-tolerant load (0 from a bad address): no helper call, where [`read_field`] costs one.
+#[inline(always)]
+unsafe fn load<T>(base: *const u8, offset: u32) -> T {
+    // SAFETY: see above; the verifier refuses the program if `base` is not BTF-typed.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset as usize).cast::<T>()) }
+}
+
+/// The current task, BTF-typed (its members can be [`load`]ed).
+#[inline(always)]
+fn current_task() -> *const u8 {
+    // SAFETY: no preconditions.
+    unsafe { generated::bpf_get_current_task_btf() as *const u8 }
+}
+
 /// The `T` at `base + offset` in kernel memory; `None` for a null `base` or an unreadable
 /// address.
 #[inline(always)]
@@ -171,22 +188,30 @@ unsafe fn read_field<T>(base: *const u8, offset: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize).cast::<T>()) }.ok()
 }
 
-/// Cookie and inode of the network namespace of `task`.
+/// Cookie and inode of the network namespace of `task` (BTF-typed); `None` when the task has
+/// none any more (exiting).
 #[inline(always)]
 unsafe fn task_netns(task: *const u8) -> Option<(u64, u32)> {
     unsafe {
-        let nsproxy: *const u8 = read_field(task, OFF_TASK_NSPROXY.load())?;
-        let net: *const u8 = read_field(nsproxy, OFF_NSPROXY_NET_NS.load())?;
-        net_id(net)
+        let nsproxy: *const u8 = load(task, OFF_TASK_NSPROXY.load());
+        if nsproxy.is_null() {
+            return None;
+        }
+        net_id(load(nsproxy, OFF_NSPROXY_NET_NS.load()))
     }
 }
 
+/// Cookie and inode of the namespace `net` (BTF-typed).
 #[inline(always)]
 unsafe fn net_id(net: *const u8) -> Option<(u64, u32)> {
+    if net.is_null() {
+        return None;
+    }
     unsafe {
-        let cookie: u64 = read_field(net, OFF_NET_COOKIE.load())?;
-        let inum: u32 = read_field(net, OFF_NET_NS_INUM.load())?;
-        Some((cookie, inum))
+        Some((
+            load(net, OFF_NET_COOKIE.load()),
+            load(net, OFF_NET_NS_INUM.load()),
+        ))
     }
 }
 
@@ -202,9 +227,8 @@ fn to_id(id: Option<(u64, u32)>) -> NetnsId {
 
 #[inline(always)]
 fn current_netns() -> NetnsId {
-    // SAFETY: the current task pointer is only dereferenced through probe reads.
-    let current = unsafe { bpf_get_current_task() } as *const u8;
-    to_id(unsafe { task_netns(current) })
+    // SAFETY: a BTF-typed task.
+    to_id(unsafe { task_netns(current_task()) })
 }
 
 #[inline(always)]
@@ -245,9 +269,7 @@ fn emit_netns_created(task: *const u8, origin: u32, flags: u64, at_ns: Option<u6
         (*record).origin = origin;
         (*record).flags = flags;
         (*record).owner_pid = read_field(task, OFF_TASK_TGID.load()).unwrap_or(0);
-        let current = bpf_get_current_task() as *const u8;
-        let parent: *const u8 =
-            read_field(current, OFF_TASK_REAL_PARENT.load()).unwrap_or(core::ptr::null());
+        let parent: *const u8 = load(current_task(), OFF_TASK_REAL_PARENT.load());
         (*record).parent_pid = read_field(parent, OFF_TASK_TGID.load()).unwrap_or(0);
         (*record).parent_comm = read_field(parent, OFF_TASK_COMM.load()).unwrap_or([0; COMM_LEN]);
     }
@@ -279,8 +301,8 @@ fn flush_unshare() {
         return;
     };
     let _ = UNSHARING.remove(pid_tgid);
-    // SAFETY: the current task pointer is only dereferenced through probe reads.
-    let current = unsafe { bpf_get_current_task() } as *const u8;
+    let current = current_task();
+    // SAFETY: a BTF-typed task.
     match unsafe { task_netns(current) } {
         Some((cookie, _)) if cookie != unsharing.old_cookie => emit_netns_created(
             current,
@@ -303,9 +325,7 @@ pub fn cap_capable(ctx: BtfTracePointContext) -> i32 {
     }
     // SAFETY: registers and user memory are only read through probe helpers.
     unsafe {
-        let Some((nr, arg0, arg1, _)) = syscall_args() else {
-            return 0;
-        };
+        let (nr, arg0, arg1, _) = syscall_args();
         match nr {
             NR_UNSHARE => {
                 // A previous unshare of this task is complete: its namespace is current.
@@ -327,9 +347,7 @@ pub fn cap_capable(ctx: BtfTracePointContext) -> i32 {
             NR_SETNS => flush_unshare(),
             NR_MOUNT => {
                 flush_unshare();
-                let Some(flags) = syscall_reg(OFF_REGS_R10.load()) else {
-                    return 0;
-                };
+                let flags = syscall_reg(OFF_REGS_R10.load());
                 emit_bind_mount(flags, arg0 as *const u8, arg1 as *const u8);
             }
             _ => {}
@@ -372,9 +390,7 @@ pub fn sys_exit_unshare(ctx: TracePointContext) -> u32 {
     // SAFETY: offset of `ret` in the sys_exit record.
     let ret: i64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.unwrap_or(-1);
     if ret == 0 {
-        // SAFETY: the current task pointer is only dereferenced through probe reads.
-        let current = unsafe { bpf_get_current_task() } as *const u8;
-        emit_netns_created(current, origin::UNSHARE, flags, None);
+        emit_netns_created(current_task(), origin::UNSHARE, flags, None);
     }
     0
 }
@@ -427,30 +443,27 @@ unsafe fn is_route_sock(sk: *const u8) -> bool {
 /// The current task's saved user registers (x86_64 `pt_regs`).
 #[inline(always)]
 unsafe fn user_regs() -> *const u8 {
-    unsafe {
-        let task = generated::bpf_get_current_task_btf();
-        generated::bpf_task_pt_regs(task) as *const u8
-    }
+    unsafe { generated::bpf_task_pt_regs(current_task() as *mut _) as *const u8 }
 }
 
 /// The current task's syscall number and first three arguments, from its saved user registers.
 #[inline(always)]
-unsafe fn syscall_args() -> Option<(u64, u64, u64, u64)> {
+unsafe fn syscall_args() -> (u64, u64, u64, u64) {
     unsafe {
         let regs = user_regs();
-        Some((
-            read_field(regs, OFF_REGS_ORIG_AX.load())?,
-            read_field(regs, OFF_REGS_DI.load())?,
-            read_field(regs, OFF_REGS_SI.load())?,
-            read_field(regs, OFF_REGS_DX.load())?,
-        ))
+        (
+            load(regs, OFF_REGS_ORIG_AX.load()),
+            load(regs, OFF_REGS_DI.load()),
+            load(regs, OFF_REGS_SI.load()),
+            load(regs, OFF_REGS_DX.load()),
+        )
     }
 }
 
 /// One saved user register of the current task, at `offset` in `pt_regs`.
 #[inline(always)]
-unsafe fn syscall_reg(offset: u32) -> Option<u64> {
-    unsafe { read_field(user_regs(), offset) }
+unsafe fn syscall_reg(offset: u32) -> u64 {
+    unsafe { load(user_regs(), offset) }
 }
 
 #[inline(always)]
@@ -465,8 +478,7 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
     unsafe {
         fill_header(&mut (*record).header, kind);
         (*record).task_netns = current_netns();
-        let net: *const u8 = read_field(sk, OFF_SK_NET.load()).unwrap_or(core::ptr::null());
-        (*record).sock_netns = to_id(net_id(net));
+        (*record).sock_netns = to_id(net_id(load(sk, OFF_SK_NET.load())));
         (*record).syscall = syscall;
         (*record).fd = fd as u32;
         (*record).total_len = len as u32;
@@ -520,9 +532,7 @@ pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
             return 0;
         }
         flush_unshare();
-        let Some((nr, fd, arg1, arg2)) = syscall_args() else {
-            return 0;
-        };
+        let (nr, fd, arg1, arg2) = syscall_args();
         match nr {
             NR_SENDTO => emit_netlink(
                 kind::NETLINK_REQUEST,
@@ -555,9 +565,7 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
         if ret < 16 || flags as u64 & MSG_PEEK != 0 || !is_route_sock(sk) {
             return 0;
         }
-        let Some((nr, fd, arg1, arg2)) = syscall_args() else {
-            return 0;
-        };
+        let (nr, fd, arg1, arg2) = syscall_args();
         let (buf, size, call) = match nr {
             NR_RECVFROM => (arg1 as *const u8, arg2, syscall::RECVFROM),
             NR_RECVMSG => match first_iov(arg1 as *const u8) {
@@ -619,7 +627,7 @@ fn emit_dev(kind: u32, dev: *const u8, ops: *const u8) {
     // SAFETY: reserved slot; kernel memory is read through probe helpers.
     unsafe {
         fill_header(&mut (*record).header, kind);
-        let net: *const u8 = read_field(dev, OFF_DEV_NET.load()).unwrap_or(core::ptr::null());
+        let net: *const u8 = load(dev, OFF_DEV_NET.load());
         (*record).netns = to_id(net_id(net));
         let refs: u32 = read_field(net, OFF_NET_NS_REF.load()).unwrap_or(1);
         (*record).netns_dying = u32::from(refs == 0);
@@ -654,11 +662,14 @@ pub fn qdisc_destroy(ctx: BtfTracePointContext) -> i32 {
         if parent != TC_H_ROOT {
             return 0;
         }
-        let queue: *const u8 =
-            read_field(q, OFF_QDISC_DEV_QUEUE.load()).unwrap_or(core::ptr::null());
-        let Some(dev) = read_field::<*const u8>(queue, OFF_NETDEV_QUEUE_DEV.load()) else {
+        let queue: *const u8 = load(q, OFF_QDISC_DEV_QUEUE.load());
+        if queue.is_null() {
             return 0;
-        };
+        }
+        let dev: *const u8 = load(queue, OFF_NETDEV_QUEUE_DEV.load());
+        if dev.is_null() {
+            return 0;
+        }
         let ops: *const u8 = read_field(q, OFF_QDISC_OPS.load()).unwrap_or(core::ptr::null());
         emit_dev(kind::DEV_GONE, dev, ops);
     }

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use provisioner::trace::{KernelTracer, NamespaceHooks};
+use provisioner::trace::{KernelTracer, NamespaceHooks, load_syscall_fallback};
 use provisioner_tests::require_root;
 
 const CAP_CAPABLE_EVENT: &str = "/sys/kernel/tracing/events/capability/cap_capable";
@@ -42,4 +42,14 @@ async fn no_syscall_tracepoint_is_attached_where_cap_capable_exists() -> anyhow:
         "a tracepoint was attached through a perf event (syscall tracepoints are)"
     );
     Ok(())
+}
+
+/// The fallback programs are loaded only on kernels without `cap_capable` (before 6.14), where
+/// no test of this suite runs: the verifier of this kernel checks them here.
+#[test]
+fn the_syscall_fallback_programs_pass_the_verifier() {
+    require_root();
+    if let Err(err) = load_syscall_fallback() {
+        panic!("{err}");
+    }
 }

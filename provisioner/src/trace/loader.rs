@@ -117,15 +117,7 @@ impl KernelTracer {
         if !cfg!(target_arch = "x86_64") {
             return Err(TraceError::UnsupportedArch(std::env::consts::ARCH));
         }
-        check_abi(EBPF_OBJECT)?;
-        kernel_fs::ensure_mounted()?;
-        let offsets = KernelOffsets::from_running_kernel()?;
-        let mut loader = EbpfLoader::new();
-        for (global, value) in &offsets.values {
-            loader.override_global(global, value, true);
-        }
-        loader.map_max_entries("EVENTS", EVENTS_BYTES);
-        let mut ebpf = loader.load(EBPF_OBJECT)?;
+        let mut ebpf = load_object()?;
         let btf = Btf::from_sys_fs()?;
         for (program, tracepoint) in BTF_TRACEPOINTS {
             attach_btf(&mut ebpf, &btf, program, tracepoint)?;
@@ -267,6 +259,36 @@ fn attach_btf(
         action: "attach",
         source,
     })?;
+    Ok(())
+}
+
+/// The embedded object with the running kernel's offsets patched in, its maps created; no
+/// program loaded yet.
+fn load_object() -> Result<Ebpf, TraceError> {
+    check_abi(EBPF_OBJECT)?;
+    kernel_fs::ensure_mounted()?;
+    let offsets = KernelOffsets::from_running_kernel()?;
+    let mut loader = EbpfLoader::new();
+    for (global, value) in &offsets.values {
+        loader.override_global(global, value, true);
+    }
+    loader.map_max_entries("EVENTS", EVENTS_BYTES);
+    Ok(loader.load(EBPF_OBJECT)?)
+}
+
+/// Loads the syscall tracepoint programs into the kernel without attaching them, and unloads
+/// them: whether the verifier takes them here, where [`KernelTracer::start`] uses
+/// `cap_capable` instead and never loads them.
+pub fn load_syscall_fallback() -> Result<(), TraceError> {
+    let mut ebpf = load_object()?;
+    for (program, _, _) in SYSCALL_FALLBACK {
+        let prog: &mut TracePoint = program_mut(&mut ebpf, program)?;
+        prog.load().map_err(|source| TraceError::Program {
+            program,
+            action: "load",
+            source,
+        })?;
+    }
     Ok(())
 }
 
