@@ -5,8 +5,7 @@ use std::os::fd::RawFd;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
-    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoVeth, LinkAttribute,
-    LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 
 use super::error::DataplaneError;
@@ -157,26 +156,6 @@ pub(crate) fn set_up_req(index: u32, name: &str) -> Req {
         RouteNetlinkMessage::SetLink(msg),
         0,
         format!("set link {name} up"),
-    )
-}
-
-/// Gives the (still down) link `index` no IPv6 link-local address when it comes up
-/// (`IFLA_INET6_ADDR_GEN_MODE` none): for a link that carries no IPv6, this spares the kernel
-/// the address, its `fe80::/64` and local routes, DAD and router solicitations at setup, and
-/// every later link-down a longer walk of the node's IPv6 routes. A link without IPv6 at all
-/// (IPv6 off on the node, or an mtu under 1280) answers `EAFNOSUPPORT`: it gets no link-local
-/// address either.
-pub(crate) fn no_ipv6_link_local_req(index: u32, name: &str) -> Req {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.attributes
-        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
-            vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
-        )]));
-    Req::new(
-        RouteNetlinkMessage::SetLink(msg),
-        0,
-        format!("turn off IPv6 link-local addressing of link {name}"),
     )
 }
 

@@ -62,18 +62,11 @@ struct Op {
     step: SetupStep,
     req: Req,
     undo: Option<Undo>,
-    /// An error the kernel may answer that still means the request's aim holds.
-    benign_errno: Option<i32>,
 }
 
 impl Op {
     fn new(step: SetupStep, req: Req, undo: Option<Undo>) -> Self {
-        Self {
-            step,
-            req,
-            undo,
-            benign_errno: None,
-        }
+        Self { step, req, undo }
     }
 }
 
@@ -92,15 +85,14 @@ async fn run_ops(
     let mut meta = Vec::with_capacity(ops.len());
     let mut reqs = Vec::with_capacity(ops.len());
     for op in ops {
-        meta.push((op.step, op.undo, op.benign_errno));
+        meta.push((op.step, op.undo));
         reqs.push(op.req);
     }
     let results = conn.batch(reqs).await;
     meta.into_iter()
         .zip(results)
-        .map(|((step, undo, benign), res)| match res {
+        .map(|((step, undo), res)| match res {
             Ok(()) => (undo, None),
-            Err(e) if benign.is_some() && e.errno() == benign => (None, None),
             Err(e) => (None, Some((step, e))),
         })
         .collect()
@@ -217,16 +209,15 @@ impl Run<'_> {
         // sent in one go and the kernel applies it in order (addresses, links up, routes).
         let mut host_ops: Vec<Op> = Vec::new();
         let mut sbx_ops: Vec<Op> = Vec::new();
-        if !self.plan.uses_v6 {
-            host_ops.push(Op {
-                benign_errno: Some(libc::EAFNOSUPPORT),
-                ..Op::new(
-                    S::LinkUp,
-                    link::no_ipv6_link_local_req(host_link.index, &host_ifname),
-                    None,
-                )
-            });
-        }
+        // The host end comes up before it gets its address: an address added to a down link
+        // has its local route made again when the link comes up, and every host veth carries
+        // the same gateway address, so each time is a walk of the node's aliases of it, one
+        // per sandbox.
+        host_ops.push(Op::new(
+            S::LinkUp,
+            link::set_up_req(host_link.index, &host_ifname),
+            None,
+        ));
         for fam in &self.plan.families {
             host_ops.push(Op::new(
                 S::HostAddress,
@@ -247,11 +238,6 @@ impl Run<'_> {
                 }),
             ));
         }
-        host_ops.push(Op::new(
-            S::LinkUp,
-            link::set_up_req(host_link.index, &host_ifname),
-            None,
-        ));
         sbx_ops.push(Op::new(
             S::LinkUp,
             link::set_up_req(sbx_link.index, &ifname),
@@ -409,6 +395,17 @@ impl Run<'_> {
         if need_v4 {
             host_list.push(Sysctl::new("net.ipv4.ip_forward", "1"));
         }
+        if !self.plan.uses_v6 {
+            // An IPv4-only pod's host veth takes no part in IPv6. Off before the link comes up,
+            // the node gives it no link-local address nor multicast route (one per host veth
+            // otherwise: the node's IPv6 packets and link changes walk them all), and drops
+            // the pod's own IPv6 traffic (DAD, router solicitations, MLD) as it arrives instead
+            // of routing each packet among those routes.
+            host_list.push(Sysctl::per_link(
+                iface_key(host_ifname, "disable_ipv6"),
+                "1",
+            ));
+        }
         if self.plan.uses_v6 {
             if need_v6 {
                 host_list.push(Sysctl::new("net.ipv6.conf.all.forwarding", "1"));
@@ -424,11 +421,11 @@ impl Run<'_> {
                 DataplaneError::InvalidSpec("no netns".into()),
             )
         })?;
-        let (h, s) = futures::join!(
-            sysctl::apply_in(self.dp.host_ns(), host_list),
-            sysctl::apply_in(sbx_ns, sbx_list)
-        );
-        at(SetupStep::Sysctl, h.and(s))?;
+        at(
+            SetupStep::Sysctl,
+            sysctl::apply_here(self.dp.host_ns(), &host_list),
+        )?;
+        at(SetupStep::Sysctl, sysctl::apply_in(sbx_ns, sbx_list).await)?;
         // Forwarding stays on: later setups skip it (the daemon owns the node's forwarding).
         if need_v4 {
             self.dp

@@ -14,6 +14,9 @@ use super::netns::NetnsFile;
 pub(crate) struct Sysctl {
     pub key: String,
     pub value: String,
+    /// A key of one new link: written without reading it first, and skipped when the link
+    /// has no such key (a link without IPv6 has no `net.ipv6.conf.<link>` keys).
+    pub per_link: bool,
 }
 
 impl Sysctl {
@@ -21,6 +24,15 @@ impl Sysctl {
         Self {
             key: key.into(),
             value: value.into(),
+            per_link: false,
+        }
+    }
+
+    /// A key of a link just created (see [`Sysctl::per_link`]).
+    pub(crate) fn per_link(key: impl Into<String>, value: impl Into<String>) -> Self {
+        Self {
+            per_link: true,
+            ..Self::new(key, value)
         }
     }
 
@@ -37,30 +49,34 @@ pub(crate) fn iface_key(ifname: &str, name: &str) -> String {
     format!("net.ipv6.conf.{}.{name}", ifname.replace('.', "\u{1}"))
 }
 
-/// Writes each sysctl unless it already has the value (read first: no write when not needed).
+/// Writes each sysctl unless it already has the value (read first: no write when not needed;
+/// a per-link key is written at once).
 fn apply(list: &[Sysctl]) -> Vec<(usize, std::io::Error)> {
     let mut errors = Vec::new();
     for (i, s) in list.iter().enumerate() {
         let path = s.path();
         let mut current = String::new();
-        let same = std::fs::File::open(&path)
-            .and_then(|mut f| f.read_to_string(&mut current))
-            .is_ok_and(|_| current.trim() == s.value);
+        let same = !s.per_link
+            && std::fs::File::open(&path)
+                .and_then(|mut f| f.read_to_string(&mut current))
+                .is_ok_and(|_| current.trim() == s.value);
         if same {
             continue;
         }
-        if let Err(e) = std::fs::OpenOptions::new()
+        match std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
             .and_then(|mut f| f.write_all(s.value.as_bytes()))
         {
-            errors.push((i, e));
+            Ok(()) => {}
+            Err(e) if s.per_link && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push((i, e)),
         }
     }
     errors
 }
 
-/// Applies `list` inside `ns`; reports the first failure.
+/// Applies `list` inside `ns`, on a pooled worker; reports the first failure.
 pub(crate) async fn apply_in(ns: &NetnsFile, list: Vec<Sysctl>) -> Result<(), DataplaneError> {
     if list.is_empty() {
         return Ok(());
@@ -71,6 +87,25 @@ pub(crate) async fn apply_in(ns: &NetnsFile, list: Vec<Sysctl>) -> Result<(), Da
             (list, errors)
         })
         .await?;
+    first_failure(ns, &list, errors)
+}
+
+/// Applies `list` inside `ns` from the calling thread ([`NetnsFile::run_here`]): for a few
+/// keys, cheaper than the two thread wake-ups of a pooled worker. A write that needs the rtnl
+/// lock while another holds it is restarted by the kernel, not put to sleep.
+pub(crate) fn apply_here(ns: &NetnsFile, list: &[Sysctl]) -> Result<(), DataplaneError> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    let errors = ns.run_here(|| apply(list))?;
+    first_failure(ns, list, errors)
+}
+
+fn first_failure(
+    ns: &NetnsFile,
+    list: &[Sysctl],
+    errors: Vec<(usize, std::io::Error)>,
+) -> Result<(), DataplaneError> {
     if let Some((i, source)) = errors.into_iter().next() {
         let s = &list[i];
         return Err(DataplaneError::Sysctl {
@@ -86,6 +121,15 @@ pub(crate) async fn apply_in(ns: &NetnsFile, list: Vec<Sysctl>) -> Result<(), Da
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_per_link_key_the_link_does_not_have_is_skipped_any_other_missing_key_fails() {
+        let missing = iface_key("no-such-link", "disable_ipv6");
+        assert!(apply(&[Sysctl::per_link(missing.clone(), "1")]).is_empty());
+        let errors = apply(&[Sysctl::new(missing, "1")]);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].1.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn paths() {

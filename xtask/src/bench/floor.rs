@@ -1,10 +1,10 @@
 //! Floors measured on the same machine: what no plugin can go below.
 //!
 //! - exec: fork + setns + exec of `/bin/true`, fed and reaped exactly like a plugin;
-//! - kernel: the netlink requests of one provisioner ADD (veth pair, addresses, links up,
-//!   routes) and of one DEL (routes and addresses withdrawn, links down and renamed), issued
-//!   back to back on blocking sockets, one namespace's socket each, no runtime, no parsing
-//!   beyond the ack: the kernel's own cost for the same work.
+//! - kernel: the netlink requests of one provisioner ADD (veth pair, the host end's IPv6 off
+//!   (a sysctl), links up, addresses, routes) and of one DEL (routes and addresses withdrawn,
+//!   links down and renamed), issued back to back on blocking sockets, one namespace's socket
+//!   each, no runtime, no parsing beyond the ack: the kernel's own cost for the same work.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -215,10 +215,12 @@ const PREFIX: u8 = 16;
 fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wired> {
     let n = u32::try_from(i)? + 2;
     let ip = Ipv4Addr::new(10, 244, u8::try_from(n >> 8)?, u8::try_from(n & 0xff)?);
+    let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
     let mut peer = LinkMessage::default();
     peer.attributes.push(LinkAttribute::IfName("eth0".into()));
     peer.attributes.push(LinkAttribute::NetNsFd(pod_fd));
     peer.attributes.push(LinkAttribute::Mtu(1460));
+    peer.attributes.extend(one_queue.clone());
     let mut veth = LinkMessage::default();
     veth.attributes
         .push(LinkAttribute::IfName(format!("pfl{i}")));
@@ -227,6 +229,7 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
         LinkInfo::Kind(InfoKind::Veth),
         LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
     ]));
+    veth.attributes.extend(one_queue);
     let echoed = node
         .request(
             RouteNetlinkMessage::NewLink(veth),
@@ -242,12 +245,15 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
             _ => None,
         })
         .context("echoed veth without its peer's index")?;
+    // The calling thread is in the node's namespace (see `kernel`).
+    std::fs::write(format!("/proc/sys/net/ipv6/conf/pfl{i}/disable_ipv6"), "1")
+        .with_context(|| format!("turn IPv6 off on pfl{i}"))?;
     let create = NLM_F_CREATE | NLM_F_EXCL;
+    node.request(set_up(host, true), 0)?;
     node.request(
         RouteNetlinkMessage::NewAddress(address(host, GATEWAY, 32, false)),
         create,
     )?;
-    node.request(set_up(host, true), 0)?;
     node.request(
         RouteNetlinkMessage::NewRoute(route(host, ip, 32, None, None, RouteScope::Host)),
         create,
@@ -323,8 +329,24 @@ fn thread_cpu() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// ADD then DEL requests for each of `pods`, in `node`; (ADD samples, DEL samples).
+/// ADD then DEL requests for each of `pods`, in `node`; (ADD samples, DEL samples). Runs on a
+/// thread of its own inside `node`, where the ADD's sysctl is written.
 pub fn kernel(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
+    let file = std::fs::File::open(node.path())?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on an open netns fd; only this thread, which ends here, moves.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                bail!("setns {}: {}", node.name(), std::io::Error::last_os_error());
+            }
+            kernel_here(node, pods)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("floor thread panicked"))?
+    })
+}
+
+fn kernel_here(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
     let mut node_socket = Socket::in_netns(node)?;
     let mut adds = Samples::default();
     let mut wired = Vec::with_capacity(pods.len());
