@@ -83,6 +83,8 @@ struct Inner {
     /// read nor written again.
     forwarding_v4: AtomicBool,
     forwarding_v6: AtomicBool,
+    /// Turning IPv6 off on a host veth failed once (and was reported).
+    host_ipv6_off_failed: AtomicBool,
 }
 
 impl Dataplane {
@@ -126,6 +128,7 @@ impl Dataplane {
                 reaper,
                 forwarding_v4: AtomicBool::new(false),
                 forwarding_v6: AtomicBool::new(false),
+                host_ipv6_off_failed: AtomicBool::new(false),
             }),
         })
     }

@@ -396,17 +396,8 @@ impl Run<'_> {
             host_list.push(Sysctl::new("net.ipv4.ip_forward", "1"));
         }
         if !self.plan.uses_v6 {
-            // An IPv4-only pod's host veth takes no part in IPv6. Off before the link comes up,
-            // the node gives it no link-local address nor multicast route (one per host veth
-            // otherwise: the node's IPv6 packets and link changes walk them all), and drops
-            // the pod's own IPv6 traffic (DAD, router solicitations, MLD) as it arrives instead
-            // of routing each packet among those routes.
-            host_list.push(Sysctl::per_link(
-                iface_key(host_ifname, "disable_ipv6"),
-                "1",
-            ));
-        }
-        if self.plan.uses_v6 {
+            self.host_ipv6_off(host_ifname);
+        } else {
             if need_v6 {
                 host_list.push(Sysctl::new("net.ipv6.conf.all.forwarding", "1"));
             }
@@ -436,6 +427,28 @@ impl Run<'_> {
             self.dp.forwarding_flag(true).store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// An IPv4-only pod's host veth takes no part in IPv6. Off before the link comes up, the
+    /// node gives it no link-local address nor multicast route (one per host veth otherwise:
+    /// the node's IPv6 packets and link changes walk them all), and drops the pod's own IPv6
+    /// traffic (DAD, router solicitations, MLD) as it arrives instead of routing each packet
+    /// among those routes. What it saves is the node's work, not the pod's network: a node
+    /// that refuses the write (a read-only /proc/sys) is told once, and the ADD goes on.
+    fn host_ipv6_off(&self, host_ifname: &str) {
+        let off = [Sysctl::per_link(
+            iface_key(host_ifname, "disable_ipv6"),
+            "1",
+        )];
+        if let Err(e) = sysctl::apply_here(self.dp.host_ns(), &off)
+            && !self
+                .dp
+                .inner
+                .host_ipv6_off_failed
+                .swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(error = %e, "cannot turn IPv6 off on host veths of IPv4 pods: they keep it, and the node goes on processing their pods' IPv6 traffic (told once)");
+        }
     }
 
     /// Undoes everything in reverse; returns the errors met (and goes on after each).
