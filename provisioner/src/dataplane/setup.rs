@@ -201,12 +201,14 @@ impl Run<'_> {
         let (host_link, sbx_link) = self.create_veth(&host, &conn).await?;
         self.done(S::CreateVeth)?;
 
-        // Sysctls, from pooled workers inside the right netns (only what is not known set).
+        // Sysctls, written inside the right netns (the node's from this thread, a sandbox's
+        // from a pooled worker); only what is not known set.
         self.sysctls(&host_ifname).await?;
         self.done(S::Sysctl)?;
 
         // Everything else in two pipelined batches, one per socket, run at once: each batch is
-        // sent in one go and the kernel applies it in order (addresses, links up, routes).
+        // sent in one go and the kernel applies it in order (the host end: up, address, route;
+        // the sandbox end: address, links up, routes).
         let mut host_ops: Vec<Op> = Vec::new();
         let mut sbx_ops: Vec<Op> = Vec::new();
         // The host end comes up before it gets its address: an address added to a down link
