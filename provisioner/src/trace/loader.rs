@@ -126,13 +126,9 @@ impl KernelTracer {
             Ok(()) => NamespaceHooks::CapCapable,
             Err(err) => {
                 tracing::warn!(error = %err, "no cap_capable tracepoint: unshare and mount are traced with syscall tracepoints, which slow every syscall of the node");
+                load_syscall_programs(&mut ebpf)?;
                 for (program, category, name) in SYSCALL_FALLBACK {
                     let prog: &mut TracePoint = program_mut(&mut ebpf, program)?;
-                    prog.load().map_err(|source| TraceError::Program {
-                        program,
-                        action: "load",
-                        source,
-                    })?;
                     prog.attach(category, name)
                         .map_err(|source| TraceError::Program {
                             program,
@@ -280,9 +276,13 @@ fn load_object() -> Result<Ebpf, TraceError> {
 /// them: whether the verifier takes them here, where [`KernelTracer::start`] uses
 /// `cap_capable` instead and never loads them.
 pub fn load_syscall_fallback() -> Result<(), TraceError> {
-    let mut ebpf = load_object()?;
+    load_syscall_programs(&mut load_object()?)
+}
+
+/// Loads the syscall tracepoint programs into the kernel (not attached).
+fn load_syscall_programs(ebpf: &mut Ebpf) -> Result<(), TraceError> {
     for (program, _, _) in SYSCALL_FALLBACK {
-        let prog: &mut TracePoint = program_mut(&mut ebpf, program)?;
+        let prog: &mut TracePoint = program_mut(ebpf, program)?;
         prog.load().map_err(|source| TraceError::Program {
             program,
             action: "load",
