@@ -248,7 +248,7 @@ fn fill_header(header: &mut EventHeader, kind: u32) {
 /// reported after the call).
 #[inline(always)]
 fn emit_netns_created(task: *const u8, origin: u32, flags: u64, at_ns: Option<u64>) {
-    // SAFETY: task pointers come from the kernel; reads go through bpf_probe_read_kernel.
+    // SAFETY: `task` is BTF-typed (see `task_netns`).
     let Some((cookie, inum)) = (unsafe { task_netns(task) }) else {
         count(&NETNS_UNREADABLE, kind::NETNS_CREATED);
         return;
@@ -323,7 +323,7 @@ pub fn cap_capable(ctx: BtfTracePointContext) -> i32 {
     if cap != CAP_SYS_ADMIN {
         return 0;
     }
-    // SAFETY: registers and user memory are only read through probe helpers.
+    // SAFETY: registers are read with BTF-checked loads, user memory through probe helpers.
     unsafe {
         let (nr, arg0, arg1, _) = syscall_args();
         match nr {
@@ -473,8 +473,8 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
         return;
     };
     let record = entry.as_mut_ptr();
-    // SAFETY: `record` points at a reserved, exclusively owned NetlinkMsg slot; kernel and user
-    // memory is only read through probe helpers.
+    // SAFETY: `record` points at a reserved, exclusively owned NetlinkMsg slot; kernel memory
+    // is read with BTF-checked loads, user memory through a probe helper.
     unsafe {
         fill_header(&mut (*record).header, kind);
         (*record).task_netns = current_netns();
@@ -526,7 +526,8 @@ fn arg<T>(ctx: &TracePointContext, n: usize) -> Option<T> {
 pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
     let sk: *const u8 = ctx.arg(0);
     let ret: i32 = ctx.arg(1);
-    // SAFETY: kernel and user memory is only read through probe helpers.
+    // SAFETY: kernel memory is read with BTF-checked loads or probe helpers, user memory
+    // through probe helpers.
     unsafe {
         if ret < 0 || !is_route_sock(sk) {
             return 0;
@@ -560,7 +561,8 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
     let sk: *const u8 = ctx.arg(0);
     let ret: i32 = ctx.arg(1);
     let flags: i32 = ctx.arg(2);
-    // SAFETY: kernel and user memory is only read through probe helpers.
+    // SAFETY: kernel memory is read with BTF-checked loads or probe helpers, user memory
+    // through probe helpers.
     unsafe {
         if ret < 16 || flags as u64 & MSG_PEEK != 0 || !is_route_sock(sk) {
             return 0;
@@ -624,7 +626,7 @@ fn emit_dev(kind: u32, dev: *const u8, ops: *const u8) {
         return;
     };
     let record = entry.as_mut_ptr();
-    // SAFETY: reserved slot; kernel memory is read through probe helpers.
+    // SAFETY: reserved slot; kernel memory is read with BTF-checked loads or probe helpers.
     unsafe {
         fill_header(&mut (*record).header, kind);
         let net: *const u8 = load(dev, OFF_DEV_NET.load());
@@ -654,7 +656,7 @@ pub fn qdisc_create(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "qdisc_destroy")]
 pub fn qdisc_destroy(ctx: BtfTracePointContext) -> i32 {
     let q: *const u8 = ctx.arg(0);
-    // SAFETY: kernel memory read through probe helpers.
+    // SAFETY: kernel memory is read with BTF-checked loads or probe helpers.
     unsafe {
         let Some(parent) = read_field::<u32>(q, OFF_QDISC_PARENT.load()) else {
             return 0;
@@ -691,7 +693,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let record = entry.as_mut_ptr();
-    // SAFETY: reserved slot; kernel memory is read through probe helpers.
+    // SAFETY: reserved slot; kernel memory is read with BTF-checked loads or probe helpers.
     unsafe {
         fill_header(&mut (*record).header, kind::EXEC);
         (*record).task_netns = to_id(task_netns(task));

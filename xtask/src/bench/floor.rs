@@ -245,9 +245,14 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
             _ => None,
         })
         .context("echoed veth without its peer's index")?;
-    // The calling thread is in the node's namespace (see `kernel`).
-    std::fs::write(format!("/proc/sys/net/ipv6/conf/pfl{i}/disable_ipv6"), "1")
-        .with_context(|| format!("turn IPv6 off on pfl{i}"))?;
+    // The calling thread is in the node's namespace (see `kernel`). A node without IPv6 has no
+    // such key, and the daemon skips it there too.
+    match std::fs::write(format!("/proc/sys/net/ipv6/conf/pfl{i}/disable_ipv6"), "1") {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("turn IPv6 off on pfl{i}"));
+        }
+        _ => {}
+    }
     let create = NLM_F_CREATE | NLM_F_EXCL;
     node.request(set_up(host, true), 0)?;
     node.request(
