@@ -86,16 +86,20 @@ pub struct Plugin<'a> {
 }
 
 impl Plugin<'_> {
-    /// Runs `command` (ADD, DEL, ...) for `container_id` in `netns` (ifname eth0).
-    pub fn exec(&self, command: &str, container_id: &str, netns: &Path) -> Result<Run> {
-        let mut cmd = self::command(
+    fn command(&self, command: &str, container_id: &str, netns: &Path) -> Command {
+        self::command(
             &self.bin,
             command,
             container_id,
             Some(netns),
             "eth0",
             &self.cni_path,
-        );
+        )
+    }
+
+    /// Runs `command` (ADD, DEL, ...) for `container_id` in `netns` (ifname eth0).
+    pub fn exec(&self, command: &str, container_id: &str, netns: &Path) -> Result<Run> {
+        let mut cmd = self.command(command, container_id, netns);
         self.node.enter(&mut cmd)?;
         run_with_stdin(cmd, &self.stdin)
     }
@@ -103,6 +107,24 @@ impl Plugin<'_> {
     /// Like [`Plugin::exec`], failing unless the plugin exits 0.
     pub fn exec_ok(&self, command: &str, container_id: &str, netns: &Path) -> Result<Run> {
         let run = self.exec(command, container_id, netns)?;
+        self.succeeded(command, container_id, run)
+    }
+
+    /// Like [`Plugin::exec_ok`], from a thread already in the node namespace
+    /// ([`Netns::enter_thread`]): the child is spawned as a Go runtime (containerd, CRI-O)
+    /// spawns a plugin, with a vfork-style clone (posix_spawn) that copies none of this
+    /// process's memory mappings, where `exec` forks to run `setns` in the child.
+    pub fn exec_ok_from_node_thread(
+        &self,
+        command: &str,
+        container_id: &str,
+        netns: &Path,
+    ) -> Result<Run> {
+        let run = run_with_stdin(self.command(command, container_id, netns), &self.stdin)?;
+        self.succeeded(command, container_id, run)
+    }
+
+    fn succeeded(&self, command: &str, container_id: &str, run: Run) -> Result<Run> {
         if run.code != 0 {
             bail!(
                 "{} {command} {container_id} exited {}: {}{}",
@@ -178,4 +200,58 @@ pub fn plugin_stdin(conflist: &Value) -> Result<Vec<u8>> {
     }
     let version = conflist["cniVersion"].as_str().unwrap_or_default();
     Ok(serde_json::to_vec(&plugin_config(conflist, version))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    /// `/bin/sh` as the "plugin": it runs the script on stdin and prints its netns.
+    fn netns_printer(node: &Netns) -> Plugin<'_> {
+        Plugin {
+            bin: PathBuf::from("/bin/sh"),
+            cni_path: String::new(),
+            stdin: b"readlink /proc/self/ns/net".to_vec(),
+            node,
+        }
+    }
+
+    #[test]
+    fn a_plugin_runs_in_the_node_namespace_spawned_either_way() -> Result<()> {
+        let node = Netns::new("tknode")?;
+        let sandbox = Netns::new("tkpod")?;
+        let expected = format!("net:[{}]", std::fs::metadata(node.path())?.ino());
+        let plugin = netns_printer(&node);
+
+        let forked = plugin.exec_ok("ADD", "c1", sandbox.path())?;
+        assert_eq!(forked.stdout.trim(), expected, "forked with setns");
+
+        let (spawned, caller_after) = std::thread::scope(|s| {
+            s.spawn(|| -> Result<(Run, PathBuf)> {
+                node.enter_thread()?;
+                let run = plugin.exec_ok_from_node_thread("ADD", "c2", sandbox.path())?;
+                Ok((run, std::fs::read_link("/proc/thread-self/ns/net")?))
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("spawning thread panicked"))
+        })??;
+        assert_eq!(
+            spawned.stdout.trim(),
+            expected,
+            "spawned from a node thread"
+        );
+        assert_eq!(
+            caller_after,
+            PathBuf::from(&expected),
+            "the caller thread moved"
+        );
+        assert_ne!(
+            std::fs::read_link("/proc/thread-self/ns/net")?,
+            PathBuf::from(&expected),
+            "only the spawning thread enters the node"
+        );
+        Ok(())
+    }
 }

@@ -133,6 +133,26 @@ impl Netns {
         Ok(())
     }
 
+    /// Moves the calling thread into this namespace (network only; the process's other threads
+    /// stay where they are). Children it spawns start here, so they need no `setns` between
+    /// fork and exec and can be spawned as a runtime spawns (posix_spawn, a vfork-style clone).
+    pub fn enter_thread(&self) -> Result<()> {
+        let opened;
+        let file = if let Some(file) = self.file.get() {
+            file
+        } else {
+            opened =
+                File::open(&self.path).with_context(|| format!("open {}", self.path.display()))?;
+            &opened
+        };
+        // SAFETY: setns(2) on an open descriptor; it changes only this thread.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("setns into {} from this thread", self.path.display()));
+        }
+        Ok(())
+    }
+
     /// Deletes the namespace now (a later drop does nothing).
     pub fn delete(&mut self) -> Result<()> {
         if !self.deleted {

@@ -13,9 +13,11 @@
 //! (`components`) complete the report: a table on the terminal, target/bench/latest.{json,md}
 //! (or `--json FILE`) and an SVG of the latency distributions.
 //!
-//! Each plugin child enters its "node" namespace with setns(2) between fork and exec (no
-//! `ip netns exec`); the daemon runs there too and gets `--host-netns`. The root namespace is
-//! never touched. Sandbox namespaces are created up front and not timed.
+//! Plugins are spawned as a Go runtime (containerd, CRI-O) spawns them: posix_spawn, a
+//! vfork-style clone, from a caller thread that entered the way's "node" namespace (no
+//! `ip netns exec`, no fork of this process); the daemon runs there too and gets
+//! `--host-netns`. The root namespace is never touched. Sandbox namespaces are created up
+//! front and not timed.
 //!
 //! One module per part; a new measurement is a new module under `bench/` with a call in `run`.
 
@@ -465,7 +467,7 @@ pub fn run(opts: &Options) -> Result<()> {
     // Floors first, on a quiet node.
     announce(
         "bench",
-        &format!("floor: fork + setns + exec of /bin/true x{}", opts.count),
+        &format!("floor: spawn + exec of /bin/true x{}", opts.count),
     );
     let true_plugin = Plugin {
         bin: PathBuf::from("/bin/true"),
@@ -955,7 +957,7 @@ fn rows(
         note,
     };
     let mut singles = vec![
-        floor("fork + exec of /bin/true", &m.exec_floor),
+        floor("spawn + exec of /bin/true", &m.exec_floor),
         floor("kernel, one ADD's netlink requests", &m.kernel_add),
         floor("kernel, one DEL's netlink requests", &m.kernel_del),
         single(

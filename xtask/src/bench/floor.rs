@@ -1,6 +1,7 @@
 //! Floors measured on the same machine: what no plugin can go below.
 //!
-//! - exec: fork + setns + exec of `/bin/true`, fed and reaped exactly like a plugin;
+//! - exec: spawn + exec of `/bin/true` from the node namespace, fed and reaped exactly like a
+//!   plugin;
 //! - kernel: the netlink requests of one provisioner ADD (veth pair, the host end's IPv6 off
 //!   (a sysctl), links up, addresses, routes) and of one DEL (routes and addresses withdrawn,
 //!   links down and renamed), issued back to back on blocking sockets, one namespace's socket
@@ -38,14 +39,10 @@ struct Socket {
 
 impl Socket {
     fn in_netns(ns: &Netns) -> Result<Self> {
-        let file = std::fs::File::open(ns.path())?;
         // A thread of its own enters the namespace, so this thread's namespace never changes.
         let fd = std::thread::scope(|s| {
             s.spawn(|| -> Result<OwnedFd> {
-                // SAFETY: setns on an open netns fd; only this short-lived thread moves.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    bail!("setns {}: {}", ns.name(), std::io::Error::last_os_error());
-                }
+                ns.enter_thread()?;
                 // SAFETY: plain socket(2).
                 let fd = unsafe {
                     libc::socket(
@@ -337,13 +334,9 @@ fn thread_cpu() -> Duration {
 /// ADD then DEL requests for each of `pods`, in `node`; (ADD samples, DEL samples). Runs on a
 /// thread of its own inside `node`, where the ADD's sysctl is written.
 pub fn kernel(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
-    let file = std::fs::File::open(node.path())?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: setns on an open netns fd; only this thread, which ends here, moves.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!("setns {}: {}", node.name(), std::io::Error::last_os_error());
-            }
+            node.enter_thread()?;
             kernel_here(node, pods)
         })
         .join()

@@ -21,7 +21,6 @@
 //! Figures are medians over rounds (sendmsg) and over every call (ADD).
 
 use std::net::UdpSocket;
-use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -264,13 +263,10 @@ fn thread_cpu() -> Duration {
 
 /// CPU nanoseconds per UDP sendto on `lo` of `node`, measured on a thread that entered it.
 fn sendmsg_cpu_per_call(node: &Netns) -> Result<f64> {
-    let file = std::fs::File::open(node.path())
-        .with_context(|| format!("open {}", node.path().display()))?;
     std::thread::scope(|scope| {
         scope
             .spawn(|| -> Result<f64> {
-                nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                    .context("setns into the node namespace")?;
+                node.enter_thread()?;
                 let rx = UdpSocket::bind("127.0.0.1:0")?;
                 let tx = UdpSocket::bind("127.0.0.1:0")?;
                 let to = rx.local_addr()?;

@@ -59,12 +59,21 @@ impl Way<'_> {
         }
     }
 
-    /// One call: its latency as the caller sees it and the CPU time of the process it exec'd.
-    /// Fails unless it succeeded.
+    /// Makes the calling thread a runtime's thread on this way's node: in its node namespace,
+    /// where the plugins it spawns start.
+    fn enter_node(&self) -> Result<()> {
+        match self {
+            Self::Reference(plugin) | Self::Plugin(plugin, _) => plugin.node.enter_thread(),
+            Self::Api(_) => Ok(()),
+        }
+    }
+
+    /// One call, from a thread that entered the node ([`Way::enter_node`]): its latency as the
+    /// caller sees it and the CPU time of the process it exec'd. Fails unless it succeeded.
     fn call(&self, verb: Verb, id: &str, netns: &Path) -> Result<(Duration, Duration)> {
         match self {
             Self::Reference(plugin) | Self::Plugin(plugin, _) => {
-                let run = plugin.exec_ok(verb.cni(), id, netns)?;
+                let run = plugin.exec_ok_from_node_thread(verb.cni(), id, netns)?;
                 Ok((run.elapsed, run.cpu))
             }
             Self::Api(daemon) => {
@@ -145,7 +154,8 @@ pub fn interleaved(
     Ok(out)
 }
 
-/// One block of one lane: `workers` callers take the next id until none is left.
+/// One block of one lane: `workers` callers (threads of their own, in the lane's node
+/// namespace) take the next id until none is left.
 fn calls(
     lane: &Lane,
     verb: Verb,
@@ -153,21 +163,24 @@ fn calls(
     pods: &[Netns],
     workers: usize,
 ) -> Result<Vec<(Duration, Duration)>> {
-    if workers <= 1 {
-        return ids
-            .iter()
-            .zip(pods)
-            .map(|(id, pod)| lane.way.call(verb, id, pod.path()))
-            .collect();
-    }
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let samples = Mutex::new(Vec::with_capacity(ids.len()));
     let first_error = Mutex::new(None);
+    let fail = |err: anyhow::Error| {
+        failed.store(true, Ordering::SeqCst);
+        first_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(err);
+    };
     std::thread::scope(|scope| {
-        for _ in 0..workers {
+        for _ in 0..workers.max(1) {
             scope.spawn(|| {
                 let mut mine = Vec::new();
+                if let Err(err) = lane.way.enter_node() {
+                    fail(err);
+                }
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     if i >= ids.len()
@@ -179,11 +192,7 @@ fn calls(
                     match lane.way.call(verb, &ids[i], pods[i].path()) {
                         Ok(d) => mine.push(d),
                         Err(err) => {
-                            failed.store(true, Ordering::SeqCst);
-                            first_error
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .get_or_insert(err);
+                            fail(err);
                             break;
                         }
                     }
