@@ -25,6 +25,7 @@ mod bpf_run_time;
 mod components;
 mod floor;
 pub mod netns;
+mod quiet;
 mod report;
 mod stats;
 mod svg;
@@ -298,6 +299,10 @@ fn start_daemon_with(
     Ok((daemon, ready))
 }
 
+/// Longest wait for the machine to be quiet before a timed part (the kernel tearing down the
+/// namespaces of the part before).
+const QUIET_BEFORE_PHASE: Duration = Duration::from_secs(30);
+
 /// The RSS phase's daemon judges its sandboxes this soon after their ADD...
 const RSS_TRACE_DEADLINE: Duration = Duration::from_secs(1);
 /// ...and the RSS is read this long after that (the verdicts come at the driver's next tick).
@@ -465,6 +470,7 @@ pub fn run(opts: &Options) -> Result<()> {
     ));
 
     // Floors first, on a quiet node.
+    quiet::wait("the floors", QUIET_BEFORE_PHASE)?;
     announce(
         "bench",
         &format!("floor: spawn + exec of /bin/true x{}", opts.count),
@@ -576,10 +582,12 @@ pub fn run(opts: &Options) -> Result<()> {
         let m = opts.concurrent_count;
         let c = opts.concurrency;
         warm_up(&lanes, per_way - WARMUP)?;
+        quiet::wait("the sequential phases", QUIET_BEFORE_PHASE)?;
         let seq_add = phase(&lanes, Verb::Add, "s", n, opts.block, 1)?;
         let seq_del = phase(&lanes, Verb::Del, "s", n, opts.block, 1)?;
         ways::settle(&node_ref)?;
         ways::settle(&node_prov)?;
+        quiet::wait("the concurrent phases", QUIET_BEFORE_PHASE)?;
         let conc_add = phase(&lanes, Verb::Add, "c", m, 4 * opts.block, c)?;
         let conc_del = phase(&lanes, Verb::Del, "c", m, 4 * opts.block, c)?;
         ways::settle(&node_ref)?;
@@ -620,6 +628,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let n = opts.sandboxes;
     drop(pods_api);
     let (pods_api, _) = sandboxes_seen_created(&daemon, opts, "s", "", n)?;
+    quiet::wait("the RSS phase", QUIET_BEFORE_PHASE)?;
     announce(
         "bench",
         &format!(

@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 
 use super::bpf_run_time::{Spent, Window};
 use super::netns::Netns;
+use super::quiet;
 use super::report::{Single, Target};
 use super::stats::{Samples, Summary};
 use super::ways::{self, Lane, Verb, Way};
@@ -48,6 +49,8 @@ const WARMUP_SENDS: usize = 1000;
 const BLASTS: usize = 3;
 /// Sandboxes added (then deleted) per round and condition, per way.
 const ADDS: usize = 20;
+/// Longest wait for the machine to be quiet before a condition of a round is measured.
+const QUIET_BEFORE_ROUND: Duration = Duration::from_secs(10);
 /// Target of issue 9: at most this much slower with tracing, in percent.
 const TARGET_PERCENT: f64 = 5.0;
 
@@ -132,6 +135,11 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             let tag = format!("{}{round}", tracing.name());
             let plugin_pods = super::sandbox_namespaces(&format!("ovp{tag}-"), ADDS)?;
             let api_pods = super::sandbox_namespaces(&format!("ova{tag}-"), ADDS)?;
+            // The namespaces the condition before dropped are torn down by then.
+            quiet::wait(
+                &format!("round {round}, tracing {}", tracing.name()),
+                QUIET_BEFORE_ROUND,
+            )?;
             let mut per_send = f64::INFINITY;
             for _ in 0..BLASTS {
                 per_send = per_send.min(sendmsg_cpu_per_call(&node)?);
