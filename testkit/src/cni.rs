@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(
             caller_after,
             PathBuf::from(&expected),
-            "the caller thread moved"
+            "the spawning thread is in the node namespace"
         );
         assert_ne!(
             std::fs::read_link("/proc/thread-self/ns/net")?,

@@ -1,5 +1,6 @@
 //! Named network namespaces under /run/netns, removed on drop (also when a test or a bench
-//! step fails), and entered by child processes with setns(2) between fork and exec.
+//! step fails), and entered with setns(2) by child processes between fork and exec, or by a
+//! thread of this process.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
