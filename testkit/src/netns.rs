@@ -108,14 +108,17 @@ impl Netns {
         cookie_of(&self.path)
     }
 
+    fn open(&self) -> Result<File> {
+        File::open(&self.path).with_context(|| format!("open {}", self.path.display()))
+    }
+
     /// Makes `cmd` enter this namespace (network only) between fork and exec, so the child
     /// runs there without the extra exec of `ip netns exec` and still sees /run/netns.
     pub fn enter(&self, cmd: &mut Command) -> Result<()> {
         let file = match self.file.get() {
             Some(file) => file,
             None => {
-                let file = File::open(&self.path)
-                    .with_context(|| format!("open {}", self.path.display()))?;
+                let file = self.open()?;
                 self.file.get_or_init(|| file)
             }
         };
@@ -142,8 +145,7 @@ impl Netns {
         let file = if let Some(file) = self.file.get() {
             file
         } else {
-            opened =
-                File::open(&self.path).with_context(|| format!("open {}", self.path.display()))?;
+            opened = self.open()?;
             &opened
         };
         // SAFETY: setns(2) on an open descriptor; it changes only this thread.
