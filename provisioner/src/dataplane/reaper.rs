@@ -9,6 +9,13 @@
 //! request: the grace periods are paid once for every link retired meanwhile. Only queued links
 //! enter the group, so a group deletion never takes a pair whose teardown is still running.
 //!
+//! A batch gathers the links retired within [`GATHER_WINDOW`] of its first, up to
+//! [`MAX_BATCH`]. Most of a deletion's cost is per request, not per link: the kernel's
+//! `rcu_barrier` after every unregistration spins on a cross-CPU call, and waits for grace
+//! periods. Deleting veth pairs on a 2-CPU VM cost 4 ms of CPU per pair one at a time, 0.9 in
+//! fours, 0.3 in sixteens. Each link of a batch holds the RTNL lock about 0.15 ms, which is what
+//! bounds the batch: 32 links keep other netlink requests waiting at most ~5 ms.
+//!
 //! Errors are logged and the links retried later; on start the reaper sweeps the group once
 //! (links retired by a previous run that crashed before deleting them).
 
@@ -26,6 +33,12 @@ use super::netns::NetnsFile;
 
 /// Pause before retrying links whose deletion failed.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// How long a batch waits, from its first link, for more links to delete with it.
+const GATHER_WINDOW: Duration = Duration::from_millis(50);
+
+/// Most links deleted by one request (see the module doc for the RTNL time per link).
+const MAX_BATCH: usize = 32;
 
 /// A retired host link waiting for deletion.
 #[derive(Debug, Clone)]
@@ -180,9 +193,7 @@ async fn reap(conn: &Conn, mut rx: mpsc::UnboundedReceiver<Doomed>, shared: &Sha
                 Ok(None) | Err(_) => {}
             }
         }
-        while let Ok(d) = rx.try_recv() {
-            batch.push(d);
-        }
+        gather(&mut rx, &mut batch, GATHER_WINDOW, MAX_BATCH).await;
         let n = batch.len();
         retry = delete_batch(conn, batch).await;
         if !retry.is_empty() {
@@ -191,6 +202,23 @@ async fn reap(conn: &Conn, mut rx: mpsc::UnboundedReceiver<Doomed>, shared: &Sha
         shared.done(n - retry.len());
         if retry.is_empty() && rx.is_closed() && rx.is_empty() {
             return;
+        }
+    }
+}
+
+/// Adds to `batch` the links queued within `window` from now, until it holds `max`; returns
+/// early when the queue closes (the daemon is shutting down).
+async fn gather(
+    rx: &mut mpsc::UnboundedReceiver<Doomed>,
+    batch: &mut Vec<Doomed>,
+    window: Duration,
+    max: usize,
+) {
+    let until = tokio::time::Instant::now() + window;
+    while batch.len() < max {
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(d)) => batch.push(d),
+            Ok(None) | Err(_) => return,
         }
     }
 }
@@ -227,4 +255,72 @@ async fn delete_batch(conn: &Conn, batch: Vec<Doomed>) -> Vec<Doomed> {
         }
     }
     left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::naming::graveyard_ifname;
+    use super::*;
+
+    /// Longer than any test may take: a gather that waited it out fails the test's bound.
+    const LONG: Duration = Duration::from_secs(30);
+    const BOUND: Duration = Duration::from_secs(10);
+
+    fn doomed(index: u32) -> Doomed {
+        Doomed {
+            name: graveyard_ifname(index),
+        }
+    }
+
+    fn names(batch: &[Doomed]) -> Vec<String> {
+        batch.iter().map(|d| d.name.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_links_retired_after_its_first_until_the_queue_closes() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut batch = vec![doomed(0)];
+        let late = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            tx.send(doomed(1)).ok();
+            tx.send(doomed(2)).ok();
+        });
+        tokio::time::timeout(BOUND, gather(&mut rx, &mut batch, LONG, 8))
+            .await
+            .expect("gather returns once the queue closed");
+        late.await.expect("sender task");
+        assert_eq!(names(&batch), names(&[doomed(0), doomed(1), doomed(2)]));
+    }
+
+    #[tokio::test]
+    async fn a_batch_stops_at_its_limit_and_leaves_the_rest_queued() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for n in 1..=5 {
+            tx.send(doomed(n)).ok();
+        }
+        let mut batch = vec![doomed(0)];
+        tokio::time::timeout(BOUND, gather(&mut rx, &mut batch, LONG, 4))
+            .await
+            .expect("a full batch does not wait for its window");
+        assert_eq!(batch.len(), 4);
+        assert_eq!(
+            rx.try_recv().map(|d| d.name).ok(),
+            Some(graveyard_ifname(4))
+        );
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn a_batch_ends_with_its_window() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut batch = vec![doomed(0)];
+        tokio::time::timeout(
+            BOUND,
+            gather(&mut rx, &mut batch, Duration::from_millis(1), 8),
+        )
+        .await
+        .expect("gather returns when its window ends, the queue still open");
+        assert_eq!(names(&batch), names(&[doomed(0)]));
+        drop(tx);
+    }
 }
