@@ -25,6 +25,7 @@ mod bpf_run_time;
 mod components;
 mod floor;
 pub mod netns;
+mod proc_stat;
 mod quiet;
 mod report;
 mod stats;
@@ -47,6 +48,7 @@ pub use testkit::cni::{Plugin, plugin_stdin};
 pub use testkit::daemon::Daemon;
 use testkit::daemon::write_conflist;
 
+use proc_stat::CpuTimes;
 use report::{Row, Single, Target};
 use stats::{Samples, Summary};
 use ways::{Lane, Verb, Way};
@@ -357,6 +359,33 @@ struct Measured {
     exec_floor: Samples,
     kernel_add: Samples,
     kernel_del: Samples,
+    steal: PhaseSteal,
+}
+
+/// The hypervisor's steal over each timed phase, percent of the CPU time (`top`'s `st`).
+#[derive(Debug, Clone, Copy)]
+struct PhaseSteal {
+    seq_add: f64,
+    seq_del: f64,
+    conc_add: f64,
+    conc_del: f64,
+}
+
+impl PhaseSteal {
+    fn most(&self) -> f64 {
+        [self.seq_add, self.seq_del, self.conc_add, self.conc_del]
+            .into_iter()
+            .fold(0.0, f64::max)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "sequential_add": stats::round3(self.seq_add),
+            "sequential_del": stats::round3(self.seq_del),
+            "concurrent_add": stats::round3(self.conc_add),
+            "concurrent_del": stats::round3(self.conc_del),
+        })
+    }
 }
 
 /// Warms every lane up (first exec, page cache, the daemon's first sandbox) with ids of its
@@ -378,7 +407,8 @@ fn warm_up(lanes: &[Lane], n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs one interleaved phase of every lane and prints a line per lane.
+/// Runs one interleaved phase of every lane and prints a line per lane; returns the samples
+/// per lane and the hypervisor's steal over the phase (percent of the CPU time).
 fn phase(
     lanes: &[Lane],
     verb: Verb,
@@ -386,7 +416,7 @@ fn phase(
     n: usize,
     block: usize,
     workers: usize,
-) -> Result<Vec<Samples>> {
+) -> Result<(Vec<Samples>, f64)> {
     let what = if workers > 1 {
         format!("{workers} concurrent callers")
     } else {
@@ -404,7 +434,9 @@ fn phase(
         ),
     );
     let ids: Vec<Vec<String>> = lanes.iter().map(|l| ways::ids(l, tag, n)).collect();
+    let before = CpuTimes::now()?;
     let out = ways::interleaved(lanes, verb, &ids, block, workers)?;
+    let cpu = CpuTimes::now()?.since(&before);
     for (lane, samples) in lanes.iter().zip(&out) {
         detail(&format!(
             "{:<9} {}",
@@ -412,7 +444,12 @@ fn phase(
             Summary::of(samples).line()
         ));
     }
-    Ok(out)
+    detail(&format!(
+        "CPUs: {:.0}% busy, hypervisor steal {:.1}%",
+        cpu.not_idle_percent() - cpu.steal_percent(),
+        cpu.steal_percent()
+    ));
+    Ok((out, cpu.steal_percent()))
 }
 
 #[expect(
@@ -583,13 +620,13 @@ pub fn run(opts: &Options) -> Result<()> {
         let c = opts.concurrency;
         warm_up(&lanes, per_way - WARMUP)?;
         quiet::wait("the sequential phases", QUIET_BEFORE_PHASE)?;
-        let seq_add = phase(&lanes, Verb::Add, "s", n, opts.block, 1)?;
-        let seq_del = phase(&lanes, Verb::Del, "s", n, opts.block, 1)?;
+        let (seq_add, steal_seq_add) = phase(&lanes, Verb::Add, "s", n, opts.block, 1)?;
+        let (seq_del, steal_seq_del) = phase(&lanes, Verb::Del, "s", n, opts.block, 1)?;
         ways::settle(&node_ref)?;
         ways::settle(&node_prov)?;
         quiet::wait("the concurrent phases", QUIET_BEFORE_PHASE)?;
-        let conc_add = phase(&lanes, Verb::Add, "c", m, 4 * opts.block, c)?;
-        let conc_del = phase(&lanes, Verb::Del, "c", m, 4 * opts.block, c)?;
+        let (conc_add, steal_conc_add) = phase(&lanes, Verb::Add, "c", m, 4 * opts.block, c)?;
+        let (conc_del, steal_conc_del) = phase(&lanes, Verb::Del, "c", m, 4 * opts.block, c)?;
         ways::settle(&node_ref)?;
         ways::settle(&node_prov)?;
         Measured {
@@ -600,6 +637,12 @@ pub fn run(opts: &Options) -> Result<()> {
             exec_floor,
             kernel_add,
             kernel_del,
+            steal: PhaseSteal {
+                seq_add: steal_seq_add,
+                seq_del: steal_seq_del,
+                conc_add: steal_conc_add,
+                conc_del: steal_conc_del,
+            },
         }
     };
     drop(pods_ref);
@@ -706,6 +749,7 @@ pub fn run(opts: &Options) -> Result<()> {
 
     let load_after = load_average();
     warn_if_busy(load_after);
+    warn_if_stolen(&measured.steal);
     let (rows, mut singles) = rows(opts, &measured, &daemon_results, component_results.as_ref());
     if let Some(overhead) = &overhead {
         singles.extend(overhead.singles());
@@ -725,6 +769,7 @@ pub fn run(opts: &Options) -> Result<()> {
         "cpus": cpus(),
         "load_average_1m_before": load_before,
         "load_average_1m_after": load_after,
+        "steal_percent": measured.steal.json(),
     });
     let names = ["reference", "plugin", "api"];
     let phases = |v: &[Samples]| -> Value {
@@ -1062,6 +1107,20 @@ fn load_average() -> Option<f64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Steal above this share of a phase's CPU time is worth a note next to the results.
+const NOTABLE_STEAL_PERCENT: f64 = 5.0;
+
+fn warn_if_stolen(steal: &PhaseSteal) {
+    if steal.most() > NOTABLE_STEAL_PERCENT {
+        detail(&format!(
+            "note: the hypervisor took up to {:.0}% of the CPU time of a timed phase (steal): \
+             every way ran slower, in bursts; absolute numbers are inflated and tails noisier, \
+             compare the ratios",
+            steal.most()
+        ));
+    }
 }
 
 #[expect(clippy::cast_precision_loss, reason = "CPU counts are small")]

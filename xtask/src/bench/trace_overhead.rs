@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 
 use super::bpf_run_time::{Spent, Window};
 use super::netns::Netns;
+use super::proc_stat::CpuTimes;
 use super::quiet;
 use super::report::{Single, Target};
 use super::stats::{Samples, Summary};
@@ -178,7 +179,9 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                 Tracing::On => Some((Window::open()?, tracer_thread_cpu(&daemon)?)),
                 Tracing::Off => None,
             };
+            let cpu_before = CpuTimes::now()?;
             let mut added = ways::interleaved(&lanes, Verb::Add, &ids, ADDS, 1)?;
+            let steal = CpuTimes::now()?.since(&cpu_before).steal_percent();
             if let Some((window, thread_before)) = tracer {
                 results.bpf_on_add.add(&window.close()?);
                 results.tracer_thread_on_add +=
@@ -194,7 +197,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             let api = added.pop().unwrap_or_default();
             let plugin = added.pop().unwrap_or_default();
             detail(&format!(
-                "round {round}, tracing {:<3}: sendto {per_send:.0} ns CPU; ADD median plugin {:.2} ms, api {:.2} ms",
+                "round {round}, tracing {:<3}: sendto {per_send:.0} ns CPU; ADD median plugin {:.2} ms, api {:.2} ms (steal {steal:.1}%)",
                 tracing.name(),
                 Summary::of(&plugin).median_ms,
                 Summary::of(&api).median_ms,
