@@ -64,6 +64,11 @@ impl CpuTimes {
     pub fn steal_percent(&self) -> f64 {
         percent(self.steal, self.total())
     }
+
+    /// Share of the time the VM wanted to run that the hypervisor took, in percent.
+    pub fn steal_of_running_percent(&self) -> f64 {
+        percent(self.steal, self.busy + self.steal)
+    }
 }
 
 #[expect(
@@ -98,6 +103,7 @@ mod tests {
         assert_eq!(t.total(), 1000);
         assert!((t.steal_percent() - 3.0).abs() < 1e-9);
         assert!((t.not_idle_percent() - 18.0).abs() < 1e-9);
+        assert!((t.steal_of_running_percent() - 100.0 * 30.0 / 180.0).abs() < 1e-9);
         Ok(())
     }
 

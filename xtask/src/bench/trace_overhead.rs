@@ -18,7 +18,8 @@
 //!   exactly: the eBPF programs' run time (kernel statistics) and the CPU time of the daemon's
 //!   kernel-watch thread (scheduler statistics).
 //!
-//! Figures are medians over rounds (sendmsg) and over every call (ADD).
+//! Figures are medians over rounds (sendmsg) and over every call (ADD). A condition whose ADDs
+//! lost more than [`STEAL_RETRY_PERCENT`] of the CPU time to the hypervisor is measured again.
 
 use std::net::UdpSocket;
 use std::path::Path;
@@ -52,6 +53,13 @@ const BLASTS: usize = 3;
 const ADDS: usize = 20;
 /// Longest wait for the machine to be quiet before a condition of a round is measured.
 const QUIET_BEFORE_ROUND: Duration = Duration::from_secs(10);
+/// A condition's ADDs are measured again (on the same namespaces, with new sandboxes) when the
+/// hypervisor took more than this share of the CPU time meanwhile (steal, percent): steal comes
+/// in bursts of seconds, slows whichever condition it hits by tens of percent, and would
+/// otherwise decide the comparison.
+const STEAL_RETRY_PERCENT: f64 = 5.0;
+/// Most extra measurements of one condition of a round; the last one counts whatever its steal.
+const STEAL_RETRIES: usize = 2;
 /// Target of issue 9: at most this much slower with tracing, in percent.
 const TARGET_PERCENT: f64 = 5.0;
 
@@ -73,6 +81,8 @@ pub struct Results {
     plugin_add_on: Samples,
     api_add_off: Samples,
     api_add_on: Samples,
+    /// Measurements of a round's condition redone because of steal.
+    remeasured: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -112,6 +122,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
         plugin_add_on: Samples::default(),
         api_add_off: Samples::default(),
         api_add_on: Samples::default(),
+        remeasured: 0,
     };
     for round in 0..ROUNDS {
         let order = if round % 2 == 0 {
@@ -171,24 +182,45 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                     pods: &api_pods,
                 },
             ];
-            let phase = format!("o{}{round}-", tracing.name());
-            let ids: Vec<Vec<String>> = lanes.iter().map(|l| ways::ids(l, &phase, ADDS)).collect();
-            // Unlike the sendto blast's, this window is over the measured ADDs: the statistics
-            // cost each of the ~70 program runs per ADD some tens of ns, a few us per ADD.
-            let tracer = match tracing {
-                Tracing::On => Some((Window::open()?, tracer_thread_cpu(&daemon)?)),
-                Tracing::Off => None,
+            let mut attempt = 0;
+            let (mut added, steal) = loop {
+                let phase = format!("o{}{round}a{attempt}-", tracing.name());
+                let ids: Vec<Vec<String>> =
+                    lanes.iter().map(|l| ways::ids(l, &phase, ADDS)).collect();
+                // Unlike the sendto blast's, this window is over the measured ADDs: the
+                // statistics cost each of the ~70 program runs per ADD some tens of ns, a few
+                // us per ADD.
+                let tracer = match tracing {
+                    Tracing::On => Some((Window::open()?, tracer_thread_cpu(&daemon)?)),
+                    Tracing::Off => None,
+                };
+                let cpu_before = CpuTimes::now()?;
+                let added = ways::interleaved(&lanes, Verb::Add, &ids, ADDS, 1)?;
+                let steal = CpuTimes::now()?.since(&cpu_before).steal_percent();
+                if let Some((window, thread_before)) = tracer {
+                    results.bpf_on_add.add(&window.close()?);
+                    results.tracer_thread_on_add +=
+                        tracer_thread_cpu(&daemon)?.saturating_sub(thread_before);
+                    results.adds_on += (lanes.len() * ADDS) as u64;
+                }
+                ways::interleaved(&lanes, Verb::Del, &ids, ADDS, 1)?;
+                if steal <= STEAL_RETRY_PERCENT || attempt == STEAL_RETRIES {
+                    break (added, steal);
+                }
+                detail(&format!(
+                    "round {round}, tracing {}: the hypervisor took {steal:.1}% of the CPU time \
+                     during the ADDs (ADD median plugin {:.2} ms, api {:.2} ms): measured again",
+                    tracing.name(),
+                    added.first().map_or(0.0, |s| Summary::of(s).median_ms),
+                    added.get(1).map_or(0.0, |s| Summary::of(s).median_ms),
+                ));
+                attempt += 1;
+                results.remeasured += 1;
+                quiet::wait(
+                    &format!("round {round}, tracing {}, again", tracing.name()),
+                    QUIET_BEFORE_ROUND,
+                )?;
             };
-            let cpu_before = CpuTimes::now()?;
-            let mut added = ways::interleaved(&lanes, Verb::Add, &ids, ADDS, 1)?;
-            let steal = CpuTimes::now()?.since(&cpu_before).steal_percent();
-            if let Some((window, thread_before)) = tracer {
-                results.bpf_on_add.add(&window.close()?);
-                results.tracer_thread_on_add +=
-                    tracer_thread_cpu(&daemon)?.saturating_sub(thread_before);
-                results.adds_on += (lanes.len() * ADDS) as u64;
-            }
-            ways::interleaved(&lanes, Verb::Del, &ids, ADDS, 1)?;
             drop(lanes);
             drop(plugin_pods);
             drop(api_pods);
@@ -359,14 +391,16 @@ impl Results {
         ] {
             let (off, on) = (Summary::of(off), Summary::of(on));
             lines.push(format!(
-                "{way} ADD median: off {:.2} ms, on {:.2} ms ({:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms",
+                "{way} ADD median: off {:.2} ms, on {:.2} ms ({:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} measurements of {} conditions redone for steal",
                 off.median_ms,
                 on.median_ms,
                 percent(off.median_ms, on.median_ms),
                 off.p99_ms,
                 on.p99_ms,
                 off.cpu_ms,
-                on.cpu_ms
+                on.cpu_ms,
+                self.remeasured,
+                2 * ROUNDS
             ));
         }
         lines
@@ -440,6 +474,8 @@ impl Results {
             "sends_per_measurement": SENDS,
             "measurements_per_round": BLASTS,
             "adds_per_round": ADDS,
+            "steal_retry_percent": STEAL_RETRY_PERCENT,
+            "conditions_remeasured_for_steal": self.remeasured,
             "sendto_cpu_ns": {
                 "off": self.sendmsg_off_ns,
                 "on": self.sendmsg_on_ns,
