@@ -108,21 +108,20 @@ impl Netns {
         cookie_of(&self.path)
     }
 
-    fn open(&self) -> Result<File> {
-        File::open(&self.path).with_context(|| format!("open {}", self.path.display()))
+    /// The namespace file, opened once and kept open until `self` is dropped.
+    fn file(&self) -> Result<&File> {
+        if let Some(file) = self.file.get() {
+            return Ok(file);
+        }
+        let file =
+            File::open(&self.path).with_context(|| format!("open {}", self.path.display()))?;
+        Ok(self.file.get_or_init(|| file))
     }
 
     /// Makes `cmd` enter this namespace (network only) between fork and exec, so the child
     /// runs there without the extra exec of `ip netns exec` and still sees /run/netns.
     pub fn enter(&self, cmd: &mut Command) -> Result<()> {
-        let file = match self.file.get() {
-            Some(file) => file,
-            None => {
-                let file = self.open()?;
-                self.file.get_or_init(|| file)
-            }
-        };
-        let fd: RawFd = file.as_raw_fd();
+        let fd: RawFd = self.file()?.as_raw_fd();
         // SAFETY: the closure only calls setns(2), which is async-signal-safe, on an fd that
         // `self` keeps open until it is dropped.
         unsafe {
@@ -141,15 +140,9 @@ impl Netns {
     /// stay where they are). Children it spawns start here, so they need no `setns` between
     /// fork and exec and can be spawned as a runtime spawns (posix_spawn, a vfork-style clone).
     pub fn enter_thread(&self) -> Result<()> {
-        let opened;
-        let file = if let Some(file) = self.file.get() {
-            file
-        } else {
-            opened = self.open()?;
-            &opened
-        };
+        let fd = self.file()?.as_raw_fd();
         // SAFETY: setns(2) on an open descriptor; it changes only this thread.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("setns into {} from this thread", self.path.display()));
         }

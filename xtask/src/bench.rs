@@ -48,7 +48,7 @@ pub use testkit::cni::{Plugin, plugin_stdin};
 pub use testkit::daemon::Daemon;
 use testkit::daemon::write_conflist;
 
-use proc_stat::CpuTimes;
+use proc_stat::{CpuTimes, DISTURBING_STEAL_PERCENT};
 use report::{Row, Single, Target};
 use stats::{Samples, Summary};
 use ways::{Lane, Verb, Way};
@@ -1109,11 +1109,8 @@ fn load_average() -> Option<f64> {
         .ok()
 }
 
-/// Steal above this share of a phase's CPU time is worth a note next to the results.
-const NOTABLE_STEAL_PERCENT: f64 = 5.0;
-
 fn warn_if_stolen(steal: &PhaseSteal) {
-    if steal.most() > NOTABLE_STEAL_PERCENT {
+    if steal.most() > DISTURBING_STEAL_PERCENT {
         detail(&format!(
             "note: the hypervisor took up to {:.0}% of the CPU time of a timed phase (steal): \
              every way ran slower, in bursts; absolute numbers are inflated and tails noisier, \

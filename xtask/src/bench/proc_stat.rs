@@ -5,6 +5,11 @@
 
 use anyhow::{Context, Result};
 
+/// Steal above this share of a span's CPU time (percent) disturbs what was measured in it: the
+/// quiet wait waits while a spinning CPU loses more, a phase that lost more gets a note next to
+/// the results, and a tracer round's condition that lost more is measured again.
+pub const DISTURBING_STEAL_PERCENT: f64 = 5.0;
+
 /// Jiffies of all CPUs together.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuTimes {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::proc_stat::CpuTimes;
+use super::proc_stat::{CpuTimes, DISTURBING_STEAL_PERCENT};
 use crate::step::detail;
 
 /// Quiet: the CPUs were this idle over one window (percent, iowait counted as idle).
@@ -16,17 +16,13 @@ const IDLE_PERCENT: u32 = 90;
 /// The window the idle share is measured over.
 const WINDOW: Duration = Duration::from_millis(300);
 
-/// Quiet also means that the hypervisor runs this VM when it wants to run: a CPU spinning for
-/// [`STEAL_PROBE`] may have lost at most this share of that time to steal (percent). Steal comes
-/// in bursts of seconds to minutes on a contended host, and slows whatever runs meanwhile by
-/// tens of percent.
-const STEAL_PERCENT: f64 = 5.0;
 /// How long one CPU spins to see whether the hypervisor takes it away (`/proc/stat` counts in
 /// 10 ms ticks: 30 of them).
 const STEAL_PROBE: Duration = Duration::from_millis(300);
 
 /// Waits until the CPUs were [`IDLE_PERCENT`] idle over one [`WINDOW`] and a spinning CPU lost
-/// at most [`STEAL_PERCENT`] of its time to the hypervisor, for at most `max`, before `what` is
+/// at most [`DISTURBING_STEAL_PERCENT`] of its time to the hypervisor (steal comes in bursts of
+/// seconds to minutes on a contended host, and slows whatever runs meanwhile by tens of percent), for at most `max`, before `what` is
 /// timed. Says so when that took a while or did not happen (the part is timed anyway, and its
 /// absolute numbers are inflated).
 pub fn wait(what: &str, max: Duration) -> Result<()> {
@@ -43,7 +39,7 @@ pub fn wait(what: &str, max: Duration) -> Result<()> {
                 ))
             } else {
                 let stolen = stolen_while_spinning()?;
-                (stolen > STEAL_PERCENT).then(|| {
+                (stolen > DISTURBING_STEAL_PERCENT).then(|| {
                     format!("the hypervisor still took {stolen:.0}% of a spinning CPU (steal)")
                 })
             };

@@ -19,7 +19,7 @@
 //!   kernel-watch thread (scheduler statistics).
 //!
 //! Figures are medians over rounds (sendmsg) and over every call (ADD). A condition whose ADDs
-//! lost more than [`STEAL_RETRY_PERCENT`] of the CPU time to the hypervisor is measured again.
+//! lost more than [`DISTURBING_STEAL_PERCENT`] of the CPU time to the hypervisor is measured again.
 
 use std::net::UdpSocket;
 use std::path::Path;
@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use super::bpf_run_time::{Spent, Window};
 use super::netns::Netns;
-use super::proc_stat::CpuTimes;
+use super::proc_stat::{CpuTimes, DISTURBING_STEAL_PERCENT};
 use super::quiet;
 use super::report::{Single, Target};
 use super::stats::{Samples, Summary};
@@ -55,12 +55,10 @@ const BLASTS: usize = 3;
 const ADDS: usize = 20;
 /// Longest wait for the machine to be quiet before a condition of a round is measured.
 const QUIET_BEFORE_ROUND: Duration = Duration::from_secs(10);
-/// A condition's ADDs are measured again (on the same namespaces, with new sandboxes) when the
-/// hypervisor took more than this share of the CPU time meanwhile (steal, percent): steal comes
-/// in bursts of seconds, slows whichever condition it hits by tens of percent, and would
-/// otherwise decide the comparison.
-const STEAL_RETRY_PERCENT: f64 = 5.0;
-/// Most extra measurements of one condition of a round; the last one counts whatever its steal.
+/// Most extra measurements of one condition of a round whose ADDs lost more than
+/// [`DISTURBING_STEAL_PERCENT`] to steal (on the same namespaces, with new sandboxes): steal
+/// slows whichever condition it hits by tens of percent, and would otherwise decide the
+/// comparison. The last one counts whatever its steal.
 const STEAL_RETRIES: usize = 2;
 /// Target of issue 9: at most this much slower with tracing, in percent.
 const TARGET_PERCENT: f64 = 5.0;
@@ -206,7 +204,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                     results.adds_on += (lanes.len() * ADDS) as u64;
                 }
                 ways::interleaved(&lanes, Verb::Del, &ids, ADDS, 1)?;
-                if steal <= STEAL_RETRY_PERCENT || attempt == STEAL_RETRIES {
+                if steal <= DISTURBING_STEAL_PERCENT || attempt == STEAL_RETRIES {
                     break (added, steal);
                 }
                 detail(&format!(
@@ -476,8 +474,8 @@ impl Results {
             "sends_per_measurement": SENDS,
             "measurements_per_round": BLASTS,
             "adds_per_round": ADDS,
-            "steal_retry_percent": STEAL_RETRY_PERCENT,
-            "conditions_remeasured_for_steal": self.remeasured,
+            "steal_retry_percent": DISTURBING_STEAL_PERCENT,
+            "measurements_redone_for_steal": self.remeasured,
             "sendto_cpu_ns": {
                 "off": self.sendmsg_off_ns,
                 "on": self.sendmsg_on_ns,
