@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use provisioner::dataplane::{
-    Dataplane, DataplaneError, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, PodAddress, RouteSpec,
-    SandboxSpec, SetupStep, graveyard_ifname, host_ifname, is_graveyard_ifname,
+    Dataplane, DataplaneError, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, LinkSpec, PodAddress,
+    RouteSpec, SandboxSpec, SetupStep, graveyard_ifname, host_ifname, is_graveyard_ifname,
 };
 use provisioner_tests::{Netns, wait_until};
 
@@ -156,6 +156,54 @@ async fn one_sandbox_setup_check_ping_teardown() -> Result<()> {
     settle(&dp).await?;
     assert_node_clean(&node)?;
     assert_sandbox_clean(&sandbox)?;
+    Ok(())
+}
+
+/// ADD makes the veth pair while it reserves the addresses: a started setup holds the pair and
+/// no address; finished, the sandbox is wired as by `setup`; abandoned, or finished with the
+/// spec of another sandbox, nothing of it is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_setup_is_finished_into_a_wired_sandbox_or_leaves_nothing() -> Result<()> {
+    let (node, dp) = node()?;
+    let sandbox = Netns::new("pod")?;
+    let s = spec("started", &sandbox, &[("10.244.7.2/24", "10.244.7.1")]);
+    let host = host_ifname("started", "eth0");
+    let started = dp.start_setup(LinkSpec::of(&s)).await?;
+    ensure!(veths(&node)? == [host.clone()], "node: {:?}", veths(&node)?);
+    let addr = sandbox.ip(&["addr", "show", "eth0"])?;
+    ensure!(
+        addr.contains("mtu 1460") && !addr.contains("inet"),
+        "started: {addr}"
+    );
+    let (out, verified) = started.finish(&s).await?;
+    verified?;
+    ensure!(out.host_ifname == host, "{out:?}");
+    dp.check(&s).await?;
+    node.ping("10.244.7.2")?;
+    dp.teardown("started", "eth0", Some(sandbox.path())).await?;
+
+    let other = Netns::new("pod")?;
+    let a = spec("abandoned", &other, &[("10.244.7.3/24", "10.244.7.1")]);
+    let started = dp.start_setup(LinkSpec::of(&a)).await?;
+    ensure!(links(&other)? == ["lo", "eth0"], "{:?}", links(&other)?);
+    let errors = started.abandon().await;
+    ensure!(errors.is_empty(), "{errors:?}");
+    assert_sandbox_clean(&other)?;
+    ensure!(
+        !veths(&node)?.contains(&host_ifname("abandoned", "eth0")),
+        "{:?}",
+        veths(&node)?
+    );
+
+    let started = dp.start_setup(LinkSpec::of(&a)).await?;
+    let refused = started.finish(&s).await;
+    ensure!(
+        matches!(refused, Err(DataplaneError::InvalidSpec(_))),
+        "finished with another sandbox's spec: {refused:?}"
+    );
+    assert_sandbox_clean(&other)?;
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
     Ok(())
 }
 

@@ -49,8 +49,9 @@ pub use netns::{
 };
 pub use plan::{ExpectedState, FamilyPlan, plan};
 pub use route::{Route, Scope};
+pub use setup::StartedSetup;
 pub use snapshot::{NetnsSnapshot, SnapshotAddress, SnapshotLink, SnapshotRoute};
-pub use spec::{PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
+pub use spec::{LinkSpec, PodAddress, RouteSpec, SandboxSpec, SetupOutcome, TeardownOutcome};
 
 use netlink::Conn;
 
@@ -205,6 +206,14 @@ impl Dataplane {
         spec: &SandboxSpec,
     ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
         setup::run_and_check(self, spec).await
+    }
+
+    /// The part of [`Self::setup_and_check`] that needs no address: the sandbox's namespace
+    /// opened, its veth pair made (ADD runs it while it reserves the addresses). Finish it with
+    /// [`StartedSetup::finish`], or undo it with [`StartedSetup::abandon`]. On failure what was
+    /// made is rolled back, and the error names the step, as setup's does.
+    pub async fn start_setup(&self, link: LinkSpec) -> Result<StartedSetup, DataplaneError> {
+        setup::start(self, link).await
     }
 
     /// Like [`Self::setup`] but fails on purpose right after `step` succeeded (tests only).

@@ -9,7 +9,7 @@ use ipnetwork::IpNetwork;
 use super::error::DataplaneError;
 use super::naming::{host_ifname, valid_ifname};
 use super::route::{Route, Scope};
-use super::spec::SandboxSpec;
+use super::spec::{LinkSpec, SandboxSpec};
 
 /// The wiring of one address family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,23 @@ pub struct ExpectedState {
     /// Sandbox routes through the sandbox interface, in install order (gateway first).
     pub sandbox_routes: Vec<Route>,
     pub uses_v6: bool,
+}
+
+/// What a sandbox's veth pair needs valid: a container id, an interface name and an MTU the
+/// kernel takes.
+pub(crate) fn check_link(link: &LinkSpec) -> Result<(), DataplaneError> {
+    if link.container_id.is_empty() {
+        return Err(invalid("empty container id".to_owned()));
+    }
+    if !valid_ifname(&link.ifname) {
+        return Err(invalid(format!("bad interface name {:?}", link.ifname)));
+    }
+    if let Some(mtu) = link.mtu
+        && !(68..=65535).contains(&mtu)
+    {
+        return Err(invalid(format!("mtu {mtu} out of range")));
+    }
+    Ok(())
 }
 
 fn invalid(msg: String) -> DataplaneError {
@@ -83,12 +100,7 @@ impl ExpectedState {
 
 /// Validates `spec` and plans the ptp wiring.
 pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
-    if spec.container_id.is_empty() {
-        return Err(invalid("empty container id".to_owned()));
-    }
-    if !valid_ifname(&spec.ifname) {
-        return Err(invalid(format!("bad interface name {:?}", spec.ifname)));
-    }
+    check_link(&LinkSpec::of(spec))?;
     if spec.addresses.is_empty() {
         return Err(invalid("no address".to_owned()));
     }
@@ -100,11 +112,6 @@ pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
     let v6 = spec.addresses.len() - v4;
     if v4 > 1 || v6 > 1 {
         return Err(invalid("more than one address of a family".to_owned()));
-    }
-    if let Some(mtu) = spec.mtu
-        && !(68..=65535).contains(&mtu)
-    {
-        return Err(invalid(format!("mtu {mtu} out of range")));
     }
     if v6 > 0 && spec.mtu.is_some_and(|m| m < 1280) {
         return Err(invalid("IPv6 needs an mtu of at least 1280".to_owned()));

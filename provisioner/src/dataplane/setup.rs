@@ -6,11 +6,12 @@ use ipnetwork::IpNetwork;
 
 use super::error::{CheckFailure, DataplaneError, SetupStep};
 use super::link::{self, Link};
+use super::naming::host_ifname;
 use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
-use super::plan::{ExpectedState, plan};
+use super::plan::{ExpectedState, check_link, plan};
 use super::route::Route;
-use super::spec::{SandboxSpec, SetupOutcome};
+use super::spec::{LinkSpec, SandboxSpec, SetupOutcome};
 use super::sysctl::{self, Sysctl, iface_key};
 use super::{Dataplane, address, check, route};
 
@@ -43,13 +44,29 @@ enum Undo {
     },
 }
 
-struct Run<'a> {
-    dp: &'a Dataplane,
-    spec: &'a SandboxSpec,
-    plan: ExpectedState,
+struct Run {
+    dp: Dataplane,
+    link: LinkSpec,
+    host_ifname: String,
     fail_after: Option<SetupStep>,
     undo: Vec<Undo>,
     sandbox: Option<(NetnsFile, Conn)>,
+}
+
+/// The veth pair, made, and the connections to both of its namespaces.
+struct Veth {
+    host: Conn,
+    sandbox: Conn,
+    host_link: Link,
+    sandbox_link: Link,
+}
+
+/// A setup whose veth pair is made and whose addresses are not given yet: ADD starts it while
+/// it reserves the addresses ([`Dataplane::start_setup`]), then [`Self::finish`]es it with them
+/// or, when none could be reserved, [`Self::abandon`]s it.
+pub struct StartedSetup {
+    run: Run,
+    veth: Veth,
 }
 
 type StepResult<T> = Result<T, (SetupStep, DataplaneError)>;
@@ -130,36 +147,104 @@ async fn execute(
     verify: bool,
 ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
     let plan = plan(spec)?;
-    let mut run = Run {
-        dp,
-        spec,
-        plan,
-        fail_after,
-        undo: Vec::new(),
-        sandbox: None,
+    let mut run = Run::new(dp, LinkSpec::of(spec), fail_after);
+    let done = match run.veth_steps().await {
+        Ok(veth) => run.address_steps(&plan, &veth).await,
+        Err(failed) => Err(failed),
     };
-    match run.steps().await {
-        Ok(out) => {
-            let verified = if verify {
-                check::host_routing(dp, &run.plan, out.host_ifindex).await
-            } else {
-                Ok(())
-            };
-            Ok((out, verified))
-        }
-        Err((step, source)) => {
-            let rollback_errors = run.rollback().await;
-            Err(DataplaneError::Setup {
-                container_id: spec.container_id.clone(),
-                step,
-                source: Box::new(source),
-                rollback_errors,
-            })
-        }
+    run.conclude(done, &plan, verify).await
+}
+
+/// The first steps of the setup of `link`: its namespace opened, its veth pair made. On
+/// failure what was made is rolled back.
+pub(crate) async fn start(dp: &Dataplane, link: LinkSpec) -> Result<StartedSetup, DataplaneError> {
+    check_link(&link)?;
+    let mut run = Run::new(dp, link, None);
+    match run.veth_steps().await {
+        Ok(veth) => Ok(StartedSetup { run, veth }),
+        Err((step, source)) => Err(run.failed(step, source).await),
     }
 }
 
-impl Run<'_> {
+impl StartedSetup {
+    /// The rest of the setup of `spec` (the sandbox's addresses, links up, routes) and the
+    /// check of [`run_and_check`]. `spec` must be of the started sandbox; on failure
+    /// everything, the veth pair included, is rolled back.
+    pub async fn finish(
+        mut self,
+        spec: &SandboxSpec,
+    ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+        let plan = if LinkSpec::of(spec) == self.run.link {
+            plan(spec)
+        } else {
+            Err(DataplaneError::InvalidSpec(format!(
+                "setup of container {} finished with the spec of container {} ifname {}",
+                self.run.link.container_id, spec.container_id, spec.ifname
+            )))
+        };
+        let plan = match plan {
+            Ok(plan) => plan,
+            Err(invalid) => {
+                for e in self.run.rollback().await {
+                    tracing::warn!(container_id = %self.run.link.container_id, error = %e,
+                        "rollback of a started setup whose spec was refused");
+                }
+                return Err(invalid);
+            }
+        };
+        let done = self.run.address_steps(&plan, &self.veth).await;
+        self.run.conclude(done, &plan, true).await
+    }
+
+    /// Undoes the started setup (deletes its veth pair); the errors met, if any.
+    pub async fn abandon(mut self) -> Vec<DataplaneError> {
+        self.run.rollback().await
+    }
+}
+
+impl Run {
+    fn new(dp: &Dataplane, link: LinkSpec, fail_after: Option<SetupStep>) -> Self {
+        Self {
+            dp: dp.clone(),
+            host_ifname: host_ifname(&link.container_id, &link.ifname),
+            link,
+            fail_after,
+            undo: Vec::new(),
+            sandbox: None,
+        }
+    }
+
+    /// The outcome of a setup that got this far: checked (when `verify`), or rolled back.
+    async fn conclude(
+        &mut self,
+        done: StepResult<SetupOutcome>,
+        plan: &ExpectedState,
+        verify: bool,
+    ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+        match done {
+            Ok(out) => {
+                let verified = if verify {
+                    check::host_routing(&self.dp, plan, out.host_ifindex).await
+                } else {
+                    Ok(())
+                };
+                Ok((out, verified))
+            }
+            Err((step, source)) => Err(self.failed(step, source).await),
+        }
+    }
+
+    /// Rolls back and names the step that failed.
+    async fn failed(&mut self, step: SetupStep, source: DataplaneError) -> DataplaneError {
+        let rollback_errors = self.rollback().await;
+        DataplaneError::Setup {
+            container_id: self.link.container_id.clone(),
+            step,
+            source: Box::new(source),
+            rollback_errors,
+        }
+    }
+
     fn done(&self, step: SetupStep) -> StepResult<()> {
         crate::failpoint::hit_setup(step);
         if self.fail_after == Some(step) {
@@ -177,16 +262,14 @@ impl Run<'_> {
         })
     }
 
-    async fn steps(&mut self) -> StepResult<SetupOutcome> {
+    /// The steps that need no address: the sandbox's namespace, the veth pair.
+    async fn veth_steps(&mut self) -> StepResult<Veth> {
         use SetupStep as S;
-        let ifname = self.spec.ifname.clone();
-        let host_ifname = self.plan.host_ifname.clone();
-
         // Sandbox netns and its socket (made on this thread, see `NetnsFile::run_here`); the
         // host socket is shared and made once.
         let ns = at(
             S::SandboxNetns,
-            self.dp.open_sandbox_netns(&self.spec.netns),
+            self.dp.open_sandbox_netns(&self.link.netns),
         )?;
         let conn = at(S::SandboxNetns, Conn::open(&ns))?;
         let host = at(S::SandboxNetns, self.dp.host().await)?.clone();
@@ -198,12 +281,31 @@ impl Run<'_> {
         self.done(S::CheckNames)?;
 
         // The veth pair, sandbox end created in the sandbox netns under its final name.
-        let (host_link, sbx_link) = self.create_veth(&host, &conn).await?;
+        let (host_link, sandbox_link) = self.create_veth(&host, &conn).await?;
         self.done(S::CreateVeth)?;
+        Ok(Veth {
+            host,
+            sandbox: conn,
+            host_link,
+            sandbox_link,
+        })
+    }
+
+    /// The steps that give the pair the sandbox's addresses and routes.
+    async fn address_steps(
+        &mut self,
+        plan: &ExpectedState,
+        veth: &Veth,
+    ) -> StepResult<SetupOutcome> {
+        use SetupStep as S;
+        let ifname = self.link.ifname.clone();
+        let host_ifname = self.host_ifname.clone();
+        let (host, conn) = (&veth.host, &veth.sandbox);
+        let (host_link, sbx_link) = (&veth.host_link, &veth.sandbox_link);
 
         // Sysctls, written inside the right netns (the node's from this thread, a sandbox's
         // from a pooled worker); only what is not known set.
-        self.sysctls(&host_ifname).await?;
+        self.sysctls(plan, &host_ifname).await?;
         self.done(S::Sysctl)?;
 
         // Everything else in two pipelined batches, one per socket, run at once: each batch is
@@ -220,7 +322,7 @@ impl Run<'_> {
             link::set_up_req(host_link.index, &host_ifname),
             None,
         ));
-        for fam in &self.plan.families {
+        for fam in &plan.families {
             host_ops.push(Op::new(
                 S::HostAddress,
                 address::add_req(host_link.index, &host_ifname, fam.host_address, false),
@@ -251,7 +353,7 @@ impl Run<'_> {
             link::set_up_req(LOOPBACK_IFINDEX, "lo"),
             None,
         ));
-        for fam in &self.plan.families {
+        for fam in &plan.families {
             host_ops.push(Op::new(
                 S::HostRoute,
                 route::add_req(host_link.index, &host_ifname, &fam.host_route),
@@ -262,7 +364,7 @@ impl Run<'_> {
                 }),
             ));
         }
-        for r in &self.plan.sandbox_routes {
+        for r in &plan.sandbox_routes {
             sbx_ops.push(Op::new(
                 S::SandboxRoutes,
                 route::add_req(sbx_link.index, &ifname, r),
@@ -279,7 +381,7 @@ impl Run<'_> {
             host_ops.retain(|o| step_pos(o.step) <= pos);
             sbx_ops.retain(|o| step_pos(o.step) <= pos);
         }
-        let (host_res, sbx_res) = futures::join!(run_ops(&host, host_ops), run_ops(&conn, sbx_ops));
+        let (host_res, sbx_res) = futures::join!(run_ops(host, host_ops), run_ops(conn, sbx_ops));
         let mut first_err: Option<(SetupStep, DataplaneError)> = None;
         for (undo, err) in host_res.into_iter().chain(sbx_res) {
             if let Some(u) = undo {
@@ -309,17 +411,17 @@ impl Run<'_> {
         Ok(SetupOutcome {
             host_ifname,
             host_ifindex: host_link.index,
-            host_mac: host_link.mac,
+            host_mac: host_link.mac.clone(),
             sandbox_ifname: ifname,
-            sandbox_mac: sbx_link.mac,
+            sandbox_mac: sbx_link.mac.clone(),
             sandbox_ifindex: sbx_link.index,
         })
     }
 
     async fn create_veth(&mut self, host: &Conn, conn: &Conn) -> StepResult<(Link, Link)> {
         use SetupStep as S;
-        let ifname = &self.spec.ifname;
-        let host_ifname = &self.plan.host_ifname;
+        let ifname = &self.link.ifname;
+        let host_ifname = &self.host_ifname;
         let fd = self
             .sandbox
             .as_ref()
@@ -334,7 +436,7 @@ impl Run<'_> {
         // (which names the peer's index) nothing needs looking up after the creation.
         let sbx_mac = link::random_mac();
         let echoed =
-            match link::create_veth(host, host_ifname, ifname, fd, self.spec.mtu, sbx_mac).await {
+            match link::create_veth(host, host_ifname, ifname, fd, self.link.mtu, sbx_mac).await {
                 Ok(echoed) => echoed,
                 Err(e) if e.errno() == Some(libc::EEXIST) => {
                     // One of the names exists: name it (nothing was created).
@@ -361,7 +463,7 @@ impl Run<'_> {
                 index: peer,
                 name: ifname.clone(),
                 mac: link::format_mac(&mac),
-                mtu: self.spec.mtu,
+                mtu: self.link.mtu,
                 up: false,
                 peer_index: Some(host_link.index),
                 // Not needed by setup (only index and MAC are), so not looked up.
@@ -388,16 +490,16 @@ impl Run<'_> {
         Ok((host_link, sbx_link))
     }
 
-    async fn sysctls(&self, host_ifname: &str) -> StepResult<()> {
+    async fn sysctls(&self, plan: &ExpectedState, host_ifname: &str) -> StepResult<()> {
         let mut host_list = Vec::new();
         let mut sbx_list = Vec::new();
-        let v4 = self.plan.families.iter().any(|f| f.pod.is_ipv4());
+        let v4 = plan.families.iter().any(|f| f.pod.is_ipv4());
         let need_v4 = v4 && !self.dp.forwarding_flag(false).load(Ordering::Acquire);
-        let need_v6 = self.plan.uses_v6 && !self.dp.forwarding_flag(true).load(Ordering::Acquire);
+        let need_v6 = plan.uses_v6 && !self.dp.forwarding_flag(true).load(Ordering::Acquire);
         if need_v4 {
             host_list.push(Sysctl::new("net.ipv4.ip_forward", "1"));
         }
-        if !self.plan.uses_v6 {
+        if !plan.uses_v6 {
             self.host_ipv6_off(host_ifname);
         } else {
             if need_v6 {
@@ -406,7 +508,7 @@ impl Run<'_> {
             host_list.push(Sysctl::new(iface_key(host_ifname, "accept_ra"), "0"));
             // No DAD on either end: nothing (not even the link-local address) stays tentative.
             host_list.push(Sysctl::new(iface_key(host_ifname, "accept_dad"), "0"));
-            sbx_list.push(Sysctl::new(iface_key(&self.spec.ifname, "accept_dad"), "0"));
+            sbx_list.push(Sysctl::new(iface_key(&self.link.ifname, "accept_dad"), "0"));
         }
         let sbx_ns = self.sandbox.as_ref().map(|(ns, _)| ns).ok_or_else(|| {
             (

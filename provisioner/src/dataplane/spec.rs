@@ -19,6 +19,27 @@ pub struct SandboxSpec {
     pub routes: Vec<RouteSpec>,
 }
 
+/// The part of a [`SandboxSpec`] its veth pair needs: no address. ADD makes the pair with
+/// it while the addresses are being reserved ([`crate::dataplane::Dataplane::start_setup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    pub container_id: String,
+    pub netns: PathBuf,
+    pub ifname: String,
+    pub mtu: Option<u32>,
+}
+
+impl LinkSpec {
+    pub fn of(spec: &SandboxSpec) -> Self {
+        Self {
+            container_id: spec.container_id.clone(),
+            netns: spec.netns.clone(),
+            ifname: spec.ifname.clone(),
+            mtu: spec.mtu,
+        }
+    }
+}
+
 /// A pod address with its subnet prefix (e.g. `10.244.1.2/24`) and the gateway of its family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PodAddress {

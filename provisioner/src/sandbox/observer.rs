@@ -21,8 +21,8 @@ pub enum Removal {
 
 /// Told of every change the service makes; every method has a no-op default.
 pub trait SandboxObserver: Send + Sync {
-    /// ADD reserved the addresses and is about to wire `expected` in `sandbox.netns` (nothing
-    /// is in the kernel yet).
+    /// ADD reserved the addresses and is about to wire `expected` in `sandbox.netns` (the
+    /// veth pair may be made already, none of the addresses and routes is).
     fn planned(&self, _sandbox: &SandboxRef, _expected: &ExpectedState) {}
     /// ADD finished: the sandbox is wired and verified.
     fn set_up(&self, _sandbox: &SandboxRef, _expected: &ExpectedState) {}

@@ -7,12 +7,37 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use crate::dataplane::{
-    CheckFailure, Dataplane, DataplaneError, SandboxSpec, SetupOutcome, TeardownOutcome,
+    CheckFailure, Dataplane, DataplaneError, LinkSpec, SandboxSpec, SetupOutcome, StartedSetup,
+    TeardownOutcome,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError, Reservation};
 
 /// The kernel side of a sandbox.
 pub trait SandboxDataplane: Clone + Send + Sync + 'static {
+    /// A setup started before the sandbox's addresses were known.
+    type Started: Send;
+
+    /// Starts the setup of `link` with what needs no address (its veth pair); see
+    /// [`Dataplane::start_setup`].
+    fn start_setup(
+        &self,
+        link: LinkSpec,
+    ) -> impl Future<Output = Result<Self::Started, DataplaneError>> + Send;
+
+    /// Finishes a started setup with the sandbox's addresses and checks it, as
+    /// [`Self::setup_and_check`] does; on failure the veth pair is rolled back too.
+    fn finish_setup(
+        &self,
+        started: Self::Started,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError>> + Send;
+
+    /// Undoes a started setup; the errors met, if any.
+    fn abandon_setup(
+        &self,
+        started: Self::Started,
+    ) -> impl Future<Output = Vec<DataplaneError>> + Send;
+
     /// Wires `spec` and checks it; see [`Dataplane::setup_and_check`].
     fn setup_and_check(
         &self,
@@ -47,6 +72,31 @@ pub trait SandboxDataplane: Clone + Send + Sync + 'static {
 }
 
 impl SandboxDataplane for Dataplane {
+    type Started = StartedSetup;
+
+    fn start_setup(
+        &self,
+        link: LinkSpec,
+    ) -> impl Future<Output = Result<StartedSetup, DataplaneError>> + Send {
+        Dataplane::start_setup(self, link)
+    }
+
+    fn finish_setup(
+        &self,
+        started: StartedSetup,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError>> + Send
+    {
+        started.finish(spec)
+    }
+
+    fn abandon_setup(
+        &self,
+        started: StartedSetup,
+    ) -> impl Future<Output = Vec<DataplaneError>> + Send {
+        started.abandon()
+    }
+
     fn setup_and_check(
         &self,
         spec: &SandboxSpec,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ipnetwork::IpNetwork;
 
 use crate::dataplane::{
-    CheckFailure, Dataplane, DataplaneError, ExpectedState, PodAddress, RouteSpec, SandboxSpec,
-    SetupOutcome, TeardownOutcome, host_ifname,
+    CheckFailure, Dataplane, DataplaneError, ExpectedState, LinkSpec, PodAddress, RouteSpec,
+    SandboxSpec, SetupOutcome, TeardownOutcome, host_ifname,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator};
 
@@ -147,8 +147,9 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         &self.dataplane
     }
 
-    /// Reserves addresses, wires the sandbox and verifies it. The kernel work overlaps the
-    /// durable commit of a new reservation; the answer waits for both.
+    /// Reserves addresses, wires the sandbox and verifies it. The veth pair, which needs no
+    /// address, is made while the addresses are reserved; the rest of the kernel work overlaps
+    /// the durable commit of a new reservation; the answer waits for both.
     pub async fn add(&self, sandbox: &SandboxRef) -> Result<AddOutcome, SandboxError> {
         let _serialised = self
             .locks
@@ -159,14 +160,26 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             SandboxError::Config(format!("{label}: ADD needs a network namespace path"))
         })?;
         let key = sandbox.key();
-        let reservation = self
-            .allocator
-            .reserve_queued(&key)
-            .await
-            .map_err(|source| SandboxError::Ipam {
-                sandbox: label.clone(),
-                source,
-            })?;
+        let link = LinkSpec {
+            container_id: sandbox.container_id.clone(),
+            netns: netns.clone(),
+            ifname: sandbox.ifname.clone(),
+            mtu: self.network.mtu,
+        };
+        let (reservation, started) = tokio::join!(
+            self.allocator.reserve_queued(&key),
+            self.dataplane.start_setup(link)
+        );
+        let reservation = match reservation {
+            Ok(reservation) => reservation,
+            Err(source) => {
+                self.abandon(started, &label).await;
+                return Err(SandboxError::Ipam {
+                    sandbox: label,
+                    source,
+                });
+            }
+        };
         let existed = !reservation.is_new();
         let allocation = reservation.allocation().clone();
         crate::failpoint::hit("add.reserved");
@@ -174,6 +187,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         let expected = match crate::dataplane::plan(&spec) {
             Ok(expected) => expected,
             Err(source) => {
+                self.abandon(started, &label).await;
                 if !existed && reservation.durable().await.is_ok() {
                     self.release_after_failure(&key, &label).await;
                 }
@@ -191,7 +205,8 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             }
             durable
         };
-        let (wired, durable) = tokio::join!(self.setup_replacing_leftovers(&spec), durable);
+        let (wired, durable) =
+            tokio::join!(self.finish_replacing_leftovers(&spec, started), durable);
         if let Err(source) = durable {
             // Not on disk, and the store refuses writes until reopened: undo the wiring so
             // that nothing routes an address the store does not hold.
@@ -255,14 +270,28 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         })
     }
 
-    /// Setup and check; when the host veth of the sandbox is already there (left by an ADD
-    /// that crashed, or a repeated ADD), it is torn down with what it routes, its adopted
-    /// addresses (if reconciliation adopted it) released, and setup runs once more.
-    async fn setup_replacing_leftovers(
+    /// Undoes a setup started for an ADD that cannot go on.
+    async fn abandon(&self, started: Result<D::Started, DataplaneError>, label: &str) {
+        if let Ok(started) = started {
+            for err in self.dataplane.abandon_setup(started).await {
+                tracing::error!(sandbox = %label, error = %err, "rollback of the veth pair of an ADD that could not go on");
+            }
+        }
+    }
+
+    /// The started setup finished, and checked; when the host veth of the sandbox was already
+    /// there (left by an ADD that crashed, or a repeated ADD), it is torn down with what it
+    /// routes, its adopted addresses (if reconciliation adopted it) released, and setup runs
+    /// once more.
+    async fn finish_replacing_leftovers(
         &self,
         spec: &SandboxSpec,
+        started: Result<D::Started, DataplaneError>,
     ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
-        let first = self.dataplane.setup_and_check(spec).await;
+        let first = match started {
+            Ok(started) => self.dataplane.finish_setup(started, spec).await,
+            Err(failed) => Err(failed),
+        };
         let host_link = host_ifname(&spec.container_id, &spec.ifname);
         let leftover = matches!(
             &first,

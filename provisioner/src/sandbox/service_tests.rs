@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::dataplane::{CheckFailure, DataplaneError, SetupStep};
+use crate::dataplane::{CheckFailure, DataplaneError, LinkSpec, SetupStep};
 use crate::ipam::{AllocatedIp, IpamConfig, IpamError, Reservation};
 
 use super::*;
@@ -76,6 +76,33 @@ impl FakeDataplane {
 }
 
 impl SandboxDataplane for FakeDataplane {
+    /// The fake makes its veth pair (and meets a leftover) in `setup_and_check`, called by
+    /// `finish_setup`: the log shows when the setup started.
+    type Started = LinkSpec;
+
+    async fn start_setup(&self, link: LinkSpec) -> Result<LinkSpec, DataplaneError> {
+        say(&self.log, format!("start setup {}", link.container_id));
+        Ok(link)
+    }
+
+    async fn finish_setup(
+        &self,
+        started: LinkSpec,
+        spec: &SandboxSpec,
+    ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
+        assert_eq!(
+            started,
+            LinkSpec::of(spec),
+            "finished with another sandbox's spec"
+        );
+        self.setup_and_check(spec).await
+    }
+
+    async fn abandon_setup(&self, started: LinkSpec) -> Vec<DataplaneError> {
+        say(&self.log, format!("abandon setup {}", started.container_id));
+        Vec::new()
+    }
+
     async fn setup_and_check(
         &self,
         spec: &SandboxSpec,
@@ -194,6 +221,8 @@ struct FakeStore {
     unreadable: Mutex<Vec<AllocationKey>>,
     /// Keys whose released addresses are held (`release_holding`, until `end_hold`).
     held: Mutex<Vec<AllocationKey>>,
+    /// Every reservation is refused: the pool is exhausted.
+    exhausted: Mutex<bool>,
 }
 
 impl FakeStore {
@@ -216,6 +245,17 @@ impl AllocationStore for FakeStore {
     }
 
     fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+        if *self
+            .exhausted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            say(&self.log, format!("exhausted for {}", key.container_id));
+            return Err(IpamError::Exhausted {
+                key: key.to_string(),
+                range_sets: vec!["10.0.0.0/24".into()],
+            });
+        }
         let new = self.get(key)?.is_none();
         let allocation = self.allocate(key)?;
         let store = Path::new("fake");
@@ -402,6 +442,7 @@ impl Fixture {
             commit: Mutex::default(),
             unreadable: Mutex::default(),
             held: Mutex::default(),
+            exhausted: Mutex::default(),
         });
         let ipam = IpamConfig::from_json(
             r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"routes":[{"dst":"0.0.0.0/0"}]}"#,
@@ -437,7 +478,8 @@ fn sandbox(container_id: &str) -> SandboxRef {
 }
 
 #[tokio::test]
-async fn add_tells_the_observer_its_plan_before_touching_the_kernel() {
+async fn add_starts_the_setup_while_reserving_and_tells_the_observer_its_plan_before_the_addresses_are_wired()
+ {
     let f = Fixture::new();
     let outcome = f.service.add(&sandbox("c1")).await.expect("add");
     assert_eq!(outcome.expected.ifname, "eth0");
@@ -445,11 +487,37 @@ async fn add_tells_the_observer_its_plan_before_touching_the_kernel() {
         f.log(),
         [
             "allocate c1",
+            "start setup c1",
             "observer planned c1 eth0",
             "setup c1",
             "observer set up c1"
         ]
     );
+}
+
+#[tokio::test]
+async fn an_add_that_gets_no_address_undoes_the_setup_it_started() {
+    let f = Fixture::new();
+    *f.store
+        .exhausted
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = true;
+    let err = f.service.add(&sandbox("c1")).await.expect_err("fails");
+    assert!(
+        matches!(
+            err,
+            SandboxError::Ipam {
+                source: IpamError::Exhausted { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        f.log(),
+        ["exhausted for c1", "start setup c1", "abandon setup c1"]
+    );
+    assert!(f.dataplane.kernel().wired.is_empty());
 }
 
 #[tokio::test]
@@ -463,6 +531,7 @@ async fn a_failed_add_with_a_clean_rollback_releases_a_new_allocation() {
         f.log(),
         [
             "allocate c1",
+            "start setup c1",
             "observer planned c1 eth0",
             "setup c1",
             "observer rolled back c1",
@@ -501,7 +570,7 @@ async fn an_unverified_add_is_torn_down_and_released() {
     assert!(!f.store.holds("c1"));
     let log = f.log();
     assert_eq!(
-        &log[3..],
+        &log[4..],
         ["observer rolled back c1", "teardown c1", "release c1"]
     );
 }
@@ -703,6 +772,7 @@ async fn add_wires_while_the_commit_runs_and_answers_only_once_it_is_durable() {
         f.log(),
         [
             "allocate c1",
+            "start setup c1",
             "observer planned c1 eth0",
             "setup c1",
             "observer set up c1"
@@ -724,6 +794,7 @@ async fn add_whose_commit_fails_undoes_the_wiring_and_fails() {
         f.log(),
         [
             "allocate c1",
+            "start setup c1",
             "observer planned c1 eth0",
             "setup c1",
             "observer rolled back c1",
@@ -746,6 +817,7 @@ async fn add_replaces_a_leftover_host_veth_and_frees_what_was_adopted_from_it() 
         f.log(),
         [
             "allocate c1".to_owned(),
+            "start setup c1".to_owned(),
             "observer planned c1 eth0".to_owned(),
             "setup c1".to_owned(),
             "teardown c1".to_owned(),
