@@ -164,11 +164,39 @@ impl Dataplane {
         NetnsFile::open_sandbox(path, &self.inner.not_sandboxes)
     }
 
+    /// [`Self::open_sandbox_netns`] without blocking the caller's thread: at once when the path
+    /// is cached and leads to a namespace file (the usual case), else from a blocking thread (a
+    /// path on a hung file system then holds that thread, not the caller's).
+    pub(crate) async fn open_sandbox_netns_nonblocking(
+        &self,
+        path: &Path,
+    ) -> Result<NetnsFile, DataplaneError> {
+        if let Some(opened) = NetnsFile::open_sandbox_cached(path, &self.inner.not_sandboxes) {
+            return opened;
+        }
+        let dp = self.clone();
+        let label = path.display().to_string();
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || dp.open_sandbox_netns(&path))
+            .await
+            .map_err(|e| DataplaneError::Protocol {
+                op: "open the sandbox netns".to_owned(),
+                netns: label,
+                detail: format!("the blocking task failed: {e}"),
+            })?
+    }
+
     /// Checks that `path` is a network namespace a sandbox may use (see
     /// [`Self::open_sandbox_netns`]; setup and check repeat the check on the handle they use).
     /// Blocks for a few syscalls: call it from a blocking context.
     pub fn check_sandbox_netns(&self, path: &Path) -> Result<(), DataplaneError> {
         self.open_sandbox_netns(path).map(drop)
+    }
+
+    /// [`Self::check_sandbox_netns`] when it cannot block (see
+    /// [`Self::open_sandbox_netns_nonblocking`]); `None`: call that from a blocking thread.
+    pub fn check_sandbox_netns_cached(&self, path: &Path) -> Option<Result<(), DataplaneError>> {
+        NetnsFile::open_sandbox_cached(path, &self.inner.not_sandboxes).map(|r| r.map(drop))
     }
 
     /// The host connection, created on first use and reused afterwards.

@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -55,11 +55,71 @@ impl NetnsFile {
         not_sandboxes: &[NsIdentity],
     ) -> Result<Self, DataplaneError> {
         let ns = Self::open(path)?;
-        let id = ns.identity()?;
-        if let Some(forbidden) = not_sandboxes.iter().find(|f| f.same_namespace(&id)) {
-            return Err(ns.bad(BadNetns::NotASandbox(forbidden.what)));
-        }
+        ns.check_sandbox(not_sandboxes)?;
         Ok(ns)
+    }
+
+    /// [`Self::open_sandbox`] when it cannot block the caller: `None` when it might (the path
+    /// is not all in the dentry cache, or leads to something other than a namespace file, or
+    /// the kernel predates `RESOLVE_CACHED`): then open it from a blocking thread.
+    ///
+    /// The path is resolved from the dentry cache alone, to an `O_PATH` handle (`openat2` with
+    /// `RESOLVE_CACHED`: no file system code runs, a FUSE or NFS path that needs asking fails
+    /// at once with `EAGAIN`); only a namespace file (nsfs, told by its device from cached
+    /// attributes) is then opened for real, through that handle, and nsfs waits for nothing.
+    pub(crate) fn open_sandbox_cached(
+        path: &Path,
+        not_sandboxes: &[NsIdentity],
+    ) -> Option<Result<Self, DataplaneError>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let label = path.display().to_string();
+        let located = match open_path_cached(path) {
+            Ok(located) => located,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EAGAIN | libc::ENOSYS | libc::EINVAL | libc::E2BIG)
+                ) =>
+            {
+                return None;
+            }
+            Err(source) => {
+                return Some(Err(DataplaneError::OpenNetns {
+                    netns: label,
+                    source,
+                }));
+            }
+        };
+        if cached_device(&located)? != nsfs_device()? {
+            return None;
+        }
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(format!("/proc/thread-self/fd/{}", located.as_raw_fd()))
+        {
+            Ok(file) => file,
+            Err(source) => {
+                return Some(Err(DataplaneError::OpenNetns {
+                    netns: label,
+                    source,
+                }));
+            }
+        };
+        let ns = Self { file, label };
+        Some(
+            ns.check_is_netns()
+                .and_then(|()| ns.check_sandbox(not_sandboxes))
+                .map(|()| ns),
+        )
+    }
+
+    fn check_sandbox(&self, not_sandboxes: &[NsIdentity]) -> Result<(), DataplaneError> {
+        let id = self.identity()?;
+        match not_sandboxes.iter().find(|f| f.same_namespace(&id)) {
+            Some(forbidden) => Err(self.bad(BadNetns::NotASandbox(forbidden.what))),
+            None => Ok(()),
+        }
     }
 
     fn bad(&self, reason: BadNetns) -> DataplaneError {
@@ -371,6 +431,59 @@ pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), Dataplane
     Ok((inode, cookie))
 }
 
+/// An `O_PATH` handle on `path`, resolved from the dentry cache alone (`EAGAIN` when that is
+/// not enough).
+fn open_path_cached(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_how is plain old data; every field is set below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_CACHED;
+    // SAFETY: a NUL-terminated path and a valid open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            &raw const how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: openat2 just returned this fd, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The device of the file behind `fd`, from its cached attributes (`AT_STATX_DONT_SYNC`: a
+/// network or FUSE file system is not asked); `None` when they cannot be read.
+fn cached_device(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: statx is plain old data, filled by the kernel.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: an empty path with AT_EMPTY_PATH names `fd` itself; `st` is a valid out-pointer.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE,
+            &raw mut st,
+        )
+    };
+    (rc == 0).then(|| libc::makedev(st.stx_dev_major, st.stx_dev_minor))
+}
+
+/// The device of nsfs, the file system of every namespace file.
+fn nsfs_device() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    static DEVICE: OnceLock<Option<u64>> = OnceLock::new();
+    *DEVICE.get_or_init(|| std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.dev()))
+}
+
 /// Is `path` an existing namespace file (and not, e.g., a plain file left where a bind mount
 /// was)? Looks at the path without opening it, so a FIFO cannot block the caller.
 pub(crate) fn is_netns(path: &Path) -> bool {
@@ -491,6 +604,76 @@ mod tests {
             let _ = tx.send(made);
         });
         rx.recv().expect("thread answers").expect("unshare (root)")
+    }
+
+    /// `file`'s namespace bind-mounted on a file in `dir`, as `ip netns add` pins one; unmounted
+    /// when dropped.
+    struct Pinned(PathBuf);
+
+    impl Pinned {
+        fn new(dir: &Path, file: &File) -> Self {
+            let path = dir.join("pinned");
+            File::create(&path).expect("mount point");
+            let source = format!("/proc/self/fd/{}", file.as_raw_fd());
+            nix::mount::mount(
+                Some(source.as_str()),
+                &path,
+                None::<&str>,
+                nix::mount::MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .expect("bind mount (root)");
+            Self(path)
+        }
+    }
+
+    impl Drop for Pinned {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    #[test]
+    fn a_pinned_namespace_is_opened_from_the_dentry_cache_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (file, _) = fresh_netns();
+        let pinned = Pinned::new(dir.path(), &file);
+        let expected = NetnsFile {
+            file,
+            label: "fresh".to_owned(),
+        }
+        .identity()
+        .expect("identity");
+        let ns = NetnsFile::open_sandbox_cached(&pinned.0, &[])
+            .expect("a pin just made is cached")
+            .expect("a network namespace");
+        assert!(ns.identity().expect("identity").same_namespace(&expected));
+        match NetnsFile::open_sandbox_cached(&pinned.0, &[expected.named("the node's")]) {
+            Some(Err(DataplaneError::BadNetns {
+                reason: BadNetns::NotASandbox(what),
+                ..
+            })) => assert_eq!(what, "the node's"),
+            other => panic!("the node's namespace as a sandbox's: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn what_is_no_namespace_file_is_left_to_the_blocking_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plain = dir.path().join("plain");
+        File::create(&plain).expect("plain file");
+        assert!(NetnsFile::open_sandbox_cached(&plain, &[]).is_none());
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        assert!(NetnsFile::open_sandbox_cached(&fifo, &[]).is_none());
+        // The blocking open names what it found.
+        assert!(matches!(
+            NetnsFile::open_sandbox(&plain, &[]),
+            Err(DataplaneError::BadNetns {
+                reason: BadNetns::NotANamespace { .. },
+                ..
+            })
+        ));
     }
 
     #[test]

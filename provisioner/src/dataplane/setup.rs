@@ -269,7 +269,9 @@ impl Run {
         // host socket is shared and made once.
         let ns = at(
             S::SandboxNetns,
-            self.dp.open_sandbox_netns(&self.link.netns),
+            self.dp
+                .open_sandbox_netns_nonblocking(&self.link.netns)
+                .await,
         )?;
         let conn = at(S::SandboxNetns, Conn::open(&ns))?;
         let host = at(S::SandboxNetns, self.dp.host().await)?.clone();

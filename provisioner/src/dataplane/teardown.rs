@@ -88,7 +88,7 @@ async fn withdraw_sandbox(
     ifname: &str,
     host_index: u32,
 ) -> SandboxEnd {
-    let ns = match dp.open_sandbox_netns(path) {
+    let ns = match dp.open_sandbox_netns_nonblocking(path).await {
         Ok(ns) => ns,
         Err(e) if e.errno() == Some(libc::ENOENT) => return SandboxEnd::default(),
         Err(e) => return SandboxEnd::failed(e),
