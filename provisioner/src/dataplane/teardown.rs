@@ -20,7 +20,7 @@ use super::error::DataplaneError;
 use super::link::{self, Link};
 use super::naming::{graveyard_ifname, host_ifname};
 use super::netlink::{Conn, Req};
-use super::netns::is_netns;
+use super::netns::{BadNetns, NetnsFile};
 use super::plan::host_route_to;
 use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
@@ -33,8 +33,21 @@ pub(crate) async fn run(
     netns: Option<&Path>,
 ) -> Result<TeardownOutcome, DataplaneError> {
     let mut errors = Vec::new();
+    let sandbox_ns = match netns {
+        Some(path) => Some(dp.open_sandbox_netns_nonblocking(path).await),
+        None => None,
+    };
     let mut out = TeardownOutcome {
-        sandbox_netns_gone: netns.is_none_or(|p| !is_netns(p)),
+        sandbox_netns_gone: sandbox_ns.as_ref().is_none_or(|opened| {
+            matches!(
+                opened,
+                Err(DataplaneError::OpenNetns { .. }
+                    | DataplaneError::BadNetns {
+                        reason: BadNetns::NotANamespace { .. },
+                        ..
+                    })
+            )
+        }),
         ..TeardownOutcome::default()
     };
     let host_name = host_ifname(container_id, ifname);
@@ -45,9 +58,9 @@ pub(crate) async fn run(
                 // The sandbox end first: its addresses name the pod's host routes, which the
                 // host end then deletes by destination before its own address goes (the last
                 // address of a link taking along routes through it walks the whole table).
-                let sandbox_end = match netns {
-                    Some(path) if !out.sandbox_netns_gone => {
-                        withdraw_sandbox(dp, path, ifname, l.index).await
+                let sandbox_end = match sandbox_ns {
+                    Some(opened) if !out.sandbox_netns_gone => {
+                        withdraw_sandbox(opened, ifname, l.index).await
                     }
                     _ => SandboxEnd::default(),
                 };
@@ -77,18 +90,17 @@ pub(crate) async fn run(
     }
 }
 
-/// The sandbox end of our veth (named `ifname` in the netns at `path`, peer of host link
+/// The sandbox end of our veth (named `ifname` in the netns `opened`, peer of host link
 /// `host_index`; a foreign interface is left alone): addresses deleted (the last IPv4 one takes
 /// the IPv4 routes through it along), set down (IPv6 routes and addresses go) and renamed
 /// `pvx<index>` so that `ifname` is free for a new setup at once. Returns whether it was
 /// cleaned, the errors met and the pod addresses it held.
 async fn withdraw_sandbox(
-    dp: &Dataplane,
-    path: &Path,
+    opened: Result<NetnsFile, DataplaneError>,
     ifname: &str,
     host_index: u32,
 ) -> SandboxEnd {
-    let ns = match dp.open_sandbox_netns_nonblocking(path).await {
+    let ns = match opened {
         Ok(ns) => ns,
         Err(e) if e.errno() == Some(libc::ENOENT) => return SandboxEnd::default(),
         Err(e) => return SandboxEnd::failed(e),
