@@ -93,19 +93,12 @@ impl NetnsFile {
         if cached_device(&located)? != nsfs_device()? {
             return None;
         }
-        let file = match std::fs::OpenOptions::new()
+        // Without /proc the blocking open still can.
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
             .open(format!("/proc/thread-self/fd/{}", located.as_raw_fd()))
-        {
-            Ok(file) => file,
-            Err(source) => {
-                return Some(Err(DataplaneError::OpenNetns {
-                    netns: label,
-                    source,
-                }));
-            }
-        };
+            .ok()?;
         let ns = Self { file, label };
         Some(
             ns.check_is_netns()
