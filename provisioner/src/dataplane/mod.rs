@@ -171,19 +171,9 @@ impl Dataplane {
         &self,
         path: &Path,
     ) -> Result<NetnsFile, DataplaneError> {
-        if let Some(opened) = NetnsFile::open_sandbox_cached(path, &self.inner.not_sandboxes) {
-            return opened;
-        }
-        let dp = self.clone();
-        let label = path.display().to_string();
-        let path = path.to_path_buf();
-        tokio::task::spawn_blocking(move || dp.open_sandbox_netns(&path))
-            .await
-            .map_err(|e| DataplaneError::Protocol {
-                op: "open the sandbox netns".to_owned(),
-                netns: label,
-                detail: format!("the blocking task failed: {e}"),
-            })?
+        let ns = NetnsFile::open_nonblocking(path).await?;
+        ns.check_sandbox(&self.inner.not_sandboxes)?;
+        Ok(ns)
     }
 
     /// Checks that `path` is a network namespace a sandbox may use (see

@@ -107,7 +107,24 @@ impl NetnsFile {
         )
     }
 
-    fn check_sandbox(&self, not_sandboxes: &[NsIdentity]) -> Result<(), DataplaneError> {
+    /// [`Self::open`] without blocking the caller's thread: from the dentry cache when it can
+    /// ([`Self::open_sandbox_cached`]), else from a blocking thread.
+    pub(crate) async fn open_nonblocking(path: &Path) -> Result<Self, DataplaneError> {
+        if let Some(opened) = Self::open_sandbox_cached(path, &[]) {
+            return opened;
+        }
+        let label = path.display().to_string();
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open(&path))
+            .await
+            .map_err(|e| DataplaneError::Protocol {
+                op: "open the netns".to_owned(),
+                netns: label,
+                detail: format!("the blocking task failed: {e}"),
+            })?
+    }
+
+    pub(crate) fn check_sandbox(&self, not_sandboxes: &[NsIdentity]) -> Result<(), DataplaneError> {
         let id = self.identity()?;
         match not_sandboxes.iter().find(|f| f.same_namespace(&id)) {
             Some(forbidden) => Err(self.bad(BadNetns::NotASandbox(forbidden.what))),
@@ -409,7 +426,7 @@ fn ns_id(file: &File) -> io::Result<u64> {
 /// Inode and cookie of the network namespace at `path` (checked to be one); the cookie from
 /// [`netns_cookie_of_file`], else read on a pooled netns worker (no thread created per call).
 pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), DataplaneError> {
-    let ns = NetnsFile::open(path)?;
+    let ns = NetnsFile::open_nonblocking(path).await?;
     let inode = ns.inode()?;
     if let Some(cookie) = netns_cookie_of_file(&ns.file) {
         return Ok((inode, cookie));

@@ -49,7 +49,7 @@ pub struct SnapshotRoute {
 
 /// Reads the namespace at `path`: one socket created inside it, three dumps.
 pub(crate) async fn take(path: &Path) -> Result<NetnsSnapshot, DataplaneError> {
-    let ns = NetnsFile::open(path)?;
+    let ns = NetnsFile::open_nonblocking(path).await?;
     let inode = ns.inode()?;
     let socket = socket_in(&ns)?;
     let cookie = socket_netns_cookie(socket.as_fd()).map_err(|source| DataplaneError::Socket {
