@@ -568,26 +568,21 @@ async fn admit(
             .into()),
         };
     };
-    let checked = match state.dataplane.check_sandbox_netns_cached(&netns) {
-        Some(checked) => checked,
-        None => {
-            let dataplane = state.dataplane.clone();
-            let shown = netns.display().to_string();
-            let check = tokio::task::spawn_blocking(move || dataplane.check_sandbox_netns(&netns));
-            // A path on a hung filesystem must not hold the caller either.
-            tokio::time::timeout(limits.operation_deadline, check)
-                .await
-                .map_err(|_| {
-                    Response::from(CniError::try_again_later(format!(
-                        "{} of container {}: netns {shown} not inspected within {:?}",
-                        op.name(),
-                        req.container_id,
-                        limits.operation_deadline
-                    )))
-                })?
-                .map_err(|err| Response::from(CniError::internal(format!("netns check: {err}"))))?
-        }
-    };
+    // A path on a hung filesystem must not hold the caller either.
+    let checked = tokio::time::timeout(
+        limits.operation_deadline,
+        state.dataplane.check_sandbox_netns(&netns),
+    )
+    .await
+    .map_err(|_| {
+        Response::from(CniError::try_again_later(format!(
+            "{} of container {}: netns {} not inspected within {:?}",
+            op.name(),
+            req.container_id,
+            netns.display(),
+            limits.operation_deadline
+        )))
+    })?;
     let Err(err) = checked else {
         return Ok(());
     };

@@ -54,7 +54,7 @@ async fn check_sandbox(dp: &Dataplane, spec: &SandboxSpec, plan: &ExpectedState)
     let mut problems = Vec::new();
     let sbx_label = spec.netns.display().to_string();
     let conn = match dp
-        .open_sandbox_netns_nonblocking(&spec.netns)
+        .open_sandbox_netns(&spec.netns)
         .await
         .and_then(|ns| Conn::open(&ns))
     {

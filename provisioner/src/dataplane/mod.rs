@@ -157,17 +157,12 @@ impl Dataplane {
         &self.inner.host_ns
     }
 
-    /// Opens the network namespace of a sandbox at `path`, without blocking: it must be a
-    /// network namespace, and neither the node's nor the daemon's own. Whatever uses the
-    /// namespace afterwards uses this handle, never the path again.
-    pub(crate) fn open_sandbox_netns(&self, path: &Path) -> Result<NetnsFile, DataplaneError> {
-        NetnsFile::open_sandbox(path, &self.inner.not_sandboxes)
-    }
-
-    /// [`Self::open_sandbox_netns`] without blocking the caller's thread: at once when the path
-    /// is cached and leads to a namespace file (the usual case), else from a blocking thread (a
-    /// path on a hung file system then holds that thread, not the caller's).
-    pub(crate) async fn open_sandbox_netns_nonblocking(
+    /// Opens the network namespace of a sandbox at `path`: it must be a network namespace,
+    /// and neither the node's nor the daemon's own. Whatever uses the namespace afterwards uses
+    /// this handle, never the path again. The caller's thread never waits on the path: it is
+    /// opened at once when it is cached and leads to a namespace file (the usual case), else
+    /// from a blocking thread (a path on a hung file system then holds that thread).
+    pub(crate) async fn open_sandbox_netns(
         &self,
         path: &Path,
     ) -> Result<NetnsFile, DataplaneError> {
@@ -178,15 +173,8 @@ impl Dataplane {
 
     /// Checks that `path` is a network namespace a sandbox may use (see
     /// [`Self::open_sandbox_netns`]; setup and check repeat the check on the handle they use).
-    /// Blocks for a few syscalls: call it from a blocking context.
-    pub fn check_sandbox_netns(&self, path: &Path) -> Result<(), DataplaneError> {
-        self.open_sandbox_netns(path).map(drop)
-    }
-
-    /// [`Self::check_sandbox_netns`] when it cannot block (see
-    /// [`Self::open_sandbox_netns_nonblocking`]); `None`: call that from a blocking thread.
-    pub fn check_sandbox_netns_cached(&self, path: &Path) -> Option<Result<(), DataplaneError>> {
-        NetnsFile::open_sandbox_cached(path, &self.inner.not_sandboxes).map(|r| r.map(drop))
+    pub async fn check_sandbox_netns(&self, path: &Path) -> Result<(), DataplaneError> {
+        self.open_sandbox_netns(path).await.map(drop)
     }
 
     /// The host connection, created on first use and reused afterwards.

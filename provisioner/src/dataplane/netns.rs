@@ -48,29 +48,15 @@ impl NetnsFile {
         Ok(ns)
     }
 
-    /// Opens `path` like [`Self::open`] as the network namespace of a sandbox: it must not be
-    /// one of `not_sandboxes` (the node's netns, the daemon's own).
-    pub(crate) fn open_sandbox(
-        path: &Path,
-        not_sandboxes: &[NsIdentity],
-    ) -> Result<Self, DataplaneError> {
-        let ns = Self::open(path)?;
-        ns.check_sandbox(not_sandboxes)?;
-        Ok(ns)
-    }
-
-    /// [`Self::open_sandbox`] when it cannot block the caller: `None` when it might (the path
-    /// is not all in the dentry cache, or leads to something other than a namespace file, or
-    /// the kernel predates `RESOLVE_CACHED`): then open it from a blocking thread.
+    /// [`Self::open`] when it cannot block the caller: `None` when it might (the path is not
+    /// all in the dentry cache, or leads to something other than a namespace file, or the
+    /// kernel predates `RESOLVE_CACHED`): then open it from a blocking thread.
     ///
     /// The path is resolved from the dentry cache alone, to an `O_PATH` handle (`openat2` with
     /// `RESOLVE_CACHED`: no file system code runs, a FUSE or NFS path that needs asking fails
     /// at once with `EAGAIN`); only a namespace file (nsfs, told by its device from cached
     /// attributes) is then opened for real, through that handle, and nsfs waits for nothing.
-    pub(crate) fn open_sandbox_cached(
-        path: &Path,
-        not_sandboxes: &[NsIdentity],
-    ) -> Option<Result<Self, DataplaneError>> {
+    fn open_cached(path: &Path) -> Option<Result<Self, DataplaneError>> {
         use std::os::unix::fs::OpenOptionsExt;
         let label = path.display().to_string();
         let located = match open_path_cached(path) {
@@ -100,17 +86,13 @@ impl NetnsFile {
             .open(format!("/proc/thread-self/fd/{}", located.as_raw_fd()))
             .ok()?;
         let ns = Self { file, label };
-        Some(
-            ns.check_is_netns()
-                .and_then(|()| ns.check_sandbox(not_sandboxes))
-                .map(|()| ns),
-        )
+        Some(ns.check_is_netns().map(|()| ns))
     }
 
     /// [`Self::open`] without blocking the caller's thread: from the dentry cache when it can
-    /// ([`Self::open_sandbox_cached`]), else from a blocking thread.
+    /// ([`Self::open_cached`]), else from a blocking thread.
     pub(crate) async fn open_nonblocking(path: &Path) -> Result<Self, DataplaneError> {
-        if let Some(opened) = Self::open_sandbox_cached(path, &[]) {
+        if let Some(opened) = Self::open_cached(path) {
             return opened;
         }
         let label = path.display().to_string();
@@ -124,6 +106,8 @@ impl NetnsFile {
             })?
     }
 
+    /// A namespace a sandbox may use: none of `not_sandboxes` (the node's netns, the daemon's
+    /// own).
     pub(crate) fn check_sandbox(&self, not_sandboxes: &[NsIdentity]) -> Result<(), DataplaneError> {
         let id = self.identity()?;
         match not_sandboxes.iter().find(|f| f.same_namespace(&id)) {
@@ -654,15 +638,15 @@ mod tests {
         }
         .identity()
         .expect("identity");
-        let ns = NetnsFile::open_sandbox_cached(&pinned.0, &[])
+        let ns = NetnsFile::open_cached(&pinned.0)
             .expect("a pin just made is cached")
             .expect("a network namespace");
         assert!(ns.identity().expect("identity").same_namespace(&expected));
-        match NetnsFile::open_sandbox_cached(&pinned.0, &[expected.named("the node's")]) {
-            Some(Err(DataplaneError::BadNetns {
+        match ns.check_sandbox(&[expected.named("the node's")]) {
+            Err(DataplaneError::BadNetns {
                 reason: BadNetns::NotASandbox(what),
                 ..
-            })) => assert_eq!(what, "the node's"),
+            }) => assert_eq!(what, "the node's"),
             other => panic!("the node's namespace as a sandbox's: {other:?}"),
         }
     }
@@ -672,13 +656,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let plain = dir.path().join("plain");
         File::create(&plain).expect("plain file");
-        assert!(NetnsFile::open_sandbox_cached(&plain, &[]).is_none());
+        assert!(NetnsFile::open_cached(&plain).is_none());
         let fifo = dir.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("fifo");
-        assert!(NetnsFile::open_sandbox_cached(&fifo, &[]).is_none());
+        assert!(NetnsFile::open_cached(&fifo).is_none());
         // The blocking open names what it found.
         assert!(matches!(
-            NetnsFile::open_sandbox(&plain, &[]),
+            NetnsFile::open(&plain),
             Err(DataplaneError::BadNetns {
                 reason: BadNetns::NotANamespace { .. },
                 ..
@@ -782,13 +766,14 @@ mod tests {
     fn the_namespaces_the_daemon_keeps_are_no_sandboxes() {
         let own = NetnsFile::open(Path::new("/proc/self/ns/net")).expect("own netns");
         let forbidden = [own.identity().expect("identity").named("the test's own")];
-        let e = NetnsFile::open_sandbox(Path::new("/proc/thread-self/ns/net"), &forbidden)
+        let e = NetnsFile::open(Path::new("/proc/thread-self/ns/net"))
+            .and_then(|ns| ns.check_sandbox(&forbidden))
             .expect_err("the same namespace by another path");
         assert_eq!(reason(&e), Some(BadNetns::NotASandbox("the test's own")));
         assert!(
             e.to_string().contains("is the test's own, not a sandbox's"),
             "{e}"
         );
-        NetnsFile::open_sandbox(Path::new("/proc/self/ns/net"), &[]).expect("nothing forbidden");
+        own.check_sandbox(&[]).expect("nothing forbidden");
     }
 }

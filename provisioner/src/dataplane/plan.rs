@@ -9,7 +9,7 @@ use ipnetwork::IpNetwork;
 use super::error::DataplaneError;
 use super::naming::{host_ifname, valid_ifname};
 use super::route::{Route, Scope};
-use super::spec::{LinkSpec, SandboxSpec};
+use super::spec::SandboxSpec;
 
 /// The wiring of one address family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,14 +38,18 @@ pub struct ExpectedState {
 
 /// What a sandbox's veth pair needs valid: a container id, an interface name and an MTU the
 /// kernel takes.
-pub(crate) fn check_link(link: &LinkSpec) -> Result<(), DataplaneError> {
-    if link.container_id.is_empty() {
+pub(crate) fn check_link(
+    container_id: &str,
+    ifname: &str,
+    mtu: Option<u32>,
+) -> Result<(), DataplaneError> {
+    if container_id.is_empty() {
         return Err(invalid("empty container id".to_owned()));
     }
-    if !valid_ifname(&link.ifname) {
-        return Err(invalid(format!("bad interface name {:?}", link.ifname)));
+    if !valid_ifname(ifname) {
+        return Err(invalid(format!("bad interface name {ifname:?}")));
     }
-    if let Some(mtu) = link.mtu
+    if let Some(mtu) = mtu
         && !(68..=65535).contains(&mtu)
     {
         return Err(invalid(format!("mtu {mtu} out of range")));
@@ -100,7 +104,7 @@ impl ExpectedState {
 
 /// Validates `spec` and plans the ptp wiring.
 pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
-    check_link(&LinkSpec::of(spec))?;
+    check_link(&spec.container_id, &spec.ifname, spec.mtu)?;
     if spec.addresses.is_empty() {
         return Err(invalid("no address".to_owned()));
     }

@@ -158,7 +158,7 @@ async fn execute(
 /// The first steps of the setup of `link`: its namespace opened, its veth pair made. On
 /// failure what was made is rolled back.
 pub(crate) async fn start(dp: &Dataplane, link: LinkSpec) -> Result<StartedSetup, DataplaneError> {
-    check_link(&link)?;
+    check_link(&link.container_id, &link.ifname, link.mtu)?;
     let mut run = Run::new(dp, link, None);
     match run.veth_steps().await {
         Ok(veth) => Ok(StartedSetup { run, veth }),
@@ -269,9 +269,7 @@ impl Run {
         // host socket is shared and made once.
         let ns = at(
             S::SandboxNetns,
-            self.dp
-                .open_sandbox_netns_nonblocking(&self.link.netns)
-                .await,
+            self.dp.open_sandbox_netns(&self.link.netns).await,
         )?;
         let conn = at(S::SandboxNetns, Conn::open(&ns))?;
         let host = at(S::SandboxNetns, self.dp.host().await)?.clone();

@@ -34,7 +34,7 @@ pub(crate) async fn run(
 ) -> Result<TeardownOutcome, DataplaneError> {
     let mut errors = Vec::new();
     let sandbox_ns = match netns {
-        Some(path) => Some(dp.open_sandbox_netns_nonblocking(path).await),
+        Some(path) => Some(dp.open_sandbox_netns(path).await),
         None => None,
     };
     let mut out = TeardownOutcome {
