@@ -103,6 +103,16 @@ impl Netns {
             .collect())
     }
 
+    /// Names of the links in this namespace that are in link group `group`.
+    pub fn links_in_group(&self, group: u32) -> Result<Vec<String>> {
+        let out = self.ip(&["-o", "link", "show", "group", &group.to_string()])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .map(|n| n.trim().split('@').next().unwrap_or_default().to_owned())
+            .collect())
+    }
+
     /// The netns cookie, read with SO_NETNS_COOKIE on a socket created inside the namespace.
     pub fn cookie(&self) -> Result<u64> {
         cookie_of(&self.path)

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner::daemon::api::AllocationInfo;
-use provisioner::dataplane::host_ifname;
+use provisioner::dataplane::{GRAVEYARD_GROUP, host_ifname};
 use serde_json::Value;
 
 use crate::daemon_harness::{PluginRun, conflist, plugin_stdin, run_plugin};
@@ -158,14 +158,17 @@ pub struct NodeState {
     pub retired: Vec<String>,
 }
 
-/// Reads the node's links (`pvn*`, `pvx*`) and its host routes through our veths.
+/// Reads the node's links (`pvn*`; `pvx*` and the graveyard group's are retired) and its host
+/// routes through our veths.
 pub fn node_state(node: &Netns) -> Result<NodeState> {
     let mut state = NodeState::default();
+    // Read before the links: a link retired by then is still retired (or gone) when they are.
+    let graveyard = node.links_in_group(GRAVEYARD_GROUP)?;
     for link in node.links()? {
-        if link.starts_with("pvn") {
-            state.veths.insert(link, BTreeSet::new());
-        } else if link.starts_with("pvx") {
+        if link.starts_with("pvx") || graveyard.contains(&link) {
             state.retired.push(link);
+        } else if link.starts_with("pvn") {
+            state.veths.insert(link, BTreeSet::new());
         }
     }
     for family in ["-4", "-6"] {

@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use provisioner::dataplane::{
-    Dataplane, DataplaneError, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, LinkSpec, PodAddress,
-    RouteSpec, SandboxSpec, SetupStep, graveyard_ifname, host_ifname, is_graveyard_ifname,
+    Dataplane, DataplaneError, GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX,
+    LinkSpec, PodAddress, RouteSpec, SandboxSpec, SetupStep, graveyard_ifname, host_ifname,
 };
 use provisioner_tests::{Netns, wait_until};
 
@@ -666,14 +666,17 @@ async fn del_then_immediate_re_add_of_the_same_key() -> Result<()> {
             .with_context(|| format!("round {round}"))?;
         let t = dp.teardown("readd", "eth0", Some(sb.path())).await?;
         ensure!(t.host_link_deleted && t.sandbox_cleaned, "{t:?}");
-        // The names are free at once, though the old pair may still wait for the reaper.
-        ensure!(
-            !links(&node)?.contains(&out.host_ifname),
-            "host name still taken"
-        );
+        // The sandbox's name is free at once. The host end keeps its name, retired, until the
+        // reaper deletes it or the next setup renames it out of its way.
         ensure!(
             !links(&sb)?.contains(&"eth0".to_owned()),
             "eth0 still taken"
+        );
+        let retired = node.links_in_group(GRAVEYARD_GROUP)?;
+        ensure!(
+            !links(&node)?.contains(&out.host_ifname) || retired.contains(&out.host_ifname),
+            "host veth {} left in service after its teardown",
+            out.host_ifname
         );
     }
     // Same key, same address, while retired links may still exist: routed to the new veth only.
@@ -682,6 +685,60 @@ async fn del_then_immediate_re_add_of_the_same_key() -> Result<()> {
     ensure!(got.contains(&out.host_ifname), "{got}");
     node.ping("10.244.10.2")?;
     dp.teardown("readd", "eth0", Some(sb.path())).await?;
+    settle(&dp).await?;
+    assert_node_clean(&node)?;
+    assert_sandbox_clean(&sb)
+}
+
+/// A host link of the sandbox's name that is retired (down, in the graveyard group; no reaper
+/// queued for it here, so it stays) is renamed out of the way by setup; one in service is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_renames_a_retired_host_end_out_of_its_way_but_not_one_in_service() -> Result<()> {
+    let (node, dp) = node()?;
+    let sb = Netns::new("rr")?;
+    let s = spec("retired", &sb, &[("10.244.14.2/24", "10.244.14.1")]);
+    let host = host_ifname("retired", "eth0");
+    let group = GRAVEYARD_GROUP.to_string();
+    node.ip(&[
+        "link", "add", &host, "type", "veth", "peer", "name", "oldpeer0",
+    ])?;
+
+    // In service (not in the graveyard group): named in the error, left alone.
+    let err = dp
+        .setup(&s)
+        .await
+        .expect_err("a host link in service blocks setup");
+    ensure!(
+        err.to_string().contains(&host) && err.to_string().contains("already exists"),
+        "{err}"
+    );
+    ensure!(
+        links(&node)?.contains(&host),
+        "the link in service was touched"
+    );
+
+    // Retired: moved out of the way, and the new pair routes the pod.
+    node.ip(&["link", "set", &host, "down", "group", &group])?;
+    let old_index = node.ip(&["-o", "link", "show", &host])?;
+    let old_index = old_index
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let out = dp.setup(&s).await?;
+    ensure!(out.host_ifname == host, "{out:?}");
+    let retired = node.links_in_group(GRAVEYARD_GROUP)?;
+    let moved = graveyard_ifname(old_index.parse()?);
+    ensure!(
+        retired == [moved.clone()],
+        "the old link is not {moved} in the graveyard group: {retired:?}"
+    );
+    let got = node.ip(&["route", "get", "10.244.14.2"])?;
+    ensure!(got.contains(&host), "{got}");
+    node.ping("10.244.14.2")?;
+    // The reaper's group deletion takes the renamed link along with the one retired now.
+    dp.teardown("retired", "eth0", Some(sb.path())).await?;
     settle(&dp).await?;
     assert_node_clean(&node)?;
     assert_sandbox_clean(&sb)
@@ -715,12 +772,13 @@ async fn teardown_withdraws_routing_before_the_link_is_deleted() -> Result<()> {
         assert_not_routed(&node, &format!("10.244.11.{}", i + 2))?;
         assert_not_routed(&node, &format!("fd00:11::{}", i + 2))?;
     }
-    // Whatever is still there is retired: down, renamed, without address. (One read of the
-    // links and one of the addresses: the reaper deletes retired links meanwhile.)
+    // Whatever is still there is retired: down, in the graveyard group, without address.
+    // (One read of the links and one of the addresses: the reaper deletes retired links
+    // meanwhile.)
     let all_links = node.ip(&["-o", "link", "show"])?;
     let all_addrs = node.ip(&["-o", "addr", "show"])?;
+    let in_graveyard = format!(" group {GRAVEYARD_GROUP} ");
     for name in veths(&node)? {
-        ensure!(is_graveyard_ifname(&name), "{name} not retired");
         let on = |line: &&str| {
             line.split_whitespace()
                 .nth(1)
@@ -733,6 +791,10 @@ async fn teardown_withdraws_routing_before_the_link_is_deleted() -> Result<()> {
         );
         let l: Vec<&str> = all_links.lines().filter(on).collect();
         ensure!(!l.iter().any(|l| l.contains(",UP")), "{name} is up: {l:?}");
+        ensure!(
+            l.iter().all(|l| l.contains(&in_graveyard)),
+            "{name} not in the graveyard group: {l:?}"
+        );
     }
     for sb in &sandboxes {
         let r = sb.ip(&["route", "show"])?;

@@ -1,7 +1,8 @@
 //! What the host netns shows of our sandboxes, read from the kernel alone: every host veth of
 //! ours ([`is_host_ifname`]) with the pod addresses the host routes through it (host routes, /32
-//! or /128, without gateway, through the veth), and the retired links not deleted yet. Two
-//! dumps (links, routes), whatever the number of sandboxes.
+//! or /128, without gateway, through the veth), and the retired links not deleted yet (see
+//! [`super::naming::GRAVEYARD_GROUP`]). Two dumps (links, routes), whatever the number of
+//! sandboxes.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -23,7 +24,7 @@ pub struct HostVeth {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inventory {
     pub veths: Vec<HostVeth>,
-    /// Retired links (`pvx*`) waiting for deletion.
+    /// Retired links (in the graveyard group, or named `pvx*`) waiting for deletion.
     pub retired: Vec<String>,
 }
 
@@ -40,15 +41,15 @@ impl Dataplane {
         let mut inventory = Inventory::default();
         let mut by_index: HashMap<u32, usize> = HashMap::new();
         for l in link::all(host).await? {
-            if is_host_ifname(&l.name) {
+            if l.retired || is_graveyard_ifname(&l.name) {
+                inventory.retired.push(l.name);
+            } else if is_host_ifname(&l.name) {
                 by_index.insert(l.index, inventory.veths.len());
                 inventory.veths.push(HostVeth {
                     name: l.name,
                     index: l.index,
                     routed: Vec::new(),
                 });
-            } else if is_graveyard_ifname(&l.name) {
-                inventory.retired.push(l.name);
             }
         }
         if by_index.is_empty() {

@@ -9,6 +9,7 @@ use netlink_packet_route::link::{
 };
 
 use super::error::DataplaneError;
+use super::naming::GRAVEYARD_GROUP;
 use super::netlink::{Conn, Req};
 
 pub(crate) const ENODEV: i32 = libc::ENODEV;
@@ -25,6 +26,8 @@ pub(crate) struct Link {
     pub peer_index: Option<u32>,
     /// `IFLA_LINK_NETNSID`: the nsid (in this netns) of the peer's netns, when it is another.
     pub peer_netnsid: Option<i32>,
+    /// In the graveyard group: retired by a teardown, waiting for the reaper.
+    pub retired: bool,
 }
 
 /// Formats a hardware address as `aa:bb:cc:dd:ee:ff`.
@@ -45,6 +48,7 @@ fn parse_link(msg: &LinkMessage) -> Link {
         up: msg.header.flags.contains(LinkFlags::Up),
         peer_index: None,
         peer_netnsid: None,
+        retired: false,
     };
     for attr in &msg.attributes {
         match attr {
@@ -53,6 +57,7 @@ fn parse_link(msg: &LinkMessage) -> Link {
             LinkAttribute::Mtu(m) => link.mtu = Some(*m),
             LinkAttribute::Link(l) => link.peer_index = Some(*l),
             LinkAttribute::LinkNetNsId(id) => link.peer_netnsid = Some(*id),
+            LinkAttribute::Group(group) => link.retired = *group == GRAVEYARD_GROUP,
             _ => {}
         }
     }
@@ -184,14 +189,17 @@ pub(crate) fn rename_req(index: u32, name: &str, new: &str) -> Req {
 }
 
 /// Moves the link named `name` to link group `group` (found by name: no index given).
-pub(crate) fn set_group_req(name: &str, group: u32) -> Req {
+/// Retires the link `index`: sets it down and moves it to the graveyard group, where the
+/// reaper deletes it (one request: neither change needs the other done first).
+pub(crate) fn retire_req(index: u32, name: &str) -> Req {
     let mut msg = LinkMessage::default();
-    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
-    msg.attributes.push(LinkAttribute::Group(group));
+    msg.header.index = index;
+    msg.header.change_mask = LinkFlags::Up;
+    msg.attributes.push(LinkAttribute::Group(GRAVEYARD_GROUP));
     Req::new(
         RouteNetlinkMessage::SetLink(msg),
         0,
-        format!("move link {name} to group {group}"),
+        format!("set link {name} down into the graveyard group"),
     )
 }
 
@@ -219,13 +227,6 @@ pub(crate) async fn delete_group(conn: &Conn, group: u32) -> Result<bool, Datapl
 pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
-    delete_link(conn, msg, name).await
-}
-
-/// Deletes the link named `name`; a link already gone counts as success.
-pub(crate) async fn delete_by_name(conn: &Conn, name: &str) -> Result<(), DataplaneError> {
-    let mut msg = LinkMessage::default();
-    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
     delete_link(conn, msg, name).await
 }
 

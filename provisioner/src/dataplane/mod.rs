@@ -7,8 +7,8 @@
 //! every call. The requests of a `Conn::batch` are all sent before any reply is read; the
 //! calling task reads the replies itself (the kernel answers inside the send: no connection
 //! task in between).
-//! Teardown retires the host veth (withdrawn, down, renamed `pvx<index>`) and a reaper thread
-//! deletes retired links in batches, off the DEL path (see `reaper`).
+//! Teardown retires the host veth (withdrawn, down, in the graveyard group) and a reaper
+//! thread deletes retired links in batches, off the DEL path (see `reaper`).
 
 mod address;
 mod check;
@@ -236,8 +236,9 @@ impl Dataplane {
     /// gone, on a second call. Goes on after errors and reports them all.
     ///
     /// On success nothing routes the sandbox's addresses any more (routes and addresses through
-    /// the host veth are withdrawn, both ends are down and renamed `pvx<index>`), so the caller
-    /// may release them; the names are free for a new setup of the same sandbox at once. The
+    /// the host veth are withdrawn, both ends are down, the sandbox end renamed `pvx<index>`
+    /// and the host end in the graveyard group), so the caller may release them. A new setup
+    /// of the same sandbox works at once: it renames the retired host end out of its way. The
     /// veth itself is deleted in the background (see [`Self::flush_deletions`]).
     pub async fn teardown(
         &self,

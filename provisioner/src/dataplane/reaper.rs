@@ -2,12 +2,12 @@
 //!
 //! Deleting a veth costs the kernel ~24 ms of RCU grace periods, spent inside the `sendmsg` of
 //! the RTM_DELLINK. Teardown therefore only *retires* the host veth (withdraws every address and
-//! route through it, sets it down, renames it `pvx<index>`) and queues it here once both ends
-//! are done with. The reaper runs on a thread of its own (the blocking kernel call never stalls
-//! a tokio worker nor the shared host socket) with its own socket in the host netns; per batch
-//! it moves the queued links to [`GRAVEYARD_GROUP`] and deletes the whole group with one
-//! request: the grace periods are paid once for every link retired meanwhile. Only queued links
-//! enter the group, so a group deletion never takes a pair whose teardown is still running.
+//! route through it, sets it down and moves it to [`GRAVEYARD_GROUP`], once both ends are done
+//! with) and queues it here. The reaper runs on a thread of its own (the blocking kernel call
+//! never stalls a tokio worker nor the shared host socket) with its own socket in the host
+//! netns; per batch it deletes the whole group with one request: the grace periods are paid
+//! once for every link retired meanwhile. Only a finished teardown puts a link in the group, so
+//! a group deletion never takes a pair whose teardown is still running.
 //!
 //! A link retired while the reaper is idle is deleted at once (a lone DEL's pair is gone from
 //! both namespaces within milliseconds, as before batching). Under a stream of retirements (a
@@ -17,10 +17,10 @@
 //! cross-CPU call, and waits for grace periods. Deleting veth pairs on a 2-CPU VM cost 4 ms of
 //! CPU per pair one at a time, 0.9 in fours, 0.3 in sixteens. Each link of a batch holds the
 //! RTNL lock about 0.15 ms, which is what bounds the batch: 32 links keep other netlink
-//! requests waiting at most ~5 ms.
+//! requests waiting at most ~5 ms (links retired meanwhile go with it, beyond the bound).
 //!
-//! Errors are logged and the links retried later; on start the reaper sweeps the group once
-//! (links retired by a previous run that crashed before deleting them).
+//! Errors are logged and the links retried later, one by one; on start the reaper sweeps the
+//! group once (links retired by a previous run that crashed before deleting them).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,7 +47,10 @@ const MAX_BATCH: usize = 32;
 /// A retired host link waiting for deletion.
 #[derive(Debug, Clone)]
 pub(crate) struct Doomed {
-    /// Its graveyard name (unique while it lives; used by the per-link fallback).
+    /// Its index, which names it for the per-link fallback: the kernel does not hand an index
+    /// out again while the netns lives (a new link of the same name has another).
+    pub index: u32,
+    /// Its name, for the logs.
     pub name: String,
 }
 
@@ -244,25 +247,11 @@ fn take_queued(rx: &mut mpsc::UnboundedReceiver<Doomed>, batch: &mut Vec<Doomed>
     }
 }
 
-/// Deletes a batch; returns the links that are still there.
+/// Deletes a batch (its links are in the graveyard group); returns the links still there.
 async fn delete_batch(conn: &Conn, batch: Vec<Doomed>) -> Vec<Doomed> {
-    let moves = batch
-        .iter()
-        .map(|d| link::set_group_req(&d.name, GRAVEYARD_GROUP))
-        .collect();
-    let mut outside = Vec::new();
-    for (d, res) in batch.iter().zip(conn.batch(moves).await) {
-        match res {
-            Err(e) if e.errno() != Some(libc::ENODEV) => {
-                tracing::warn!(error = %e, "link reaper: could not move a retired link to the graveyard group");
-                outside.push(d.clone());
-            }
-            _ => {}
-        }
-    }
     // One request for the whole group (every link retired so far, these included).
     let one_by_one = match link::delete_group(conn, GRAVEYARD_GROUP).await {
-        Ok(_) => outside,
+        Ok(_) => return Vec::new(),
         Err(e) => {
             tracing::warn!(error = %e, links = batch.len(), "link reaper: group delete failed; deleting one by one");
             batch
@@ -270,7 +259,7 @@ async fn delete_batch(conn: &Conn, batch: Vec<Doomed>) -> Vec<Doomed> {
     };
     let mut left = Vec::new();
     for d in one_by_one {
-        if let Err(e) = link::delete_by_name(conn, &d.name).await {
+        if let Err(e) = link::delete(conn, d.index, &d.name).await {
             tracing::warn!(error = %e, link = %d.name, "link reaper: delete failed; will retry");
             left.push(d);
         }
@@ -280,7 +269,6 @@ async fn delete_batch(conn: &Conn, batch: Vec<Doomed>) -> Vec<Doomed> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::naming::graveyard_ifname;
     use super::*;
 
     /// Longer than any test may take: a gather that waited it out fails the test's bound.
@@ -289,7 +277,8 @@ mod tests {
 
     fn doomed(index: u32) -> Doomed {
         Doomed {
-            name: graveyard_ifname(index),
+            index,
+            name: format!("pvn{index}"),
         }
     }
 
@@ -324,10 +313,7 @@ mod tests {
             .await
             .expect("a full batch does not wait for its window");
         assert_eq!(batch.len(), 4);
-        assert_eq!(
-            rx.try_recv().map(|d| d.name).ok(),
-            Some(graveyard_ifname(4))
-        );
+        assert_eq!(rx.try_recv().map(|d| d.index).ok(), Some(4));
         drop(tx);
     }
 

@@ -6,7 +6,7 @@ use ipnetwork::IpNetwork;
 
 use super::error::{CheckFailure, DataplaneError, SetupStep};
 use super::link::{self, Link};
-use super::naming::host_ifname;
+use super::naming::{graveyard_ifname, host_ifname};
 use super::netlink::{Conn, Req};
 use super::netns::NetnsFile;
 use super::plan::{ExpectedState, check_link, plan};
@@ -435,23 +435,27 @@ impl Run {
         // The sandbox end's MAC is chosen here, so that with the kernel's echo of the host end
         // (which names the peer's index) nothing needs looking up after the creation.
         let sbx_mac = link::random_mac();
-        let echoed =
-            match link::create_veth(host, host_ifname, ifname, fd, self.link.mtu, sbx_mac).await {
-                Ok(echoed) => echoed,
-                Err(e) if e.errno() == Some(libc::EEXIST) => {
-                    // One of the names exists: name it (nothing was created).
-                    let host_exists = matches!(link::by_name(host, host_ifname).await, Ok(Some(_)));
-                    return Err((
-                        S::CheckNames,
-                        if host_exists {
-                            exists(host_ifname, host.netns())
-                        } else {
-                            exists(ifname, conn.netns())
-                        },
-                    ));
+        let mtu = self.link.mtu;
+        let create = || link::create_veth(host, host_ifname, ifname, fd, mtu, sbx_mac);
+        let echoed = match create().await {
+            Ok(echoed) => echoed,
+            Err(e) if e.errno() == Some(libc::EEXIST) => {
+                // One of the names exists (nothing was created). The host name may be held by
+                // this sandbox's retired veth (a DEL moments ago): moved out of the way, the
+                // name is ours again. Anything else is named in the error.
+                match link::by_name(host, host_ifname).await {
+                    Ok(Some(old)) if old.retired => {
+                        rename_retired(host, &old)
+                            .await
+                            .map_err(|e| (S::CheckNames, e))?;
+                        create().await.map_err(|e| (S::CreateVeth, e))?
+                    }
+                    Ok(Some(_)) => return Err((S::CheckNames, exists(host_ifname, host.netns()))),
+                    _ => return Err((S::CheckNames, exists(ifname, conn.netns()))),
                 }
-                Err(e) => return Err((S::CreateVeth, e)),
-            };
+            }
+            Err(e) => return Err((S::CreateVeth, e)),
+        };
         if let (Some(host_link), Some(mac)) = (echoed, sbx_mac)
             && let Some(peer) = host_link.peer_index
         {
@@ -468,6 +472,7 @@ impl Run {
                 peer_index: Some(host_link.index),
                 // Not needed by setup (only index and MAC are), so not looked up.
                 peer_netnsid: None,
+                retired: false,
             };
             return Ok((host_link, sbx_link));
         }
@@ -616,5 +621,15 @@ fn missing_after_create(name: &str, conn: &Conn) -> DataplaneError {
         op: format!("look up link {name} after creating it"),
         netns: conn.netns().to_owned(),
         detail: "link not found".to_owned(),
+    }
+}
+
+/// Renames the retired host link `old` to its graveyard name, freeing its name; a link the
+/// reaper deleted meanwhile is fine.
+async fn rename_retired(host: &Conn, old: &Link) -> Result<(), DataplaneError> {
+    let req = link::rename_req(old.index, &old.name, &graveyard_ifname(old.index));
+    match host.batch(vec![req]).await.pop() {
+        Some(Err(e)) if e.errno() != Some(libc::ENODEV) => Err(e),
+        _ => Ok(()),
     }
 }

@@ -2,14 +2,14 @@
 //!
 //! The host veth is not deleted here (the kernel needs ~24 ms of RCU grace periods for that):
 //! it is *retired*. The sandbox end first, from the sandbox's socket: its addresses deleted,
-//! set down and renamed. Then the host end, from the host socket in one batch: the host routes
-//! to the addresses the sandbox end held, its own addresses, set down (which flushes whatever
-//! still routes through it) and renamed `pvx<index>`. Then the reaper moves it to the
-//! graveyard group and deletes the group in the background. Only the reaper puts links in
-//! that group, so that its group deletion never takes a pair whose teardown is still cleaning
-//! the sandbox end. When teardown returns, nothing in the host netns routes the pod's
-//! addresses any more, so the caller may release them; and the deterministic names are free
-//! for a re-ADD.
+//! set down and renamed, so that its interface name is free at once. Then the host end, from
+//! the host socket in one batch: the host routes to the addresses the sandbox end held, its
+//! own addresses, then down (which flushes whatever still routes through it) and into the
+//! graveyard group in one request. The reaper deletes that group in the background. Only that
+//! last request puts links in the group, so that a group deletion never takes a pair whose
+//! teardown is still cleaning the sandbox end. When teardown returns, nothing in the host netns
+//! routes the pod's addresses any more, so the caller may release them. The host end keeps its
+//! name until it is deleted; a re-ADD of the same sandbox meanwhile renames it out of its way.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -54,6 +54,8 @@ pub(crate) async fn run(
 
     match dp.host().await {
         Ok(host) => match link::by_name(host, &host_name).await {
+            // Retired by an earlier teardown: the reaper deletes the pair, both ends.
+            Ok(Some(l)) if l.retired => {}
             Ok(Some(l)) => {
                 // The sandbox end first: its addresses name the pod's host routes, which the
                 // host end then deletes by destination before its own address goes (the last
@@ -201,7 +203,7 @@ pub(crate) async fn retire(
 /// Withdraws everything that routes through the host link `l`: the host routes to `pods`
 /// (known from the sandbox end), its addresses, then the link down (which flushes every route
 /// through it, IPv4 and IPv6, in the same request: no dump of the node's routing table, whose
-/// size grows with the pods) and renamed `pvx<index>`. Returns the link for the reaper, or
+/// size grows with the pods) and into the graveyard group. Returns the link for the reaper, or
 /// `None` when it could not be retired (or vanished meanwhile).
 async fn withdraw_host(
     host: &Conn,
@@ -209,7 +211,6 @@ async fn withdraw_host(
     pods: &[IpAddr],
     errors: &mut Vec<DataplaneError>,
 ) -> Option<Doomed> {
-    let already_retired = l.name.starts_with(super::naming::GRAVEYARD_IFNAME_PREFIX);
     let addrs = match address::list(host, l.index, &l.name).await {
         Ok(a) => a,
         Err(e) => {
@@ -218,7 +219,7 @@ async fn withdraw_host(
         }
     };
     // One batch, in order: the pod routes, addresses (v6 link-local ones die with the link
-    // going down), then the link down and renamed.
+    // going down), then the link down into the graveyard group.
     let mut reqs: Vec<(Kind, Req)> = pods
         .iter()
         .map(|pod| {
@@ -229,30 +230,23 @@ async fn withdraw_host(
     for a in addrs.iter().filter(|a| !a.link_local) {
         reqs.push((Kind::Addr, address::del_req(l.index, &l.name, a.net)));
     }
-    let grave = if already_retired {
-        l.name.clone()
-    } else {
-        graveyard_ifname(l.index)
-    };
-    reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
-    reqs.push((Kind::Link, link::rename_req(l.index, &l.name, &grave)));
-    let mut host_ok = true;
-    let mut gone = false;
-    let n = reqs.len();
-    for (i, res) in run_reqs(host, reqs).await.into_iter().enumerate() {
-        if let Err(e) = res {
-            if i + 2 >= n {
-                host_ok = false;
-                // Deleted meanwhile (e.g. its sandbox netns went away): nothing left to do.
-                gone |= e.errno() == Some(libc::ENODEV);
-                if gone {
-                    continue;
-                }
-            }
+    reqs.push((Kind::Link, link::retire_req(l.index, &l.name)));
+    let mut results = run_reqs(host, reqs).await;
+    let retired = results.pop();
+    errors.extend(results.into_iter().filter_map(Result::err));
+    match retired {
+        Some(Ok(())) => Some(Doomed {
+            index: l.index,
+            name: l.name.clone(),
+        }),
+        // Deleted meanwhile (e.g. its sandbox netns went away): nothing left to do.
+        Some(Err(e)) if e.errno() == Some(libc::ENODEV) => None,
+        Some(Err(e)) => {
             errors.push(e);
+            None
         }
+        None => None,
     }
-    host_ok.then_some(Doomed { name: grave })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
