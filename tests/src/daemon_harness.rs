@@ -85,11 +85,33 @@ impl Daemon {
         Self::spawn(node, dir, extra)
     }
 
+    /// Like [`Daemon::start_with_conflist`], the process placed inside `node` (as on a node,
+    /// where the daemon lives in the host netns) rather than outside it.
+    pub fn start_in_node_with_conflist(
+        node: &Netns,
+        extra: &[&str],
+        config: impl FnOnce(&Path) -> Value,
+    ) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let config = config(&dir.path().join("provisioner.sock"));
+        write_conflist(dir.path(), &config)?;
+        Self::spawn_placed(node, dir, extra, Placement::InNode)
+    }
+
     fn spawn(node: &Netns, dir: tempfile::TempDir, extra: &[&str]) -> Result<Self> {
+        Self::spawn_placed(node, dir, extra, Placement::Outside)
+    }
+
+    fn spawn_placed(
+        node: &Netns,
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        placement: Placement,
+    ) -> Result<Self> {
         let process = testkit::daemon::Daemon::spawn_placed(
             &provisioner_bin(),
             node,
-            Placement::Outside,
+            placement,
             dir.path(),
             extra,
         )?;

@@ -141,6 +141,39 @@ fn started_daemon(node: &Netns, name: &str, v4: &str) -> Result<(Daemon, Value)>
     Ok((daemon, config))
 }
 
+/// A daemon living in the node's namespace (as on a node) writes the node's sysctls without
+/// entering it: the IPv4 pod's host veth has IPv6 off, and the pod is reachable from the node.
+#[test]
+fn a_daemon_living_in_the_node_namespace_wires_pods_too() -> Result<()> {
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_in_node_with_conflist(&node, &["--no-trace"], |socket| {
+        conflist("innode", "1.1.0", socket, "10.250.40.0/24", None)
+    })?;
+    wait_ready(&daemon)?;
+    let config = conflist("innode", "1.1.0", &daemon.socket, "10.250.40.0/24", None);
+    let stdin = stdin_for(&config, "1.1.0");
+    let pod = Netns::new("pod")?;
+    let add = run_plugin("ADD", "c-innode", Some(pod.path()), "eth0", &stdin)?;
+    assert_eq!(add.code, 0, "ADD: {add:?}\n{}", daemon.log());
+    let host = host_ifname("c-innode", "eth0");
+    let ipv6_off = node.exec(
+        "cat",
+        &[&format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6")],
+    )?;
+    assert_eq!(ipv6_off.trim(), "1", "disable_ipv6 on {host}");
+    let address = add.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let pod_ip = address.split('/').next().unwrap_or_default();
+    node.ping(pod_ip)?;
+    let del = run_plugin("DEL", "c-innode", Some(pod.path()), "eth0", &stdin)?;
+    assert_eq!(del.code, 0, "DEL: {del:?}");
+    assert_unrouted(&node, pod_ip)?;
+    wait_only_lo(&node, REAPED_WITHIN)?;
+    Ok(())
+}
+
 #[test]
 fn del_succeeds_in_every_case_and_releases_what_remains() -> Result<()> {
     let node = Netns::new("node")?;

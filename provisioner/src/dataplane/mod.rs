@@ -86,6 +86,9 @@ struct Inner {
     forwarding_v6: AtomicBool,
     /// Turning IPv6 off on a host veth failed once (and was reported).
     host_ipv6_off_failed: AtomicBool,
+    /// The host netns is the daemon's own: its threads are in it (but while
+    /// [`NetnsFile::run_here`] runs), so they write its sysctls without entering it.
+    host_is_own: bool,
 }
 
 impl Dataplane {
@@ -112,12 +115,12 @@ impl Dataplane {
     fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Result<Self, DataplaneError> {
         // Decided now, before a kernel watch attaches: the check makes a namespace of its own.
         netns::ns_id_is_cookie();
-        let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?;
+        let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?.identity()?;
+        let host = host_ns.identity()?;
+        let host_is_own = host.same_namespace(&own);
         let not_sandboxes = vec![
-            host_ns
-                .identity()?
-                .named("the node's network namespace (the daemon's host netns)"),
-            own.identity()?.named("the daemon's own network namespace"),
+            host.named("the node's network namespace (the daemon's host netns)"),
+            own.named("the daemon's own network namespace"),
         ];
         let reaper = Reaper::start(&host_ns)?;
         Ok(Self {
@@ -130,6 +133,7 @@ impl Dataplane {
                 forwarding_v4: AtomicBool::new(false),
                 forwarding_v6: AtomicBool::new(false),
                 host_ipv6_off_failed: AtomicBool::new(false),
+                host_is_own,
             }),
         })
     }
@@ -155,6 +159,11 @@ impl Dataplane {
 
     pub(crate) fn host_ns(&self) -> &NetnsFile {
         &self.inner.host_ns
+    }
+
+    /// Applies `list` in the host netns from the calling thread (see [`sysctl::apply_here`]).
+    pub(crate) fn apply_host_sysctls(&self, list: &[sysctl::Sysctl]) -> Result<(), DataplaneError> {
+        sysctl::apply_here(self.host_ns(), list, self.inner.host_is_own)
     }
 
     /// Opens the network namespace of a sandbox at `path`: it must be a network namespace,

@@ -294,7 +294,7 @@ pub(crate) struct NsIdentity {
 }
 
 impl NsIdentity {
-    fn same_namespace(&self, other: &NsIdentity) -> bool {
+    pub(crate) fn same_namespace(&self, other: &NsIdentity) -> bool {
         self.dev == other.dev && self.ino == other.ino
     }
 

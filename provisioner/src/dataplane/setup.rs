@@ -521,10 +521,7 @@ impl Run {
                 DataplaneError::InvalidSpec("no netns".into()),
             )
         })?;
-        at(
-            SetupStep::Sysctl,
-            sysctl::apply_here(self.dp.host_ns(), &host_list),
-        )?;
+        at(SetupStep::Sysctl, self.dp.apply_host_sysctls(&host_list))?;
         at(SetupStep::Sysctl, sysctl::apply_in(sbx_ns, sbx_list).await)?;
         // Forwarding stays on: later setups skip it (the daemon owns the node's forwarding).
         if need_v4 {
@@ -549,7 +546,7 @@ impl Run {
             iface_key(host_ifname, "disable_ipv6"),
             "1",
         )];
-        if let Err(e) = sysctl::apply_here(self.dp.host_ns(), &off)
+        if let Err(e) = self.dp.apply_host_sysctls(&off)
             && !self
                 .dp
                 .inner

@@ -90,14 +90,23 @@ pub(crate) async fn apply_in(ns: &NetnsFile, list: Vec<Sysctl>) -> Result<(), Da
     first_failure(ns, &list, errors)
 }
 
-/// Applies `list` inside `ns` from the calling thread ([`NetnsFile::run_here`]): for a few
-/// keys, cheaper than the two thread wake-ups of a pooled worker. A write that needs the rtnl
-/// lock while another holds it is restarted by the kernel, not put to sleep.
-pub(crate) fn apply_here(ns: &NetnsFile, list: &[Sysctl]) -> Result<(), DataplaneError> {
+/// Applies `list` inside `ns` from the calling thread ([`NetnsFile::run_here`], or directly
+/// when the thread is `inside` it already): for a few keys, cheaper than the two thread
+/// wake-ups of a pooled worker. A write that needs the rtnl lock while another holds it is
+/// restarted by the kernel, not put to sleep.
+pub(crate) fn apply_here(
+    ns: &NetnsFile,
+    list: &[Sysctl],
+    inside: bool,
+) -> Result<(), DataplaneError> {
     if list.is_empty() {
         return Ok(());
     }
-    let errors = ns.run_here(|| apply(list))?;
+    let errors = if inside {
+        apply(list)
+    } else {
+        ns.run_here(|| apply(list))?
+    };
     first_failure(ns, list, errors)
 }
 
