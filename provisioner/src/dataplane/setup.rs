@@ -448,7 +448,13 @@ impl Run {
                         rename_retired(host, &old)
                             .await
                             .map_err(|e| (S::CheckNames, e))?;
-                        create().await.map_err(|e| (S::CreateVeth, e))?
+                        match create().await {
+                            Ok(echoed) => echoed,
+                            Err(e) if e.errno() == Some(libc::EEXIST) => {
+                                return Err((S::CheckNames, exists(ifname, conn.netns())));
+                            }
+                            Err(e) => return Err((S::CreateVeth, e)),
+                        }
                     }
                     Ok(Some(_)) => return Err((S::CheckNames, exists(host_ifname, host.netns()))),
                     _ => return Err((S::CheckNames, exists(ifname, conn.netns()))),

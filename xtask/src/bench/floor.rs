@@ -4,8 +4,9 @@
 //!   plugin;
 //! - kernel: the netlink requests of one provisioner ADD (veth pair, the host end's IPv6 off
 //!   (a sysctl), links up, addresses, routes) and of one DEL (routes and addresses withdrawn,
-//!   links down and renamed), issued back to back on blocking sockets, one namespace's socket
-//!   each, no runtime, no parsing beyond the ack: the kernel's own cost for the same work.
+//!   links down, the sandbox end renamed, the host end moved to a link group), issued back to
+//!   back on blocking sockets, one namespace's socket each, no runtime, no parsing beyond the
+//!   ack: the kernel's own cost for the same work.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -143,12 +144,17 @@ fn set_up(index: u32, up: bool) -> RouteNetlinkMessage {
     RouteNetlinkMessage::SetLink(msg)
 }
 
-fn rename(index: u32, name: String, group: Option<u32>) -> RouteNetlinkMessage {
+fn rename(index: u32, name: String) -> RouteNetlinkMessage {
     let mut msg = link(index);
     msg.attributes.push(LinkAttribute::IfName(name));
-    if let Some(g) = group {
-        msg.attributes.push(LinkAttribute::Group(g));
-    }
+    RouteNetlinkMessage::SetLink(msg)
+}
+
+/// Down and into the floor's link group, in one request (a retired host end).
+fn retire(index: u32) -> RouteNetlinkMessage {
+    let mut msg = link(index);
+    msg.header.change_mask = LinkFlags::Up;
+    msg.attributes.push(LinkAttribute::Group(FLOOR_GROUP));
     RouteNetlinkMessage::SetLink(msg)
 }
 
@@ -304,17 +310,13 @@ fn del(node: &mut Socket, pod: &mut Socket, w: &Wired) -> Result<()> {
         RouteNetlinkMessage::DelAddress(address(w.host, GATEWAY, 32, false)),
         0,
     )?;
-    node.request(set_up(w.host, false), 0)?;
-    node.request(
-        rename(w.host, format!("pvf{}", w.host), Some(FLOOR_GROUP)),
-        0,
-    )?;
+    node.request(retire(w.host), 0)?;
     pod.request(
         RouteNetlinkMessage::DelAddress(address(w.sandbox, w.pod, PREFIX, false)),
         0,
     )?;
     pod.request(set_up(w.sandbox, false), 0)?;
-    pod.request(rename(w.sandbox, format!("pvf{}", w.sandbox), None), 0)?;
+    pod.request(rename(w.sandbox, format!("pvf{}", w.sandbox)), 0)?;
     Ok(())
 }
 
