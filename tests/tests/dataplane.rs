@@ -695,6 +695,8 @@ async fn del_then_immediate_re_add_of_the_same_key() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_renames_a_retired_host_end_out_of_its_way_but_not_one_in_service() -> Result<()> {
     let (node, dp) = node()?;
+    // The reaper's start-up sweep of the group is over: the link retired below stays.
+    settle(&dp).await?;
     let sb = Netns::new("rr")?;
     let s = spec("retired", &sb, &[("10.244.14.2/24", "10.244.14.1")]);
     let host = host_ifname("retired", "eth0");
