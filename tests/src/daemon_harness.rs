@@ -79,10 +79,7 @@ impl Daemon {
         extra: &[&str],
         config: impl FnOnce(&Path) -> Value,
     ) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let config = config(&dir.path().join("provisioner.sock"));
-        write_conflist(dir.path(), &config)?;
-        Self::spawn(node, dir, extra)
+        Self::start_placed_with_conflist(node, extra, config, Placement::Outside)
     }
 
     /// Like [`Daemon::start_with_conflist`], the process placed inside `node` (as on a node,
@@ -92,10 +89,19 @@ impl Daemon {
         extra: &[&str],
         config: impl FnOnce(&Path) -> Value,
     ) -> Result<Self> {
+        Self::start_placed_with_conflist(node, extra, config, Placement::InNode)
+    }
+
+    fn start_placed_with_conflist(
+        node: &Netns,
+        extra: &[&str],
+        config: impl FnOnce(&Path) -> Value,
+        placement: Placement,
+    ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let config = config(&dir.path().join("provisioner.sock"));
         write_conflist(dir.path(), &config)?;
-        Self::spawn_placed(node, dir, extra, Placement::InNode)
+        Self::spawn_placed(node, dir, extra, placement)
     }
 
     fn spawn(node: &Netns, dir: tempfile::TempDir, extra: &[&str]) -> Result<Self> {
