@@ -188,7 +188,6 @@ pub(crate) fn rename_req(index: u32, name: &str, new: &str) -> Req {
     )
 }
 
-/// Moves the link named `name` to link group `group` (found by name: no index given).
 /// Retires the link `index`: sets it down and moves it to the graveyard group, where the
 /// reaper deletes it (one request: neither change needs the other done first).
 pub(crate) fn retire_req(index: u32, name: &str) -> Req {
