@@ -441,23 +441,32 @@ impl Run {
             Ok(echoed) => echoed,
             Err(e) if e.errno() == Some(libc::EEXIST) => {
                 // One of the names exists (nothing was created). The host name may be held by
-                // this sandbox's retired veth (a DEL moments ago): moved out of the way, the
-                // name is ours again. Anything else is named in the error.
+                // this sandbox's retired veth (a DEL moments ago): moved out of the way, or
+                // deleted by the reaper meanwhile, the name is ours again, and one more try
+                // tells. A host link of that name in service, or a clash that stays, is named
+                // in the error.
                 match link::by_name(host, host_ifname).await {
-                    Ok(Some(old)) if old.retired => {
-                        rename_retired(host, &old)
-                            .await
-                            .map_err(|e| (S::CheckNames, e))?;
-                        match create().await {
-                            Ok(echoed) => echoed,
-                            Err(e) if e.errno() == Some(libc::EEXIST) => {
-                                return Err((S::CheckNames, exists(ifname, conn.netns())));
-                            }
-                            Err(e) => return Err((S::CreateVeth, e)),
-                        }
-                    }
+                    Ok(Some(old)) if old.retired => rename_retired(host, &old)
+                        .await
+                        .map_err(|e| (S::CheckNames, e))?,
                     Ok(Some(_)) => return Err((S::CheckNames, exists(host_ifname, host.netns()))),
-                    _ => return Err((S::CheckNames, exists(ifname, conn.netns()))),
+                    Ok(None) | Err(_) => {}
+                }
+                match create().await {
+                    Ok(echoed) => echoed,
+                    Err(e) if e.errno() == Some(libc::EEXIST) => {
+                        let host_exists =
+                            matches!(link::by_name(host, host_ifname).await, Ok(Some(_)));
+                        return Err((
+                            S::CheckNames,
+                            if host_exists {
+                                exists(host_ifname, host.netns())
+                            } else {
+                                exists(ifname, conn.netns())
+                            },
+                        ));
+                    }
+                    Err(e) => return Err((S::CreateVeth, e)),
                 }
             }
             Err(e) => return Err((S::CreateVeth, e)),
