@@ -639,9 +639,10 @@ fn missing_after_create(name: &str, conn: &Conn) -> DataplaneError {
 /// Renames the retired host link `old` to its graveyard name, freeing its name; a link the
 /// reaper deleted meanwhile is fine.
 async fn rename_retired(host: &Conn, old: &Link) -> Result<(), DataplaneError> {
-    let req = link::rename_req(old.index, &old.name, &graveyard_ifname(old.index));
-    match host.batch(vec![req]).await.pop() {
-        Some(Err(e)) if e.errno() != Some(libc::ENODEV) => Err(e),
+    let Req { msg, flags, op } =
+        link::rename_req(old.index, &old.name, &graveyard_ifname(old.index));
+    match host.ack(msg, flags, &op).await {
+        Err(e) if e.errno() != Some(libc::ENODEV) => Err(e),
         _ => Ok(()),
     }
 }
