@@ -993,6 +993,7 @@ fn rows(
             value: s.median_ms,
             cpu_ms: Some(s.cpu_ms),
             target: Target::None,
+            interval: None,
             note: None,
         }
     };
@@ -1008,6 +1009,7 @@ fn rows(
         value,
         cpu_ms: None,
         target,
+        interval: None,
         note,
     };
     let mut singles = vec![

@@ -107,6 +107,7 @@ impl Results {
                     value: median,
                     cpu_ms: None,
                     target: Target::None,
+                    interval: None,
                     note: None,
                 });
             }

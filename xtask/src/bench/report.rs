@@ -56,6 +56,9 @@ pub struct Single {
     pub value: f64,
     pub cpu_ms: Option<f64>,
     pub target: Target,
+    /// The 90 % interval of `value` when it was estimated from rounds that disagree: the
+    /// target is met only when all of it is, missed only when none of it is.
+    pub interval: Option<(f64, f64)>,
     pub note: Option<String>,
 }
 
@@ -80,10 +83,17 @@ fn met(row: &Row) -> Option<bool> {
     }
 }
 
+/// Whether `s` met its target; `None` without a target, or when its interval holds values on
+/// both sides of it.
 fn met_single(s: &Single) -> Option<bool> {
-    match s.target {
-        Target::AtMost(v) => Some(s.value <= v),
-        _ => None,
+    let Target::AtMost(target) = s.target else {
+        return None;
+    };
+    match s.interval {
+        None => Some(s.value <= target),
+        Some((_, high)) if high <= target => Some(true),
+        Some((low, _)) if low > target => Some(false),
+        Some(_) => None,
     }
 }
 
@@ -92,6 +102,22 @@ fn word(met: Option<bool>) -> &'static str {
         Some(true) => "met",
         Some(false) => "MISSED",
         None => "",
+    }
+}
+
+/// [`word`] for a single row: one whose interval straddles its target is `undecided`.
+fn single_word(s: &Single) -> &'static str {
+    match (met_single(s), s.target) {
+        (None, Target::AtMost(_)) => "undecided",
+        (met, _) => word(met),
+    }
+}
+
+/// `value unit`, with the interval when there is one.
+fn single_value(s: &Single) -> String {
+    match s.interval {
+        Some((low, high)) => format!("{:.2} [{low:.1}, {high:.1}] {}", s.value, s.unit),
+        None => format!("{:.2} {}", s.value, s.unit),
     }
 }
 
@@ -132,7 +158,7 @@ pub fn table(rows: &[Row], singles: &[Single]) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<50} {:>14} {:>10}  {:<30} result",
+        "{:<50} {:>14} {:>10}  {:<30} result (value [90 % interval])",
         "floors, daemon, components", "value", "CPU ms", "target"
     );
     let _ = writeln!(out, "{}", "-".repeat(120));
@@ -141,10 +167,10 @@ pub fn table(rows: &[Row], singles: &[Single]) -> String {
             out,
             "{:<50} {:>14} {:>10}  {:<30} {}{}",
             s.metric,
-            format!("{:.2} {}", s.value, s.unit),
+            single_value(s),
             num(s.cpu_ms),
             s.target.describe(),
-            word(met_single(s)),
+            single_word(s),
             s.note
                 .as_ref()
                 .map_or_else(String::new, |n| format!(" ({n})"))
@@ -182,13 +208,12 @@ pub fn markdown(rows: &[Row], singles: &[Single]) -> String {
     for s in singles {
         let _ = writeln!(
             out,
-            "| {} | {:.2} {} | {} | {} | {}{} |",
+            "| {} | {} | {} | {} | {}{} |",
             s.metric,
-            s.value,
-            s.unit,
+            single_value(s),
             num(s.cpu_ms),
             s.target.describe(),
-            word(met_single(s)),
+            single_word(s),
             s.note
                 .as_ref()
                 .map_or_else(String::new, |n| format!(" ({n})"))
@@ -231,6 +256,7 @@ pub fn json(rows: &[Row], singles: &[Single]) -> Value {
                 "cpu_ms": opt(s.cpu_ms),
                 "target": s.target.describe(),
                 "met": met_single(s),
+                "interval_90": s.interval.map(|(low, high)| [round3(low), round3(high)]),
                 "note": s.note,
             })
         })
@@ -261,5 +287,27 @@ mod tests {
         assert_eq!(met(&row(1.0, 1.5)), Some(false));
         let text = table(&[row(2.0, 0.9)], &[]);
         assert!(text.contains("0.20"), "{text}");
+    }
+
+    #[test]
+    fn a_target_is_judged_on_the_whole_interval() {
+        let single = |value, interval| Single {
+            metric: "tracing: API ADD median, on vs off".into(),
+            unit: "% slower",
+            value,
+            cpu_ms: None,
+            target: Target::AtMost(5.0),
+            interval,
+            note: None,
+        };
+        assert_eq!(met_single(&single(3.0, None)), Some(true));
+        assert_eq!(met_single(&single(6.0, None)), Some(false));
+        assert_eq!(met_single(&single(3.0, Some((1.0, 4.5)))), Some(true));
+        assert_eq!(met_single(&single(7.0, Some((5.5, 9.0)))), Some(false));
+        let straddling = single(3.0, Some((-2.0, 12.0)));
+        assert_eq!(met_single(&straddling), None);
+        let text = table(&[], &[straddling]);
+        assert!(text.contains("undecided"), "{text}");
+        assert!(text.contains("[-2.0, 12.0]"), "{text}");
     }
 }

@@ -128,6 +128,41 @@ pub fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
+/// Resamples drawn by [`round_bootstrap`].
+const RESAMPLES: usize = 2000;
+
+/// The 90 % interval (5th to 95th percentile) of `statistic` over `rounds` measurement rounds
+/// resampled with replacement. Rounds, not calls, are resampled: what moves a comparison on
+/// these VMs is the round (the daemon started for it, the host's load while it ran), and the
+/// calls of one round move together. `statistic` gets the indices of the rounds drawn (a round
+/// may come more than once). The draws are the same from run to run (fixed seed).
+pub fn round_bootstrap(rounds: usize, statistic: impl Fn(&[usize]) -> f64) -> (f64, f64) {
+    if rounds == 0 {
+        return (0.0, 0.0);
+    }
+    // xorshift64: enough to draw indices, and no dependency.
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut drawn = vec![0usize; rounds];
+    let mut values: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            for slot in &mut drawn {
+                #[expect(clippy::cast_possible_truncation, reason = "the modulus is a usize")]
+                let index = (next() % rounds as u64) as usize;
+                *slot = index;
+            }
+            statistic(&drawn)
+        })
+        .collect();
+    values.sort_by(f64::total_cmp);
+    (percentile(&values, 5), percentile(&values, 95))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +185,27 @@ mod tests {
             ..Samples::default()
         });
         assert!((one.p99_ms - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_round_bootstrap_spans_what_the_rounds_disagree_on() {
+        fn mean(values: &[f64]) -> impl Fn(&[usize]) -> f64 + '_ {
+            move |drawn| drawn.iter().map(|&i| values[i]).sum::<f64>() / drawn.len() as f64
+        }
+        let agreeing = [5.0; 16];
+        assert_eq!(round_bootstrap(16, mean(&agreeing)), (5.0, 5.0));
+        let spread: Vec<f64> = (0..16).map(f64::from).collect();
+        let (low, high) = round_bootstrap(16, mean(&spread));
+        assert!(low < 7.5 && 7.5 < high, "({low}, {high})");
+        assert!(
+            low > 0.0 && high < 15.0,
+            "({low}, {high}): the means of 16 draws, not single rounds"
+        );
+        assert_eq!(
+            round_bootstrap(16, mean(&spread)),
+            (low, high),
+            "the same draws each run"
+        );
+        assert_eq!(round_bootstrap(0, mean(&spread)), (0.0, 0.0));
     }
 }

@@ -20,6 +20,9 @@
 //!
 //! Figures are medians over rounds (sendmsg) and over every call (ADD). A condition whose ADDs
 //! lost more than [`DISTURBING_STEAL_PERCENT`] of the CPU time to the hypervisor is measured again.
+//! The ADD slowdowns come with a 90 % interval from resampling the rounds: whole runs of this
+//! bench read from 0 to +16 % for the same binary, and the interval says how far one run's
+//! figure can be trusted.
 
 use std::net::UdpSocket;
 use std::path::Path;
@@ -33,7 +36,7 @@ use super::netns::Netns;
 use super::proc_stat::{CpuTimes, DISTURBING_STEAL_PERCENT};
 use super::quiet;
 use super::report::{Single, Target};
-use super::stats::{Samples, Summary};
+use super::stats::{Samples, Summary, percentile, round_bootstrap, round3};
 use super::ways::{self, Lane, Verb, Way};
 use super::{REFERENCE_DIR, check_interrupted, provisioner_conflist};
 use crate::step::{announce, detail};
@@ -81,9 +84,14 @@ pub struct Results {
     plugin_add_on: Samples,
     api_add_off: Samples,
     api_add_on: Samples,
+    /// ADD latencies of each round: `[way][tracing]`, way 0 the plugin and 1 the API, tracing 0
+    /// off and 1 on.
+    round_walls: Vec<RoundWalls>,
     /// Measurements of a round's condition redone because of steal.
     remeasured: usize,
 }
+
+type RoundWalls = [[Vec<Duration>; 2]; 2];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Tracing {
@@ -92,6 +100,13 @@ enum Tracing {
 }
 
 impl Tracing {
+    fn index(self) -> usize {
+        match self {
+            Self::Off => 0,
+            Self::On => 1,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Self::Off => "off",
@@ -122,6 +137,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
         plugin_add_on: Samples::default(),
         api_add_off: Samples::default(),
         api_add_on: Samples::default(),
+        round_walls: Vec::new(),
         remeasured: 0,
     };
     for round in 0..ROUNDS {
@@ -130,6 +146,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
         } else {
             [Tracing::On, Tracing::Off]
         };
+        let mut walls = RoundWalls::default();
         for tracing in order {
             check_interrupted()?;
             let dir = tmp.join(format!("overhead-{}", tracing.name()));
@@ -234,6 +251,8 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                 Summary::of(&plugin).median_ms,
                 Summary::of(&api).median_ms,
             ));
+            walls[0][tracing.index()].clone_from(&plugin.wall);
+            walls[1][tracing.index()].clone_from(&api.wall);
             match tracing {
                 Tracing::Off => {
                     results.sendmsg_off_ns.push(per_send);
@@ -247,6 +266,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                 }
             }
         }
+        results.round_walls.push(walls);
     }
     for line in results.lines() {
         detail(&line);
@@ -355,6 +375,37 @@ impl Results {
         )
     }
 
+    /// `way`'s ADD median with tracing on against off (percent slower), over the calls of the
+    /// rounds `drawn` pooled as the whole run's are.
+    fn slowdown_of_rounds(&self, way: usize, drawn: &[usize]) -> f64 {
+        let pooled_median = |tracing: Tracing| {
+            let mut walls: Vec<f64> = drawn
+                .iter()
+                .flat_map(|&round| &self.round_walls[round][way][tracing.index()])
+                .map(Duration::as_secs_f64)
+                .collect();
+            walls.sort_by(f64::total_cmp);
+            percentile(&walls, 50)
+        };
+        percent(pooled_median(Tracing::Off), pooled_median(Tracing::On))
+    }
+
+    /// The 90 % interval of `way`'s ADD slowdown (see [`round_bootstrap`]).
+    fn slowdown_interval(&self, way: usize) -> (f64, f64) {
+        round_bootstrap(self.round_walls.len(), |drawn| {
+            self.slowdown_of_rounds(way, drawn)
+        })
+    }
+
+    /// The 90 % interval of the sendto slowdown (medians of the rounds' figures).
+    fn sendmsg_interval(&self) -> (f64, f64) {
+        let rounds = self.sendmsg_off_ns.len().min(self.sendmsg_on_ns.len());
+        round_bootstrap(rounds, |drawn| {
+            let of = |values: &[f64]| median(&drawn.iter().map(|&r| values[r]).collect::<Vec<_>>());
+            percent(of(&self.sendmsg_off_ns), of(&self.sendmsg_on_ns))
+        })
+    }
+
     fn sendmsg(&self) -> (f64, f64, f64, f64) {
         let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
         (
@@ -367,8 +418,9 @@ impl Results {
 
     fn lines(&self) -> Vec<String> {
         let (off, on, best_off, best_on) = self.sendmsg();
+        let (send_low, send_high) = self.sendmsg_interval();
         let mut lines = vec![format!(
-            "UDP sendto CPU per call: median off {off:.0} ns, on {on:.0} ns ({:+.1}%, {:+.0} ns); best off {best_off:.0}, on {best_on:.0} ({:+.1}%)",
+            "UDP sendto CPU per call: median off {off:.0} ns, on {on:.0} ns ({:+.1}%, 90 % interval over the rounds {send_low:+.1} to {send_high:+.1}%, {:+.0} ns); best off {best_off:.0}, on {best_on:.0} ({:+.1}%)",
             percent(off, on),
             on - off,
             percent(best_off, best_on)
@@ -385,13 +437,17 @@ impl Results {
             bpf_us + thread_us,
             self.bpf_on_add.describe(self.adds_on)
         ));
-        for (way, off, on) in [
+        for (index, (way, off, on)) in [
             ("plugin", &self.plugin_add_off, &self.plugin_add_on),
             ("api", &self.api_add_off, &self.api_add_on),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let (off, on) = (Summary::of(off), Summary::of(on));
+            let (low, high) = self.slowdown_interval(index);
             lines.push(format!(
-                "{way} ADD median: off {:.2} ms, on {:.2} ms ({:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} measurements of {} conditions redone for steal",
+                "{way} ADD median: off {:.2} ms, on {:.2} ms ({:+.1}%, 90 % interval over the rounds {low:+.1} to {high:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} measurements of {} conditions redone for steal",
                 off.median_ms,
                 on.median_ms,
                 percent(off.median_ms, on.median_ms),
@@ -417,6 +473,7 @@ impl Results {
             value: percent(off, on),
             cpu_ms: None,
             target: Target::AtMost(TARGET_PERCENT),
+            interval: Some(self.sendmsg_interval()),
             note: Some(format!("off {off:.0} ns, on {on:.0} ns per call")),
         }];
         let bpf = self.bpf_on_sendmsg.ns_per_call(self.sends_on);
@@ -426,6 +483,7 @@ impl Results {
             value: if off > 0.0 { bpf / off * 100.0 } else { 0.0 },
             cpu_ms: None,
             target: Target::None,
+            interval: None,
             note: Some(format!(
                 "{bpf:.0} ns per call (kernel statistics; the syscall tracepoints' slow path is not in it)"
             )),
@@ -442,14 +500,18 @@ impl Results {
             },
             cpu_ms: Some((bpf_us + thread_us) / 1e3),
             target: Target::None,
+            interval: None,
             note: Some(format!(
                 "eBPF {bpf_us:.0} us + thread {thread_us:.0} us per ADD; API ADD CPU off {api_cpu_ms:.2} ms"
             )),
         });
-        for (way, off, on) in [
+        for (index, (way, off, on)) in [
             ("plugin", &self.plugin_add_off, &self.plugin_add_on),
             ("API", &self.api_add_off, &self.api_add_on),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let (off, on) = (Summary::of(off), Summary::of(on));
             out.push(Single {
                 metric: format!("tracing: {way} ADD median, on vs off (N={})", off.n),
@@ -457,6 +519,7 @@ impl Results {
                 value: percent(off.median_ms, on.median_ms),
                 cpu_ms: None,
                 target: Target::AtMost(TARGET_PERCENT),
+                interval: Some(self.slowdown_interval(index)),
                 note: Some(format!(
                     "off {:.2} ms, on {:.2} ms",
                     off.median_ms, on.median_ms
@@ -468,7 +531,12 @@ impl Results {
 
     pub fn json(&self) -> Value {
         let (off, on, best_off, best_on) = self.sendmsg();
+        let (send_low, send_high) = self.sendmsg_interval();
         let add = |s: &Samples| Summary::of(s).json();
+        let interval = |way| {
+            let (low, high) = self.slowdown_interval(way);
+            json!([round3(low), round3(high)])
+        };
         json!({
             "rounds": ROUNDS,
             "sends_per_measurement": SENDS,
@@ -477,6 +545,7 @@ impl Results {
             "steal_retry_percent": DISTURBING_STEAL_PERCENT,
             "measurements_redone_for_steal": self.remeasured,
             "sendto_cpu_ns": {
+                "slower_percent_interval_90": [round3(send_low), round3(send_high)],
                 "off": self.sendmsg_off_ns,
                 "on": self.sendmsg_on_ns,
                 "median_off": off,
@@ -490,8 +559,16 @@ impl Results {
                 "bpf": self.bpf_on_add.json(self.adds_on),
                 "kernel_watch_thread_cpu_us_per_add": self.tracer_per_add_us().1,
             },
-            "plugin_add": { "off": add(&self.plugin_add_off), "on": add(&self.plugin_add_on) },
-            "api_add": { "off": add(&self.api_add_off), "on": add(&self.api_add_on) },
+            "plugin_add": {
+                "off": add(&self.plugin_add_off),
+                "on": add(&self.plugin_add_on),
+                "slower_percent_interval_90": interval(0),
+            },
+            "api_add": {
+                "off": add(&self.api_add_off),
+                "on": add(&self.api_add_on),
+                "slower_percent_interval_90": interval(1),
+            },
         })
     }
 }
