@@ -20,9 +20,9 @@
 //!
 //! Figures are medians over rounds (sendmsg) and over every call (ADD). A condition whose ADDs
 //! lost more than [`DISTURBING_STEAL_PERCENT`] of the CPU time to the hypervisor is measured again.
-//! The ADD slowdowns come with a 90 % interval from resampling the rounds: whole runs of this
-//! bench read from 0 to +16 % for the same binary, and the interval says how far one run's
-//! figure can be trusted.
+//! The slowdowns (sendto and ADD) come with a 90 % interval from resampling the rounds: whole
+//! runs of this bench read the API ADD's from -12 to +16 % for the same binary, and the
+//! interval says how far one run's figure can be trusted.
 
 use std::net::UdpSocket;
 use std::path::Path;
