@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use provisioner::dataplane::host_ifname;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::{Netns, wait_until};
@@ -255,5 +255,29 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
         run_plugin("DEL", "keep", Some(keep.path()), "eth0", &stdin)?.code,
         0
     );
+    Ok(())
+}
+
+/// A successor started while the daemon drains (a DaemonSet rolling update with surge, an
+/// operator's restart) binds the same socket path: the stopping daemon must not remove it.
+#[test]
+fn a_stopping_daemon_leaves_a_successors_socket_in_place() -> Result<()> {
+    let node = Netns::new("node")?;
+    let mut daemon = Daemon::start(&node, None)?;
+    std::fs::remove_file(&daemon.socket)?;
+    let successor = std::os::unix::net::UnixListener::bind(&daemon.socket)
+        .with_context(|| format!("bind {}", daemon.socket.display()))?;
+    assert!(daemon.stop()?.success(), "daemon exit on SIGTERM");
+    ensure!(
+        daemon.socket.exists(),
+        "the successor's socket {} was removed by the stopping daemon\n{}",
+        daemon.socket.display(),
+        daemon.log()
+    );
+    std::os::unix::net::UnixStream::connect(&daemon.socket)
+        .with_context(|| format!("connect to the successor at {}", daemon.socket.display()))?;
+    successor
+        .accept()
+        .context("the successor accepts the connection")?;
     Ok(())
 }

@@ -163,7 +163,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             }
         })
     });
-    let listener = bind(&opts.socket)?;
+    let (listener, socket_file) = bind(&opts.socket)?;
     let status = state.status().await;
     tracing::info!(
         socket = %opts.socket.display(),
@@ -205,6 +205,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         "shutting down: finishing operations in flight"
     );
     drop(listener);
+    // Gone with the listener, so that a successor started meanwhile binds at once; only while
+    // the path is still the socket bound here, never a successor's.
+    socket_file.remove_if_ours();
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
         while in_flight.join_next().await.is_some() {}
     })
@@ -231,14 +234,39 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         server.abort();
     }
     drop(watcher);
-    let _ = std::fs::remove_file(&opts.socket);
     tracing::info!("stopped");
     Ok(())
 }
 
+/// The socket file this daemon bound, told apart from one bound later at the same path (by a
+/// successor started while this one drains) by its device and inode.
+struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    fn remove_if_ours(&self) {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) if meta.dev() == self.dev && meta.ino() == self.ino => {
+                if let Err(err) = std::fs::remove_file(&self.path) {
+                    tracing::warn!(socket = %self.path.display(), error = %err, "remove the API socket");
+                }
+            }
+            Ok(_) => tracing::info!(
+                socket = %self.path.display(),
+                "the API socket's path now belongs to another daemon: left in place"
+            ),
+            Err(_) => {}
+        }
+    }
+}
+
 /// Binds the socket root-only (0600, in a directory only its owner may enter), replacing a
 /// stale socket file.
-fn bind(path: &Path) -> Result<UnixListener> {
+fn bind(path: &Path) -> Result<(UnixListener, SocketFile)> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         private_dir(dir)?;
     }
@@ -253,7 +281,14 @@ fn bind(path: &Path) -> Result<UnixListener> {
     let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", path.display()))?;
-    Ok(listener)
+    let meta = std::fs::symlink_metadata(path)
+        .with_context(|| format!("inspect the bound socket {}", path.display()))?;
+    let file = SocketFile {
+        path: path.to_path_buf(),
+        dev: std::os::unix::fs::MetadataExt::dev(&meta),
+        ino: std::os::unix::fs::MetadataExt::ino(&meta),
+    };
+    Ok((listener, file))
 }
 
 /// Creates `dir` 0700, or checks an existing one: a directory owned by the daemon's user
