@@ -1,6 +1,7 @@
 //! A `provisioner daemon` process started for a test, the bench or the demo, spoken to over its
 //! socket with serde_json (one request line, one answer line), and stopped by pid on drop.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -231,6 +232,37 @@ impl Daemon {
             u64::try_from(now.tv_sec)?,
             u32::try_from(now.tv_nsec)?,
         ))
+    }
+
+    /// CPU time each of the daemon's live threads used so far, added up by thread name (the
+    /// main thread is `main`), from the scheduler's statistics (nanosecond resolution). Threads
+    /// that already ended are not in it; [`Daemon::cpu_time`] counts them.
+    pub fn cpu_time_by_thread(&self) -> Result<BTreeMap<String, Duration>> {
+        let pid = self.pid().context("daemon not running")?;
+        let tasks = format!("/proc/{pid}/task");
+        let mut by_name = BTreeMap::new();
+        for task in std::fs::read_dir(&tasks).with_context(|| format!("read {tasks}"))? {
+            let dir = task.with_context(|| format!("read {tasks}"))?.path();
+            // A thread that ended since the directory was read has nothing left to count.
+            let (Ok(comm), Ok(stat)) = (
+                std::fs::read_to_string(dir.join("comm")),
+                std::fs::read_to_string(dir.join("schedstat")),
+            ) else {
+                continue;
+            };
+            let ns: u64 = stat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("{}/schedstat: {stat:?}", dir.display()))?;
+            let name = if dir.file_name() == Some(std::ffi::OsStr::new(&pid.to_string())) {
+                "main".to_owned()
+            } else {
+                comm.trim_end().to_owned()
+            };
+            *by_name.entry(name).or_insert(Duration::ZERO) += Duration::from_nanos(ns);
+        }
+        Ok(by_name)
     }
 
     /// The daemon's log so far (every run of it).

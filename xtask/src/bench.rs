@@ -50,7 +50,7 @@ use testkit::daemon::write_conflist;
 
 use proc_stat::{CpuTimes, DISTURBING_STEAL_PERCENT};
 use report::{Row, Single, Target};
-use stats::{Samples, Summary};
+use stats::{Samples, Summary, ThreadSplit};
 use ways::{Lane, Verb, Way};
 
 /// Directory of the reference plugins (Debian containernetworking-plugins).
@@ -443,6 +443,9 @@ fn phase(
             lane.way.name(),
             Summary::of(samples).line()
         ));
+        if let Some(split) = ThreadSplit::of(samples).line() {
+            detail(&format!("{:<9} daemon CPU by thread: {split}", ""));
+        }
     }
     detail(&format!(
         "CPUs: {:.0}% busy, hypervisor steal {:.1}%",
@@ -779,7 +782,11 @@ pub fn run(opts: &Options) -> Result<()> {
             .map(|(name, s)| {
                 (
                     (*name).to_owned(),
-                    json!({ "summary": Summary::of(s).json(), "latencies_ms": stats::raw_ms(s) }),
+                    json!({
+                        "summary": Summary::of(s).json(),
+                        "daemon_cpu_ms_per_call_by_thread": ThreadSplit::of(s).json(),
+                        "latencies_ms": stats::raw_ms(s),
+                    }),
                 )
             })
             .collect::<serde_json::Map<_, _>>()

@@ -28,7 +28,7 @@ use std::net::UdpSocket;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use super::bpf_run_time::{Spent, Window};
@@ -277,27 +277,13 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
 /// Name of the daemon's thread that drives the kernel watch (reads the events, judges).
 const TRACER_THREAD: &str = "kernel-watch";
 
-/// CPU time of the daemon's kernel-watch thread so far (scheduler statistics, ns resolution).
+/// CPU time of the daemon's kernel-watch threads so far.
 fn tracer_thread_cpu(daemon: &Daemon) -> Result<Duration> {
-    let pid = daemon.pid().context("daemon not running")?;
-    let tasks = format!("/proc/{pid}/task");
-    let mut total = Duration::ZERO;
-    for task in std::fs::read_dir(&tasks).with_context(|| format!("read {tasks}"))? {
-        let dir = task?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim_end() != TRACER_THREAD {
-            continue;
-        }
-        let stat = std::fs::read_to_string(dir.join("schedstat"))
-            .with_context(|| format!("read {}/schedstat", dir.display()))?;
-        let ns: u64 = stat
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("{}/schedstat: {stat:?}", dir.display()))?;
-        total += Duration::from_nanos(ns);
-    }
-    Ok(total)
+    Ok(daemon
+        .cpu_time_by_thread()?
+        .get(TRACER_THREAD)
+        .copied()
+        .unwrap_or_default())
 }
 
 /// Polls the daemon until its kernel watch has attached the programs.
