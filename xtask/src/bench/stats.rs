@@ -104,7 +104,7 @@ impl Summary {
 
 /// Where the daemon's CPU per call went, thread by thread (ms per call, most first; threads
 /// under 1 us per call left out). What threads that ended during the phase spent (the blocking
-/// pool's) is `ended`.
+/// pool's) is `ended_ms`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ThreadSplit {
     pub threads: Vec<(String, f64)>,
