@@ -34,9 +34,21 @@ fn role() -> u8 {
         // every few KiB in use (the daemon held 46 instead of 23 MiB with 100 sandboxes).
         // SAFETY: PR_SET_THP_DISABLE only changes how this process's later faults are served.
         unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        // Built without its constructor (.cargo/config.toml), mimalloc would stay in its
+        // "preloading" state for good: no arena ever reserved, every 64 KiB page of the heap
+        // mapped from the kernel and unmapped again as soon as it empties (an unmap interrupts
+        // every CPU the daemon runs on, to flush its TLB; about one per ADD).
+        // SAFETY: mimalloc's process set-up, which its constructor would have run before main;
+        // called once, before mimalloc's first allocation, from the only thread there is yet.
+        unsafe { _mi_auto_process_init() };
     }
     ROLE.store(role, Ordering::Relaxed);
     role
+}
+
+unsafe extern "C" {
+    /// mimalloc's process initialisation (`src/init.c`), what its constructor calls.
+    fn _mi_auto_process_init();
 }
 
 pub struct ByRole;
