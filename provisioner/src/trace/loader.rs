@@ -330,12 +330,20 @@ async fn read_ring(
             _ = drain.tick() => {}
         }
         let ring = ring.get_mut();
-        let mut batch = Vec::new();
         let mut drained = 0;
+        // Each record goes to the correlator as it is decoded: collecting a drain first grew a
+        // vector of up to a whole ring's events, which the allocator mapped and unmapped again
+        // (an unmap interrupts every CPU that runs the daemon, to flush its TLB).
         while let Some(item) = ring.next() {
             drained += ring_footprint(item.len());
-            match decode(&item, &clock) {
-                Ok(event) => batch.push(event),
+            let decoded = decode(&item, &clock);
+            drop(item);
+            match decoded {
+                Ok(event) => {
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
                 Err(err) => {
                     if let Some(counter) = decode_failures.get(err.kind() as usize) {
                         counter.fetch_add(1, Ordering::Relaxed);
@@ -345,11 +353,6 @@ async fn read_ring(
             }
         }
         backlog_peak.fetch_max(drained, Ordering::Relaxed);
-        for event in batch {
-            if tx.send(event).await.is_err() {
-                return;
-            }
-        }
     }
 }
 

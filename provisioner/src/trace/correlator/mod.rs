@@ -830,7 +830,7 @@ impl Correlator {
     fn decide(
         &mut self,
         cookie: u64,
-        progress: Option<state::Progress>,
+        progress: Option<Arc<state::Progress>>,
         now: SystemTime,
     ) -> Option<NetnsVerdict> {
         let deadline = self.config.deadline;

@@ -64,8 +64,9 @@ pub(super) struct Ns {
     /// What the entries folded away added up to.
     base: Progress,
     /// The whole timeline folded, kept up to date while entries arrive in time order (the
-    /// common case); recomputed after one arrives late or a request turns out rejected.
-    folded: Option<Progress>,
+    /// common case); recomputed after one arrives late or a request turns out rejected. Shared
+    /// with the callers of [`Ns::progress`] rather than copied for each.
+    folded: Option<Arc<Progress>>,
     /// The latest entry time.
     latest: Option<SystemTime>,
     /// Number of entries folded away.
@@ -95,7 +96,7 @@ impl Ns {
             expected: false,
             entries: Vec::new(),
             base: Progress::default(),
-            folded: Some(Progress::default()),
+            folded: Some(Arc::default()),
             latest: None,
             folded_away: 0,
             next_id: 0,
@@ -172,7 +173,7 @@ impl Ns {
                 .map_or(entry.public.at, |l| l.max(entry.public.at)),
         );
         match &mut self.folded {
-            Some(folded) if in_order => folded.step(&entry, &self.ifnames),
+            Some(folded) if in_order => Arc::make_mut(folded).step(&entry, &self.ifnames),
             _ => self.folded = None,
         }
         self.entries.push(entry);
@@ -225,12 +226,12 @@ impl Ns {
     }
 
     /// The whole timeline folded.
-    pub(super) fn progress(&mut self) -> Progress {
+    pub(super) fn progress(&mut self) -> Arc<Progress> {
         if let Some(folded) = &self.folded {
-            return folded.clone();
+            return Arc::clone(folded);
         }
-        let folded = self.base.clone().fold(self.sorted(), &self.ifnames);
-        self.folded = Some(folded.clone());
+        let folded = Arc::new(self.base.clone().fold(self.sorted(), &self.ifnames));
+        self.folded = Some(Arc::clone(&folded));
         folded
     }
 
