@@ -331,9 +331,8 @@ async fn read_ring(
         }
         let ring = ring.get_mut();
         let mut drained = 0;
-        // Each record goes to the correlator as it is decoded: collecting a drain first grew a
-        // vector of up to a whole ring's events, which the allocator mapped and unmapped again
-        // (an unmap interrupts every CPU that runs the daemon, to flush its TLB).
+        // Each record goes to the correlator as it is decoded, not into a vector of the whole
+        // drain first (hundreds of events under ADDs, reallocated as it grew).
         while let Some(item) = ring.next() {
             drained += ring_footprint(item.len());
             let decoded = decode(&item, &clock);
