@@ -12,7 +12,6 @@ use tokio::task::JoinSet;
 
 use crate::dataplane::NetnsSnapshot;
 
-use super::TraceError;
 use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
 use super::diagnosis::{CniSetup, diagnose};
 use super::events::{NetnsRef, TraceEvent};
@@ -20,6 +19,7 @@ use super::loader::{KernelTracer, LossCounters};
 use super::metrics::TraceMetrics;
 use super::netns_id::identify;
 use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent, Verdict};
+use super::{TraceError, background};
 
 /// Kernel events buffered between the ring buffer reader and the correlator.
 const EVENT_CHANNEL: usize = 65_536;
@@ -118,12 +118,10 @@ enum Done {
     Found(PathBuf, SystemTime, Result<NetnsSnapshot, String>),
 }
 
-/// Nice value of the thread that runs a background driver (see [`spawn_background`]).
-const BACKGROUND_NICE: libc::c_int = 10;
-
 /// Runs `driver` (a [`run`] and what follows it) on a thread of its own with a single-threaded
-/// runtime, at nice +10: the tracer's work (decoding, correlating, reading states) never takes
-/// a worker from the daemon's requests and yields the CPU to them when both want it.
+/// runtime, in the background ([`background`]): the tracer's work (decoding, correlating,
+/// reading states) never takes a worker from the daemon's requests and yields the CPU to them
+/// when both want it.
 pub fn spawn_background<F>(driver: F) -> std::io::Result<()>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
@@ -135,14 +133,8 @@ where
     std::thread::Builder::new()
         .name("kernel-watch".to_owned())
         .spawn(move || {
-            // Linux applies a nice value per thread; threads this one starts (the runtime's
-            // blocking pool) inherit it.
-            let tid = libc::id_t::try_from(nix::unistd::gettid().as_raw()).unwrap_or_default();
-            // SAFETY: setpriority has no memory preconditions.
-            let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, BACKGROUND_NICE) };
-            if rc != 0 {
-                tracing::debug!(error = %std::io::Error::last_os_error(), "kernel watch keeps the daemon's priority");
-            }
+            // Per thread; the threads this one starts (the runtime's blocking pool) inherit it.
+            background::make_this_thread_background();
             runtime.block_on(driver);
         })?;
     Ok(())
@@ -182,8 +174,10 @@ pub async fn run<S: Sink>(
         }
     }
     let mut ticker = tokio::time::interval(TICK);
+    let mut turns = background::CpuTurns::new();
     tokio::pin!(stop);
     loop {
+        turns.offer();
         // Commands are taken whenever the driver wakes for anything else (the ring is drained
         // every 20 ms, the ticker ticks every 100 ms) instead of each waking its thread: one
         // wake-up less per ADD. Taken first: a forget sent before a teardown is in effect

@@ -1,5 +1,6 @@
 //! eBPF loading (aya), event decoding, correlation, verdicts, the `trace` session.
 
+mod background;
 mod btf_offsets;
 pub mod correlator;
 pub mod diagnosis;
