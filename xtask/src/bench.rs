@@ -41,7 +41,7 @@ use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{bootstrap, ebpf};
+use crate::{allocator_check, bootstrap, ebpf};
 
 pub use netns::{Netns, require_root};
 pub use testkit::cni::{Plugin, plugin_stdin};
@@ -176,6 +176,7 @@ fn build_provisioner(profile: &str, what: &str, rustflags: Option<&str>) -> Resu
         bail!("{} missing after the build", bin.display());
     }
     detail(&format!("binary: {}", bin.display()));
+    allocator_check::check(&bin)?;
     Ok(bin)
 }
 

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the one place that knows how to build, test, demo and benchmark provisioner.
 
+mod allocator_check;
 mod bench;
 mod bootstrap;
 mod demo;
