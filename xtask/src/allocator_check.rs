@@ -4,11 +4,11 @@
 //! skips the set-up still works, mapping and unmapping each page of its heap one by one, and a
 //! plugin that runs it pays for it on every exec.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
+use testkit::cni::{self, run_with_stdin};
 
 use crate::step::detail;
 
@@ -20,7 +20,10 @@ const PURGE_AT_ONCE: &str = "option 'purge_delay': 0";
 /// Fails unless `bin --version` sets mimalloc up with the daemon's options and a plugin's
 /// `VERSION` does not set it up at all.
 pub fn check(bin: &Path) -> Result<()> {
-    let long_lived = stderr_of(bin, &["--version"], &[], "")?;
+    let mut version = Command::new(bin);
+    version.arg("--version");
+    let long_lived =
+        stderr_of(version, "").with_context(|| format!("{} --version", bin.display()))?;
     if !long_lived.contains(SET_UP) {
         bail!(
             "{} --version did not set mimalloc up (no \"{SET_UP}\" with MIMALLOC_VERBOSE=1): \
@@ -37,11 +40,10 @@ pub fn check(bin: &Path) -> Result<()> {
         );
     }
     let plugin = stderr_of(
-        bin,
-        &[],
-        &[("CNI_COMMAND", "VERSION")],
+        cni::command(bin, "VERSION", "", None, "", ""),
         r#"{"cniVersion":"1.0.0"}"#,
-    )?;
+    )
+    .with_context(|| format!("{} in CNI plugin mode, VERSION", bin.display()))?;
     if plugin.contains(SET_UP) {
         bail!(
             "{} in CNI plugin mode set mimalloc up, which every exec of the plugin would pay \
@@ -53,32 +55,15 @@ pub fn check(bin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs `bin` with `MIMALLOC_VERBOSE=1` and `env`, `stdin` on its standard input; its stderr.
-fn stderr_of(bin: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Result<String> {
-    let mut child = Command::new(bin)
-        .args(args)
-        .env("MIMALLOC_VERBOSE", "1")
-        .envs(env.iter().copied())
+/// Runs `cmd` with `MIMALLOC_VERBOSE=1`, `stdin` on its standard input; its stderr.
+fn stderr_of(mut cmd: Command, stdin: &str) -> Result<String> {
+    cmd.env("MIMALLOC_VERBOSE", "1")
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("run {}", bin.display()))?;
-    if let Some(mut input) = child.stdin.take() {
-        input
-            .write_all(stdin.as_bytes())
-            .with_context(|| format!("write the standard input of {}", bin.display()))?;
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let run = run_with_stdin(cmd, stdin.as_bytes())?;
+    if run.code != 0 {
+        bail!("exit code {}: {}", run.code, run.stderr);
     }
-    let out = child
-        .wait_with_output()
-        .with_context(|| format!("wait for {}", bin.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} {args:?} with {env:?} failed ({}): {}",
-            bin.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    Ok(run.stderr)
 }
