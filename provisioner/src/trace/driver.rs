@@ -119,9 +119,9 @@ enum Done {
 }
 
 /// Runs `driver` (a [`run`] and what follows it) on a thread of its own with a single-threaded
-/// runtime, in the background ([`background`]): the tracer's work (decoding, correlating,
-/// reading states) never takes a worker from the daemon's requests and yields the CPU to them
-/// when both want it.
+/// runtime, in the background (nice +10 and a short slice, `trace/background.rs`): the tracer's
+/// work (decoding, correlating, reading states) never takes a worker from the daemon's requests
+/// and yields the CPU to them when both want it.
 pub fn spawn_background<F>(driver: F) -> std::io::Result<()>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
