@@ -25,6 +25,7 @@ mod bpf_run_time;
 mod components;
 mod floor;
 pub mod netns;
+mod null_probe;
 mod proc_stat;
 mod quiet;
 mod report;

@@ -228,6 +228,31 @@ pub fn round_bootstrap(rounds: usize, statistic: impl Fn(&[usize]) -> f64) -> (f
     (percentile(&values, 5), percentile(&values, 95))
 }
 
+/// `value` against `base`, in percent (positive: slower).
+pub fn percent_slower(base: f64, value: f64) -> f64 {
+    if base > 0.0 {
+        (value / base - 1.0) * 100.0
+    } else {
+        0.0
+    }
+}
+
+/// How much slower `other` is than `base`, both measured once per round: the median of the
+/// rounds' own slowdowns, with its 90 % interval over the rounds ([`round_bootstrap`]). Where
+/// the two figures of a round are measured close together and the machine drifts between
+/// rounds, the drift cancels within each round instead of widening the interval.
+pub fn paired_slowdown(base: &[f64], other: &[f64]) -> (f64, (f64, f64)) {
+    let paired: Vec<f64> = base
+        .iter()
+        .zip(other)
+        .map(|(&base, &other)| percent_slower(base, other))
+        .collect();
+    let interval = round_bootstrap(paired.len(), |drawn| {
+        super::median(&drawn.iter().map(|&r| paired[r]).collect::<Vec<_>>())
+    });
+    (super::median(&paired), interval)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +325,31 @@ mod tests {
             "the same draws each run"
         );
         assert_eq!(round_bootstrap(0, mean(&spread)), (0.0, 0.0));
+    }
+
+    #[test]
+    fn a_paired_slowdown_is_not_widened_by_drift_between_rounds() {
+        // The machine's speed doubles every other round; within a round, the second figure
+        // is 3 % above the first.
+        let base: Vec<f64> = (0..16)
+            .map(|r| if r % 2 == 0 { 700.0 } else { 1400.0 })
+            .collect();
+        let other: Vec<f64> = base.iter().map(|b| b * 1.03).collect();
+        let (slower, (low, high)) = paired_slowdown(&base, &other);
+        assert!((slower - 3.0).abs() < 1e-9, "{slower}");
+        assert!(
+            (low - 3.0).abs() < 1e-9 && (high - 3.0).abs() < 1e-9,
+            "{low} {high}"
+        );
+        // Rounds that disagree widen it: half of them 6 % slower, half not at all.
+        let mixed: Vec<f64> = base
+            .iter()
+            .enumerate()
+            .map(|(r, b)| b * if r % 4 < 2 { 1.06 } else { 1.0 })
+            .collect();
+        let (slower, (low, high)) = paired_slowdown(&base, &mixed);
+        assert!((slower - 3.0).abs() < 1e-9, "{slower}");
+        assert!(low < 1.0 && high > 5.0, "{low} {high}");
+        assert_eq!(paired_slowdown(&[], &[]), (0.0, (0.0, 0.0)));
     }
 }
