@@ -13,9 +13,9 @@
 //!   do-nothing program on the tracer's hook ([`NullProbe`], the floor of any tracer there)
 //!   once it stopped and the machine is quiet again, a second or two later (this machine's
 //!   sendto cost moves by several percent from one second to the next, more than between the
-//!   two conditions of a round). With tracing on, also the eBPF
-//!   programs' own run time per datagram from the kernel's statistics, over one more
-//!   measurement (exact, where the CPU time swings by more than the tracer adds);
+//!   two conditions of a round). With tracing on, also the eBPF programs' own run time per
+//!   datagram from the kernel's statistics, over one more measurement (exact, where the CPU
+//!   time swings by more than the tracer adds);
 //! - ADD then DEL of a block of sandboxes through the CNI plugin path and the API. As on a node,
 //!   the sandbox namespaces are created (not timed) once the daemon runs: a namespace the kernel
 //!   watch did not see being created is read at its first ADD, which is the cost of a restart,
@@ -24,8 +24,8 @@
 //!   kernel-watch thread (scheduler statistics).
 //!
 //! Figures are medians over rounds (sendmsg: of each round's slowdown against tracing off in
-//! the same round) and over every call (ADD). A condition whose ADDs
-//! lost more than [`DISTURBING_STEAL_PERCENT`] of the CPU time to the hypervisor is measured again.
+//! the same round) and over every call (ADD). A condition whose ADDs lost more than
+//! [`DISTURBING_STEAL_PERCENT`] of the CPU time to the hypervisor is measured again.
 //! The slowdowns (sendto and ADD) come with a 90 % interval from resampling the rounds: whole
 //! runs of this bench read the API ADD's from -12 to +16 % for the same binary, and the
 //! interval says how far one run's figure can be trusted.
@@ -350,7 +350,7 @@ fn thread_cpu() -> Duration {
 }
 
 /// Sendto CPU per call with no program attached and with the do-nothing one (which goes first
-/// swaps every other round), once the machine is quiet; then the do-nothing program's own run
+/// swaps every two rounds), once the machine is quiet; then the do-nothing program's own run
 /// time over one more measurement.
 fn measure_untraced_sendmsg(node: &Netns, round: usize, results: &mut Results) -> Result<()> {
     quiet::wait(
