@@ -5,7 +5,7 @@
 //! floor of an exec'd plugin.
 
 use std::ffi::CStr;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use anyhow::{Context, Result};
 
@@ -67,7 +67,7 @@ impl NullProbe {
         // BPF_RAW_TRACEPOINT_OPEN: name | prog_fd, pad | cookie.
         let mut open = [0u64; 3];
         open[0] = HOOK.as_ptr() as u64;
-        open[1] = u64::from(program_fd(&program));
+        open[1] = u64::try_from(program.as_raw_fd())?;
         let link = bpf(BPF_RAW_TRACEPOINT_OPEN, &mut open).with_context(|| {
             format!(
                 "attach a do-nothing program to the {} tracepoint (BPF_RAW_TRACEPOINT_OPEN)",
@@ -79,9 +79,4 @@ impl NullProbe {
             _link: link,
         })
     }
-}
-
-fn program_fd(fd: &OwnedFd) -> u32 {
-    use std::os::fd::AsRawFd;
-    u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX)
 }

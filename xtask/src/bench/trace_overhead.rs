@@ -453,6 +453,19 @@ fn median(values: &[f64]) -> f64 {
     super::median(values)
 }
 
+/// A slowdown in percent and its 90 % interval (see [`paired_slowdown`]).
+type Slowdown = (f64, (f64, f64));
+
+/// The sendto comparisons of a run.
+struct SendtoSlowdowns {
+    /// Tracing on against nothing attached: the row with a target.
+    tracer: Slowdown,
+    /// The do-nothing program against nothing attached: the floor of any tracer on the hook.
+    floor: Slowdown,
+    /// Tracing on against the do-nothing program: what the tracer's own programs add.
+    beyond_floor: Slowdown,
+}
+
 impl Results {
     /// Microseconds per ADD with tracing on: the eBPF programs', the kernel-watch thread's.
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
@@ -486,11 +499,15 @@ impl Results {
         })
     }
 
-    /// The sendto slowdown of `slower` (one figure per round) against tracing off, paired by
-    /// round: a round's two conditions are measured seconds apart, while this machine's sendto
-    /// cost drifts by several percent over a run.
-    fn sendmsg_slowdown(&self, slower: &[f64]) -> (f64, (f64, f64)) {
-        paired_slowdown(&self.sendmsg_off_ns, slower)
+    /// The run's three sendto comparisons, each paired by round: a round's figures are
+    /// measured seconds apart, while this machine's sendto cost drifts by several percent over
+    /// a run.
+    fn sendto_slowdowns(&self) -> SendtoSlowdowns {
+        SendtoSlowdowns {
+            tracer: paired_slowdown(&self.sendmsg_off_ns, &self.sendmsg_on_ns),
+            floor: paired_slowdown(&self.sendmsg_off_ns, &self.sendmsg_null_ns),
+            beyond_floor: paired_slowdown(&self.sendmsg_null_ns, &self.sendmsg_on_ns),
+        }
     }
 
     fn sendmsg(&self) -> (f64, f64, f64, f64) {
@@ -505,9 +522,11 @@ impl Results {
 
     fn lines(&self) -> Vec<String> {
         let (off, on, best_off, best_on) = self.sendmsg();
-        let (slower, (low, high)) = self.sendmsg_slowdown(&self.sendmsg_on_ns);
+        let sendto = self.sendto_slowdowns();
+        let (slower, (low, high)) = sendto.tracer;
         let null = median(&self.sendmsg_null_ns);
-        let (null_slower, (null_low, null_high)) = self.sendmsg_slowdown(&self.sendmsg_null_ns);
+        let (null_slower, (null_low, null_high)) = sendto.floor;
+        let (beyond, (beyond_low, beyond_high)) = sendto.beyond_floor;
         let mut lines = vec![
             format!(
                 "UDP sendto CPU per call: median off {off:.0} ns, on {on:.0} ns; slower with tracing by {slower:+.1}% (median of the rounds' own, 90 % interval {low:+.1} to {high:+.1}%); best off {best_off:.0}, on {best_on:.0} ({:+.1}%)",
@@ -516,12 +535,10 @@ impl Results {
             format!(
                 "UDP sendto CPU per call with tracing off and a do-nothing eBPF program on the tracer's hook (the floor of any tracer there): median {null:.0} ns, slower by {null_slower:+.1}% (90 % interval {null_low:+.1} to {null_high:+.1}%)"
             ),
+            format!(
+                "the tracer against the do-nothing program (what its own programs add): {beyond:+.1}% (90 % interval {beyond_low:+.1} to {beyond_high:+.1}%)"
+            ),
         ];
-        let (beyond, (beyond_low, beyond_high)) =
-            paired_slowdown(&self.sendmsg_null_ns, &self.sendmsg_on_ns);
-        lines.push(format!(
-            "the tracer against the do-nothing program (what its own programs add): {beyond:+.1}% (90 % interval {beyond_low:+.1} to {beyond_high:+.1}%)"
-        ));
         let bpf = self.bpf_on_sendmsg.ns_per_call(self.sends_on);
         let bpf_null = self.bpf_null_sendmsg.ns_per_call(self.sends_null);
         lines.push(format!(
@@ -563,7 +580,8 @@ impl Results {
     /// Rows for the report: each slowdown against the 5% target.
     pub fn singles(&self) -> Vec<Single> {
         let (off, on, _, _) = self.sendmsg();
-        let (slower, interval) = self.sendmsg_slowdown(&self.sendmsg_on_ns);
+        let sendto = self.sendto_slowdowns();
+        let (slower, interval) = sendto.tracer;
         let mut out = vec![Single {
             metric: format!(
                 "tracing: unrelated UDP sendto, CPU per call (median of {ROUNDS} rounds' slowdowns)"
@@ -575,7 +593,7 @@ impl Results {
             interval: Some(interval),
             note: Some(format!("medians off {off:.0} ns, on {on:.0} ns per call")),
         }];
-        let (null_slower, null_interval) = self.sendmsg_slowdown(&self.sendmsg_null_ns);
+        let (null_slower, null_interval) = sendto.floor;
         out.push(Single {
             metric: "tracing floor: unrelated sendto with a do-nothing eBPF program on the tracer's hook"
                 .to_owned(),
@@ -589,7 +607,7 @@ impl Results {
                 median(&self.sendmsg_null_ns)
             )),
         });
-        let (beyond, beyond_interval) = paired_slowdown(&self.sendmsg_null_ns, &self.sendmsg_on_ns);
+        let (beyond, beyond_interval) = sendto.beyond_floor;
         out.push(Single {
             metric: "tracing: unrelated sendto, the tracer against the do-nothing program"
                 .to_owned(),
@@ -655,8 +673,10 @@ impl Results {
 
     pub fn json(&self) -> Value {
         let (off, on, best_off, best_on) = self.sendmsg();
-        let (slower, (send_low, send_high)) = self.sendmsg_slowdown(&self.sendmsg_on_ns);
-        let (null_slower, (null_low, null_high)) = self.sendmsg_slowdown(&self.sendmsg_null_ns);
+        let sendto = self.sendto_slowdowns();
+        let (slower, (send_low, send_high)) = sendto.tracer;
+        let (null_slower, (null_low, null_high)) = sendto.floor;
+        let (beyond, (beyond_low, beyond_high)) = sendto.beyond_floor;
         let add = |s: &Samples| Summary::of(s).json();
         let interval = |way| {
             let (low, high) = self.slowdown_interval(way);
@@ -678,7 +698,8 @@ impl Results {
                 "median_null_program": median(&self.sendmsg_null_ns),
                 "off_daemon_condition": self.sendmsg_off_daemon_ns,
                 "null_program_slower_percent": null_slower,
-                "on_against_null_program_percent": paired_slowdown(&self.sendmsg_null_ns, &self.sendmsg_on_ns).0,
+                "on_against_null_program_percent": beyond,
+                "on_against_null_program_percent_interval_90": [round3(beyond_low), round3(beyond_high)],
                 "null_program_slower_percent_interval_90": [round3(null_low), round3(null_high)],
                 "median_off": off,
                 "median_on": on,
