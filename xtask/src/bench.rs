@@ -23,6 +23,8 @@
 
 mod bpf_run_time;
 mod components;
+mod cpu_wakes;
+mod cpus;
 mod floor;
 pub mod netns;
 mod null_probe;
@@ -64,6 +66,8 @@ const WARMUP: usize = 3;
 const EXTRA_STARTS: usize = 3;
 /// Most sandboxes wired by the kernel floor.
 const FLOOR_MAX: usize = 200;
+/// Wakes of an idle CPU measured for the machine's stall rate (about 1.1 ms each).
+const CPU_WAKES: usize = 3000;
 
 /// `cargo xtask bench` options.
 pub struct Options {
@@ -361,6 +365,7 @@ struct Measured {
     exec_floor: Samples,
     kernel_add: Samples,
     kernel_del: Samples,
+    cpu_wakes: cpu_wakes::Wakes,
     steal: PhaseSteal,
 }
 
@@ -625,6 +630,12 @@ pub fn run(opts: &Options) -> Result<()> {
         let c = opts.concurrency;
         warm_up(&lanes, per_way - WARMUP)?;
         quiet::wait("the sequential phases", QUIET_BEFORE_PHASE)?;
+        announce(
+            "bench",
+            &format!("floor: wakes of an idle CPU x{CPU_WAKES}, just before the sequential phases"),
+        );
+        let cpu_wakes = cpu_wakes::measure(CPU_WAKES)?;
+        detail(&cpu_wakes.line());
         let (seq_add, steal_seq_add) = phase(&lanes, Verb::Add, "s", n, opts.block, 1)?;
         let (seq_del, steal_seq_del) = phase(&lanes, Verb::Del, "s", n, opts.block, 1)?;
         ways::settle(&node_ref)?;
@@ -642,6 +653,7 @@ pub fn run(opts: &Options) -> Result<()> {
             exec_floor,
             kernel_add,
             kernel_del,
+            cpu_wakes,
             steal: PhaseSteal {
                 seq_add: steal_seq_add,
                 seq_del: steal_seq_del,
@@ -820,6 +832,7 @@ pub fn run(opts: &Options) -> Result<()> {
             "floor_exec_true": Summary::of(&measured.exec_floor).json(),
             "floor_kernel_add": Summary::of(&measured.kernel_add).json(),
             "floor_kernel_del": Summary::of(&measured.kernel_del).json(),
+            "floor_cpu_wakes": measured.cpu_wakes.json(),
             "daemon": {
                 "fresh_start_to_ready_ms": daemon_results.fresh_starts_ms,
                 "rss_idle_kib": daemon_results.rss_idle_kib,
@@ -1025,6 +1038,16 @@ fn rows(
         floor("spawn + exec of /bin/true", &m.exec_floor),
         floor("kernel, one ADD's netlink requests", &m.kernel_add),
         floor("kernel, one DEL's netlink requests", &m.kernel_del),
+        single(
+            format!("machine: idle-CPU wakes over 2 ms ({})", m.cpu_wakes.line()),
+            "per s",
+            m.cpu_wakes.stalls_per_second(),
+            Target::None,
+            Some(
+                "no provisioner code involved: a stall during the 100 sequential ADDs is enough to move their p99"
+                    .to_owned(),
+            ),
+        ),
         single(
             "daemon RSS, no sandbox".to_owned(),
             "MiB",

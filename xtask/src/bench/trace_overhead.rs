@@ -408,25 +408,14 @@ fn lowest_sendmsg_cpu_per_call(node: &Netns) -> Result<f64> {
     Ok(lowest)
 }
 
-/// The last CPU this process may run on: where every sendto measurement runs.
-fn sending_cpu() -> Result<usize> {
-    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-    (0..nix::sched::CpuSet::count())
-        .rev()
-        .find(|&cpu| allowed.is_set(cpu).unwrap_or(false))
-        .ok_or_else(|| anyhow::anyhow!("no CPU in this process's affinity mask"))
-}
-
 /// CPU nanoseconds per UDP sendto on `lo` of `node`, measured on a thread that entered it and
-/// stays on [`sending_cpu`].
+/// stays on the last CPU this process may run on.
 fn sendmsg_cpu_per_call(node: &Netns) -> Result<f64> {
-    let cpu = sending_cpu()?;
+    let cpu = super::cpus::last()?;
     std::thread::scope(|scope| {
         scope
             .spawn(|| -> Result<f64> {
-                let mut only = nix::sched::CpuSet::new();
-                only.set(cpu)?;
-                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &only)?;
+                super::cpus::pin_this_thread(cpu)?;
                 node.enter_thread()?;
                 let rx = UdpSocket::bind("127.0.0.1:0")?;
                 let tx = UdpSocket::bind("127.0.0.1:0")?;
