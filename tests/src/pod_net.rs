@@ -1,5 +1,5 @@
 //! Looking at what a runtime's pod namespace and the node namespace hold, with `ip`, from a
-//! thread that entered the namespace (works for pins under /run/netns and /proc/<pid>/ns/net).
+//! thread that entered the namespace (works for pins under /run/netns and `/proc/<pid>/ns/net`).
 
 use std::path::Path;
 use std::time::Duration;

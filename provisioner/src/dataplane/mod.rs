@@ -181,7 +181,7 @@ impl Dataplane {
     }
 
     /// Checks that `path` is a network namespace a sandbox may use (see
-    /// [`Self::open_sandbox_netns`]; setup and check repeat the check on the handle they use).
+    /// `Self::open_sandbox_netns`; setup and check repeat the check on the handle they use).
     pub async fn check_sandbox_netns(&self, path: &Path) -> Result<(), DataplaneError> {
         self.open_sandbox_netns(path).await.map(drop)
     }

@@ -370,7 +370,7 @@ pub fn current_netns_cookie() -> io::Result<u64> {
 const NS_GET_ID: libc::c_ulong = 0x8008_b70d;
 
 /// The cookie of the network namespace of nsfs file `file` without entering it, when the
-/// kernel gives it (see [`ns_id_is_cookie`]); otherwise `None`.
+/// kernel gives it (see `ns_id_is_cookie`); otherwise `None`.
 pub fn netns_cookie_of_file(file: &File) -> Option<u64> {
     ns_id_is_cookie().then(|| ns_id(file).ok()).flatten()
 }

@@ -168,7 +168,7 @@ pub(crate) async fn start(dp: &Dataplane, link: LinkSpec) -> Result<StartedSetup
 
 impl StartedSetup {
     /// The rest of the setup of `spec` (the sandbox's addresses, links up, routes) and the
-    /// check of [`run_and_check`]. `spec` must be of the started sandbox; on failure
+    /// check of `run_and_check`. `spec` must be of the started sandbox; on failure
     /// everything, the veth pair included, is rolled back.
     pub async fn finish(
         mut self,

@@ -11,9 +11,9 @@
 //! alarm (`skipped`, `partial`, `failed`) is given on a live namespace without reading its state
 //! after its deadline. An alarm is revised (`networked`, late) when the network arrives later.
 //!
-//! Parts: [`timeline`] (entries of one namespace, bounded), [`effects`] (what a request does),
-//! [`state`] (the timeline folded), [`requests`] (request/answer pairing), [`execs`] (binaries
-//! that led to a change), [`judge`] (sandbox or not, and the verdict), [`intents`] (the
+//! Parts: `timeline` (entries of one namespace, bounded), `effects` (what a request does),
+//! `state` (the timeline folded), `requests` (request/answer pairing), `execs` (binaries
+//! that led to a change), `judge` (sandbox or not, and the verdict), `intents` (the
 //! daemon's intents and drift).
 
 mod effects;
