@@ -466,3 +466,79 @@ fn network_after_the_deadline_revises_the_skip_in_the_timeline_and_the_log() -> 
     del("late-1", Some(&path), &stdin)?;
     Ok(())
 }
+
+/// eBPF programs and links process `pid` holds (its descriptors that are
+/// `anon_inode:bpf-prog` or `anon_inode:bpf_link`).
+fn bpf_programs_and_links(pid: u32) -> Result<usize> {
+    let mut held = 0;
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        // A descriptor closed between the listing and the read is not held any more.
+        if let Ok(target) = std::fs::read_link(fd?.path())
+            && matches!(
+                target.to_string_lossy().as_ref(),
+                "anon_inode:bpf-prog" | "anon_inode:bpf_link"
+            )
+        {
+            held += 1;
+        }
+    }
+    Ok(held)
+}
+
+#[test]
+fn a_paused_watch_holds_no_program_and_audits_what_was_wired_meanwhile_once_resumed() -> Result<()>
+{
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
+        conflist("trpause", "1.0.0", socket, "10.254.8.0/24", None)
+    })?;
+    let config = conflist("trpause", "1.0.0", &daemon.socket, "10.254.8.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    daemon.wait_tracing(PATIENCE)?;
+    let pid = daemon.pid().context("the daemon's pid")?;
+    assert!(
+        bpf_programs_and_links(pid)? > 0,
+        "tracing, yet no program attached"
+    );
+
+    let off = daemon.cli(&["kernel-watch", "off"])?;
+    assert!(off.status.success(), "kernel-watch off: {off:?}");
+    // Detached by the time the answer came: no wait.
+    assert_eq!(
+        bpf_programs_and_links(pid)?,
+        0,
+        "paused, yet programs still attached"
+    );
+    let paused = daemon.sandboxes()?;
+    assert!(
+        paused["tracing_unavailable"]
+            .as_str()
+            .is_some_and(|why| why.contains("paused")),
+        "{paused}"
+    );
+
+    // Wired while nothing watched.
+    let pod = Netns::new("trp")?;
+    add("paused-0", pod.path(), &stdin)?;
+    let on = daemon.cli(&["kernel-watch", "on"])?;
+    assert!(on.status.success(), "kernel-watch on: {on:?}");
+    daemon.wait_tracing(PATIENCE)?;
+    assert!(
+        bpf_programs_and_links(pid)? > 0,
+        "resumed, yet no program attached"
+    );
+    let views = wait_views(
+        &daemon,
+        &HashSet::from([pod.cookie()?]),
+        "the sandbox wired while paused, networked and confirmed",
+        networked_and_confirmed,
+    )?;
+    assert_no_alarm(&views);
+    assert!(
+        !daemon.log().contains("SKIPPED"),
+        "a healthy sandbox was warned about:\n{}",
+        daemon.log()
+    );
+    del("paused-0", Some(pod.path()), &stdin)?;
+    Ok(())
+}

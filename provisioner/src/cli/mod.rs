@@ -44,6 +44,9 @@ enum Command {
     List(DaemonClientArgs),
     /// Every sandbox namespace the daemon's kernel watch saw: verdict, creator, timeline.
     Sandboxes(DaemonClientArgs),
+    /// Pause (off: the eBPF programs are detached when it returns) or resume (on) the daemon's
+    /// kernel watch; a resumed watch audits the live sandboxes, as at start.
+    KernelWatch(KernelWatchArgs),
     /// Trace sandbox network setup in the kernel, live, without the daemon.
     Trace(trace_cmd::TraceArgs),
     /// Render a containerd-style CNI conf template from the node's pod CIDRs.
@@ -85,6 +88,14 @@ pub struct DaemonClientArgs {
     json: bool,
 }
 
+#[derive(Args, Clone, Debug)]
+pub struct KernelWatchArgs {
+    #[arg(value_enum)]
+    state: remote_ops::Switch,
+    #[command(flatten)]
+    daemon: DaemonClientArgs,
+}
+
 pub fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
         return plugin::main();
@@ -103,6 +114,9 @@ pub fn main() -> ExitCode {
         },
         Command::List(args) => remote_ops::list(&args.socket, args.json),
         Command::Sandboxes(args) => remote_ops::sandboxes(&args.socket, args.json),
+        Command::KernelWatch(args) => {
+            remote_ops::kernel_watch(&args.daemon.socket, args.state, args.daemon.json)
+        }
         Command::Trace(args) => trace_cmd::run(args),
         Command::RenderConfig(args) => render::run(&args),
     };

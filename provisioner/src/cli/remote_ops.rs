@@ -121,6 +121,27 @@ pub fn list(socket: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// The state asked of the daemon's kernel watch.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+pub fn kernel_watch(socket: &Path, state: Switch, json: bool) -> Result<()> {
+    let on = matches!(state, Switch::On);
+    let result = call(socket, &Request::KernelWatch { on })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(());
+    }
+    match result["tracing_unavailable"].as_str() {
+        Some(reason) => println!("kernel watch {}: {reason}", if on { "on" } else { "off" }),
+        None => println!("kernel watch on: tracing"),
+    }
+    Ok(())
+}
+
 pub fn sandboxes(socket: &Path, json: bool) -> Result<()> {
     let result = call(socket, &Request::Sandboxes)?;
     if json {

@@ -23,6 +23,11 @@ pub enum Request {
     List,
     /// Every sandbox namespace the kernel watch saw, with verdicts and timelines.
     Sandboxes,
+    /// Pause (`on: false`: the eBPF programs are detached when the answer comes) or resume
+    /// kernel tracing.
+    KernelWatch {
+        on: bool,
+    },
 }
 
 /// One sandbox interface, as CNI names it.

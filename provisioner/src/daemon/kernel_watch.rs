@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
@@ -32,6 +32,10 @@ const KEPT_TEXTS: usize = 16;
 
 /// `tracing_unavailable` while the programs load.
 pub const STARTING: &str = "kernel tracing is starting";
+/// `tracing_unavailable` while the operator has paused tracing.
+pub const PAUSED: &str = "kernel tracing is paused (`provisioner kernel-watch on` resumes it)";
+/// Longest wait for a paused run to detach its programs.
+const PAUSE_WAIT: Duration = Duration::from_secs(10);
 
 /// One sandbox namespace as the kernel showed it.
 #[derive(Clone, Debug, Serialize)]
@@ -323,53 +327,129 @@ impl Sink for WatchSink {
 /// Handle held by the daemon; cheap to clone. It observes the sandbox service.
 #[derive(Clone)]
 pub struct KernelWatch {
-    commands: mpsc::UnboundedSender<Command>,
+    settings: Arc<Settings>,
+    /// The tracer's current run; `None` while the operator has paused it.
+    run: Arc<Mutex<Option<Run>>>,
     shared: Arc<Mutex<Shared>>,
 }
 
+/// What every run of the tracer is started with.
+struct Settings {
+    deadline: Duration,
+    rules: SandboxRules,
+    cni_fallback: CniSetup,
+}
+
+/// One run of the tracer, from loading the programs to their detachment.
+struct Run {
+    commands: mpsc::UnboundedSender<Command>,
+    stop: oneshot::Sender<()>,
+    /// Fires once the run ended: its programs are detached.
+    ended: oneshot::Receiver<()>,
+}
+
 impl KernelWatch {
-    /// Starts the tracer on the current runtime; never fails (see [`SandboxesAnswer`]). Intents
+    /// Starts the tracer on a thread of its own; never fails (see [`SandboxesAnswer`]). Intents
     /// sent before the programs are attached wait for them.
     pub fn start(deadline: Duration, rules: SandboxRules, cni_conf_dir: &Path) -> Self {
-        let cni_fallback = CniSetup::assumed(cni_conf_dir);
+        let watch = Self {
+            settings: Arc::new(Settings {
+                deadline,
+                rules,
+                cni_fallback: CniSetup::assumed(cni_conf_dir),
+            }),
+            run: Arc::new(Mutex::new(None)),
+            shared: Arc::new(Mutex::new(Shared::default())),
+        };
+        watch.launch();
+        watch
+    }
+
+    /// Starts a run of the tracer: loads and attaches the programs in the background.
+    fn launch(&self) {
         let (commands, rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Mutex::new(Shared {
-            unavailable: Some(STARTING.to_owned()),
-            ..Shared::default()
-        }));
+        let (stop, stop_rx) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel();
+        lock(&self.shared).unavailable = Some(STARTING.to_owned());
+        let shared = Arc::clone(&self.shared);
+        let settings = Arc::clone(&self.settings);
         // Loading takes a few hundred ms (BTF parsing, verification): readiness does not wait.
-        let spawned = driver::spawn_background({
-            let shared = Arc::clone(&shared);
-            async move {
-                let mut sink = WatchSink {
-                    shared: Arc::clone(&shared),
-                    deadline,
-                };
-                let opts = DriverOptions {
-                    correlator: CorrelatorConfig { deadline, rules },
-                    scan_pins: true,
-                    cni_fallback,
-                };
-                let why = match driver::run(opts, rx, &mut sink, std::future::pending()).await {
-                    Ok(_) => "kernel event stream ended".to_owned(),
-                    Err(err) => {
-                        tracing::error!(error = %err, "kernel tracing unavailable; provisioning continues without it");
-                        err.to_string()
-                    }
-                };
-                lock(&shared).unavailable = Some(why);
-            }
+        let spawned = driver::spawn_background(async move {
+            let mut sink = WatchSink {
+                shared: Arc::clone(&shared),
+                deadline: settings.deadline,
+            };
+            let opts = DriverOptions {
+                correlator: CorrelatorConfig {
+                    deadline: settings.deadline,
+                    rules: settings.rules.clone(),
+                },
+                scan_pins: true,
+                cni_fallback: settings.cni_fallback.clone(),
+            };
+            let stopped = async {
+                let _ = stop_rx.await;
+            };
+            let why = match driver::run(opts, rx, &mut sink, stopped).await {
+                Ok(_) => "kernel event stream ended".to_owned(),
+                Err(err) => {
+                    tracing::error!(error = %err, "kernel tracing unavailable; provisioning continues without it");
+                    err.to_string()
+                }
+            };
+            lock(&shared).unavailable = Some(why);
+            let _ = ended_tx.send(());
         });
         if let Err(err) = spawned {
             tracing::error!(error = %err, "kernel watch thread could not start; provisioning continues without tracing");
-            lock(&shared).unavailable = Some(format!("kernel watch thread could not start: {err}"));
+            lock(&self.shared).unavailable =
+                Some(format!("kernel watch thread could not start: {err}"));
         }
-        Self { commands, shared }
+        *lock_run(&self.run) = Some(Run {
+            commands,
+            stop,
+            ended,
+        });
+    }
+
+    /// Stops tracing: the programs are detached when this returns (or after [`PAUSE_WAIT`],
+    /// with a warning). The intents of ADDs made meanwhile are not checked; sandboxes seen
+    /// before are forgotten until [`Self::resume`].
+    pub async fn pause(&self) {
+        let Some(run) = lock_run(&self.run).take() else {
+            return;
+        };
+        let Run {
+            commands,
+            stop,
+            ended,
+        } = run;
+        drop(commands);
+        let _ = stop.send(());
+        if tokio::time::timeout(PAUSE_WAIT, ended).await.is_err() {
+            tracing::warn!(wait = ?PAUSE_WAIT, "kernel watch still stopping after the pause was asked for");
+        }
+        lock(&self.shared).unavailable = Some(PAUSED.to_owned());
+        tracing::info!("kernel tracing paused by the operator");
+    }
+
+    /// Starts tracing again after [`Self::pause`]; `false` when it was not paused. The caller
+    /// hands the live sandboxes over again (the audit, as at start).
+    pub fn resume(&self) -> bool {
+        if lock_run(&self.run).is_some() {
+            return false;
+        }
+        tracing::info!("kernel tracing resumed by the operator");
+        self.launch();
+        true
     }
 
     fn send(&self, command: Command) {
-        // The driver only goes away when tracing failed; the intent then has no one to check it.
-        let _ = self.commands.send(command);
+        // The driver only goes away when tracing failed or is paused; the intent then has no
+        // one to check it.
+        if let Some(run) = lock_run(&self.run).as_ref() {
+            let _ = run.commands.send(command);
+        }
     }
 
     pub fn sandboxes(&self) -> SandboxesAnswer {
@@ -539,6 +619,10 @@ fn log(report: &Report) {
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn lock_run(run: &Mutex<Option<Run>>) -> std::sync::MutexGuard<'_, Option<Run>> {
+    run.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

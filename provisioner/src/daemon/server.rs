@@ -414,13 +414,43 @@ async fn handle(state: &Arc<DaemonState>, limits: &Limits, request: Request) -> 
         }
         Request::Sandboxes => match &state.kernel {
             Some(kernel) => ok(&kernel.sandboxes()),
-            None => CniError::new(
-                CniError::INTERNAL,
-                "kernel tracing is off in this daemon (--no-trace)",
-            )
-            .into(),
+            None => tracing_off(),
+        },
+        Request::KernelWatch { on } => match &state.kernel {
+            Some(kernel) => switch_kernel_watch(state, kernel, on).await,
+            None => tracing_off(),
         },
     }
+}
+
+fn tracing_off() -> Response {
+    CniError::new(
+        CniError::INTERNAL,
+        "kernel tracing is off in this daemon (--no-trace)",
+    )
+    .into()
+}
+
+/// Pauses or resumes the kernel watch. A resumed watch audits the live sandboxes, as at start:
+/// what happened to them while it was paused was not seen.
+async fn switch_kernel_watch(state: &DaemonState, kernel: &KernelWatch, on: bool) -> Response {
+    if !on {
+        kernel.pause().await;
+    } else if kernel.resume()
+        && let Some(active) = state.active()
+    {
+        match active.service.announce_existing().await {
+            Ok(n) => tracing::info!(
+                sandboxes = n,
+                "sandboxes handed to the resumed kernel watch"
+            ),
+            Err(err) => tracing::warn!(error = %err, "audit of the sandboxes at resume"),
+        }
+    }
+    ok(&serde_json::json!({
+        "kernel_watch": if on { "on" } else { "off" },
+        "tracing_unavailable": kernel.metrics().0,
+    }))
 }
 
 /// Runs `op` on the network in force, as a task of its own that holds the operation guard and
