@@ -1,21 +1,24 @@
-//! What kernel tracing costs: unrelated sendmsg work on the node and ADD latency, with a daemon
-//! that runs its kernel watch (the eBPF programs attached, the correlator fed) against one
-//! started with `--no-trace`.
+//! What kernel tracing costs: unrelated sendmsg work on the node and ADD latency, with the
+//! daemon's kernel watch running (the eBPF programs attached, the correlator fed) against the
+//! same daemon with its watch paused (`kernel_watch` off: no program attached, no intent
+//! checked, as with `--no-trace`).
 //!
 //! The programs are attached to the whole node, so the two conditions cannot run side by side:
-//! rounds alternate a daemon without tracing and one with it (which one goes first swaps every
-//! round), on the same node namespace and conf. Each round measures
+//! each round starts one daemon and measures both conditions in turn (which one goes first
+//! swaps every round), pausing or resuming its watch in between: the comparison is within one
+//! process, whose threads' placement and speed moved ADD medians by +-20 % from one daemon to
+//! the next. Each round measures
 //! - UDP datagrams sent on `lo` in the node namespace, from a thread kept on one CPU (the two
 //!   CPUs of this VM differ in speed from time to time): the sending thread's CPU time per call
 //!   (user + kernel, BPF included), the lowest of a few measurements (other load on the
 //!   machine still disturbs a thread's CPU time through caches and interrupts), before the
-//!   ADDs of each condition; for the traced daemon's, also with nothing attached and with a
-//!   do-nothing program on the tracer's hook ([`NullProbe`], the floor of any tracer there)
-//!   once it stopped and the machine is quiet again, a second or two later (this machine's
-//!   sendto cost moves by several percent from one second to the next, more than between the
-//!   two conditions of a round). With tracing on, also the eBPF programs' own run time per
-//!   datagram from the kernel's statistics, over one more measurement (exact, where the CPU
-//!   time swings by more than the tracer adds);
+//!   ADDs of each condition; for the traced condition's, also with nothing attached and with
+//!   a do-nothing program on the tracer's hook ([`NullProbe`], the floor of any tracer there)
+//!   once the watch is paused and the machine is quiet again, a second or two later (this
+//!   machine's sendto cost moves by several percent from one second to the next, more than
+//!   between the two conditions of a round). With tracing on, also the eBPF programs' own
+//!   run time per datagram from the kernel's statistics, over one more measurement (exact,
+//!   where the CPU time swings by more than the tracer adds);
 //! - ADD then DEL of a block of sandboxes through the CNI plugin path and the API. As on a node,
 //!   the sandbox namespaces are created (not timed) once the daemon runs: a namespace the kernel
 //!   watch did not see being created is read at its first ADD, which is the cost of a restart,
@@ -52,9 +55,9 @@ use crate::step::{announce, detail};
 use testkit::cni::{Plugin, plugin_stdin};
 use testkit::daemon::{Daemon, write_conflist};
 
-/// Alternating rounds (each has a daemon with and one without tracing). A round's ADD medians
-/// move by +-20 % between rounds of one condition on a quiet 2-CPU VM, more than the tracer
-/// adds: the more rounds, the less one of them moves the pooled medians.
+/// Rounds (each a daemon measured with its kernel watch running and paused). A round's ADD
+/// medians move by +-20 % between rounds of one condition on a quiet 2-CPU VM, more than the
+/// tracer adds: the more rounds, the less one of them moves the pooled medians.
 const ROUNDS: usize = 16;
 /// Datagrams per sendmsg measurement.
 const SENDS: usize = 25_000;
@@ -83,9 +86,9 @@ pub struct Results {
     sendmsg_on_ns: Vec<f64>,
     /// The same with tracing off and a do-nothing program on the tracer's hook.
     sendmsg_null_ns: Vec<f64>,
-    /// Measured in the condition of the daemon without tracing, seconds away from the traced
-    /// figure (the only untraced figure before stop 32).
-    sendmsg_off_daemon_ns: Vec<f64>,
+    /// Measured in the round's condition with the kernel watch paused, seconds away from the
+    /// traced figure (before stop 32 the only untraced figure, then from a `--no-trace` daemon).
+    sendmsg_paused_ns: Vec<f64>,
     /// What that program spent, and over how many datagrams.
     bpf_null_sendmsg: Spent,
     sends_null: u64,
@@ -138,8 +141,8 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
     announce(
         "bench",
         &format!(
-            "tracer overhead: {ROUNDS} rounds of a daemon without and one with its kernel watch: \
-             {BLASTS} x {SENDS} UDP sendto, then ADD + DEL x{ADDS} (plugin and API)"
+            "tracer overhead: {ROUNDS} rounds of a daemon with its kernel watch paused and \
+             running: {BLASTS} x {SENDS} UDP sendto, then ADD + DEL x{ADDS} (plugin and API)"
         ),
     );
     let node = Netns::new("ovhnode")?;
@@ -147,7 +150,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
         sendmsg_off_ns: Vec::new(),
         sendmsg_on_ns: Vec::new(),
         sendmsg_null_ns: Vec::new(),
-        sendmsg_off_daemon_ns: Vec::new(),
+        sendmsg_paused_ns: Vec::new(),
         bpf_null_sendmsg: Spent::default(),
         sends_null: 0,
         bpf_on_sendmsg: Spent::default(),
@@ -169,20 +172,15 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             [Tracing::On, Tracing::Off]
         };
         let mut walls = RoundWalls::default();
+        let dir = tmp.join(format!("overhead-{round}"));
+        let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
+        write_conflist(&dir, &conflist)?;
+        let mut daemon = Daemon::spawn(bin, &node, &dir, &[])?;
+        daemon.wait_ready(Duration::from_secs(10))?;
+        wait_attached(&daemon)?;
         for tracing in order {
             check_interrupted()?;
-            let dir = tmp.join(format!("overhead-{}", tracing.name()));
-            let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
-            write_conflist(&dir, &conflist)?;
-            let extra: &[&str] = match tracing {
-                Tracing::Off => &["--no-trace"],
-                Tracing::On => &[],
-            };
-            let mut daemon = Daemon::spawn(bin, &node, &dir, extra)?;
-            daemon.wait_ready(Duration::from_secs(10))?;
-            if tracing == Tracing::On {
-                wait_attached(&daemon)?;
-            }
+            switch_kernel_watch(&daemon, tracing)?;
             let tag = format!("{}{round}", tracing.name());
             let plugin_pods = super::sandbox_namespaces(&format!("ovp{tag}-"), ADDS)?;
             let api_pods = super::sandbox_namespaces(&format!("ova{tag}-"), ADDS)?;
@@ -195,7 +193,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
             // where the scheduler puts the ADDs' threads for a while after).
             let per_send = lowest_sendmsg_cpu_per_call(&node)?;
             match tracing {
-                Tracing::Off => results.sendmsg_off_daemon_ns.push(per_send),
+                Tracing::Off => results.sendmsg_paused_ns.push(per_send),
                 Tracing::On => {
                     results.sendmsg_on_ns.push(per_send);
                     // A blast of its own: the statistics cost each program run some time,
@@ -264,10 +262,10 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                 )?;
             };
             drop(lanes);
-            daemon.stop()?;
-            // Sendto with nothing attached, next to the traced daemon's (this machine's sendto
+            // Sendto with nothing attached, next to the traced figure (this machine's sendto
             // cost moves by several percent from one second to the next).
             if tracing == Tracing::On {
+                switch_kernel_watch(&daemon, Tracing::Off)?;
                 wait_detached()?;
                 measure_untraced_sendmsg(&node, round, &mut results)?;
             }
@@ -303,6 +301,7 @@ pub fn run(bin: &Path, tmp: &Path) -> Result<Results> {
                 }
             }
         }
+        daemon.stop()?;
         results.round_walls.push(walls);
     }
     for line in results.lines() {
@@ -323,6 +322,16 @@ fn tracer_thread_cpu(daemon: &Daemon) -> Result<Duration> {
         .get(TRACER_THREAD)
         .copied()
         .unwrap_or_default())
+}
+
+/// Resumes the daemon's kernel watch (and waits until its programs are attached) or pauses it
+/// (its programs are detached when the daemon answers).
+fn switch_kernel_watch(daemon: &Daemon, tracing: Tracing) -> Result<()> {
+    daemon.request(&json!({"op": "kernel_watch", "on": tracing == Tracing::On}))?;
+    if tracing == Tracing::On {
+        wait_attached(daemon)?;
+    }
+    Ok(())
 }
 
 /// Polls the daemon until its kernel watch has attached the programs.
@@ -685,7 +694,7 @@ impl Results {
                 "on": self.sendmsg_on_ns,
                 "null_program": self.sendmsg_null_ns,
                 "median_null_program": median(&self.sendmsg_null_ns),
-                "off_daemon_condition": self.sendmsg_off_daemon_ns,
+                "paused_condition": self.sendmsg_paused_ns,
                 "null_program_slower_percent": null_slower,
                 "on_against_null_program_percent": beyond,
                 "on_against_null_program_percent_interval_90": [round3(beyond_low), round3(beyond_high)],
