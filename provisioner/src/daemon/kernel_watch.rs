@@ -429,7 +429,12 @@ impl KernelWatch {
         if tokio::time::timeout(PAUSE_WAIT, ended).await.is_err() {
             tracing::warn!(wait = ?PAUSE_WAIT, "kernel watch still stopping after the pause was asked for");
         }
-        lock(&self.shared).unavailable = Some(PAUSED.to_owned());
+        let mut shared = lock(&self.shared);
+        // A resume that came meanwhile has started a run of its own.
+        if lock_run(&self.run).is_none() {
+            shared.unavailable = Some(PAUSED.to_owned());
+        }
+        drop(shared);
         tracing::info!("kernel tracing paused by the operator");
     }
 
