@@ -89,6 +89,18 @@ fn assert_no_alarm(views: &HashMap<u64, Value>) {
     }
 }
 
+/// A daemon of network `name` on `subnet` with a 1 s trace deadline, once its tracing is
+/// attached, and the plugin stdin for that network.
+fn traced_daemon(node: &Netns, name: &str, subnet: &str) -> Result<(Daemon, Vec<u8>)> {
+    let daemon = Daemon::start_with_conflist(node, &["--trace-deadline", "1"], |socket| {
+        conflist(name, "1.0.0", socket, subnet, None)
+    })?;
+    let config = conflist(name, "1.0.0", &daemon.socket, subnet, None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    daemon.wait_tracing(PATIENCE)?;
+    Ok((daemon, stdin))
+}
+
 fn add(container: &str, netns: &Path, stdin: &[u8]) -> Result<()> {
     wait_until(&format!("ADD {container}"), PATIENCE, || {
         let out = run_plugin("ADD", container, Some(netns), "eth0", stdin)?;
@@ -170,12 +182,7 @@ fn adds_arriving_before_tracing_attached_are_networked_and_confirmed() -> Result
 fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() -> Result<()> {
     const N: usize = 200;
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
-        conflist("trnet", "1.0.0", socket, "10.254.0.0/22", None)
-    })?;
-    let config = conflist("trnet", "1.0.0", &daemon.socket, "10.254.0.0/22", None);
-    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
-    daemon.wait_tracing(PATIENCE)?;
+    let (daemon, stdin) = traced_daemon(&node, "trnet", "10.254.0.0/22")?;
     // All namespaces first, then one ADD after another: late ADDs must not be judged on how
     // long the earlier ones took.
     let pods: Vec<Netns> = (0..N).map(|_| Netns::new("trp")).collect::<Result<_>>()?;
@@ -414,12 +421,7 @@ fn restart_after_sigkill_audits_live_sandboxes() -> Result<()> {
 #[test]
 fn network_after_the_deadline_revises_the_skip_in_the_timeline_and_the_log() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
-        conflist("trlate", "1.0.0", socket, "10.254.12.0/24", None)
-    })?;
-    let config = conflist("trlate", "1.0.0", &daemon.socket, "10.254.12.0/24", None);
-    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
-    daemon.wait_tracing(PATIENCE)?;
+    let (daemon, stdin) = traced_daemon(&node, "trlate", "10.254.12.0/24")?;
     // A runtime creates the sandbox and calls its plugin only after the deadline.
     let sandbox = RuntimeNetns::new("cni-late")?;
     let path = sandbox.path();
@@ -489,12 +491,7 @@ fn bpf_programs_and_links(pid: u32) -> Result<usize> {
 fn a_paused_watch_holds_no_program_and_audits_what_was_wired_meanwhile_once_resumed() -> Result<()>
 {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
-        conflist("trpause", "1.0.0", socket, "10.254.8.0/24", None)
-    })?;
-    let config = conflist("trpause", "1.0.0", &daemon.socket, "10.254.8.0/24", None);
-    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
-    daemon.wait_tracing(PATIENCE)?;
+    let (daemon, stdin) = traced_daemon(&node, "trpause", "10.254.8.0/24")?;
     let pid = daemon.pid().context("the daemon's pid")?;
     assert!(
         bpf_programs_and_links(pid)? > 0,
