@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
-use crate::sandbox::{Removal, SandboxObserver, SandboxRef};
+use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
 use crate::trace::diagnosis::CniSetup;
 use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
 use crate::trace::render::{report_lines, verdict_lines};
@@ -474,6 +474,19 @@ impl KernelWatch {
     pub fn metrics(&self) -> (Option<String>, TraceMetrics) {
         let shared = lock(&self.shared);
         (shared.unavailable.clone(), shared.metrics.clone())
+    }
+}
+
+/// The audit: every sandbox `service` holds is handed to the kernel watch, to be checked against
+/// the kernel (at start, and when a paused watch resumes: `occasion` says which, in the log).
+pub async fn audit_existing(service: &SandboxService, occasion: &str) {
+    match service.announce_existing().await {
+        Ok(n) => tracing::info!(
+            sandboxes = n,
+            occasion,
+            "live sandboxes handed to the kernel watch"
+        ),
+        Err(err) => tracing::warn!(error = %err, occasion, "audit of the live sandboxes"),
     }
 }
 

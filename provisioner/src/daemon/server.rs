@@ -21,7 +21,7 @@ use crate::sandbox::{Network, SandboxRef, validate};
 
 use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
 use super::errors::{cni_error, dataplane_refusal};
-use super::kernel_watch::KernelWatch;
+use super::kernel_watch::{self, KernelWatch};
 use super::result::cni_result;
 use super::state::{Active, DaemonState, Paths};
 
@@ -439,13 +439,7 @@ async fn switch_kernel_watch(state: &DaemonState, kernel: &KernelWatch, on: bool
     } else if kernel.resume()
         && let Some(active) = state.active()
     {
-        match active.service.announce_existing().await {
-            Ok(n) => tracing::info!(
-                sandboxes = n,
-                "sandboxes handed to the resumed kernel watch"
-            ),
-            Err(err) => tracing::warn!(error = %err, "audit of the sandboxes at resume"),
-        }
+        kernel_watch::audit_existing(&active.service, "kernel watch resumed").await;
     }
     ok(&serde_json::json!({
         "kernel_watch": if on { "on" } else { "off" },

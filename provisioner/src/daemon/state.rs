@@ -13,7 +13,7 @@ use crate::metrics::Metrics;
 use crate::sandbox::{KeyLocks, Network, NoObserver, SandboxObserver, SandboxService};
 
 use super::api::{LoadInfo, NetworkInfo, Status};
-use super::kernel_watch::KernelWatch;
+use super::kernel_watch::{self, KernelWatch};
 use super::reconcile;
 
 /// The network in force and the service that provisions it.
@@ -206,16 +206,7 @@ impl DaemonState {
         } else {
             self.applied().dataplane_error = None;
             if self.kernel.is_some() {
-                // The audit: every sandbox already there is checked against the kernel.
-                match service.announce_existing().await {
-                    Ok(n) => tracing::info!(
-                        sandboxes = n,
-                        "sandboxes found at start handed to the kernel watch"
-                    ),
-                    Err(err) => {
-                        tracing::warn!(error = %err, "audit of the sandboxes found at start")
-                    }
-                }
+                kernel_watch::audit_existing(&service, "network applied").await;
             }
         }
         crate::memory::return_freed_memory();

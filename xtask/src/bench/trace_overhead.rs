@@ -389,8 +389,8 @@ fn measure_untraced_sendmsg(node: &Netns, round: usize, results: &mut Results) -
     Ok(())
 }
 
-/// Waits until the stopped daemon's programs are gone (the kernel drops them with the last
-/// descriptor), at most [`QUIET_BEFORE_ROUND`].
+/// Waits until the paused daemon's programs are gone from the kernel's list (it frees a
+/// program shortly after its last descriptor closes), at most [`QUIET_BEFORE_ROUND`].
 fn wait_detached() -> Result<()> {
     let started = Instant::now();
     while started.elapsed() < QUIET_BEFORE_ROUND {
@@ -403,7 +403,7 @@ fn wait_detached() -> Result<()> {
         std::thread::sleep(Duration::from_millis(10));
     }
     bail!(
-        "the tracer's {TRACER_SEND_PROGRAM} program is still loaded {} s after its daemon stopped",
+        "the tracer's {TRACER_SEND_PROGRAM} program is still loaded {} s after its watch was paused",
         QUIET_BEFORE_ROUND.as_secs()
     )
 }
