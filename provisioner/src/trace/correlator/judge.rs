@@ -42,7 +42,7 @@ pub(super) fn judge(ns: &Ns, p: &Progress, deadline: Duration) -> Judgement {
             Evidence::Snapshot { at } => format!("found set up at {}", format_time(at)),
             Evidence::Trace | Evidence::Nothing => "seen being set up".to_owned(),
         };
-        reason.push_str(&format!(" ({})", p.best.summary()));
+        reason.push_str(&format!(" ({})", p.best().summary()));
         if let Some(at) = p.torn_down {
             reason.push_str(&format!("; torn down from {}", format_time(at)));
         }
@@ -83,7 +83,7 @@ pub(super) fn judge(ns: &Ns, p: &Progress, deadline: Duration) -> Judgement {
             }
         };
     }
-    let mut seen = format!("seen: {}", p.best.summary());
+    let mut seen = format!("seen: {}", p.best().summary());
     if let Some(err) = &ns.snapshot.error {
         seen.push_str(&format!("; its state could not be read: {err}"));
     }
@@ -97,7 +97,7 @@ pub(super) fn judge(ns: &Ns, p: &Progress, deadline: Duration) -> Judgement {
     if p.config_steps > 0 {
         return Judgement {
             verdict: Verdict::Partial,
-            reason: format!("missing {}; {seen}", missing_parts(&p.best).join(", ")),
+            reason: format!("missing {}; {seen}", missing_parts(p.best()).join(", ")),
             evidence,
         };
     }
@@ -214,10 +214,8 @@ mod tests {
         let traced = judge(&ns(true), &p, Duration::from_secs(1));
         assert_eq!(traced.verdict, Verdict::Skipped);
         assert_eq!(traced.evidence, Evidence::Trace);
-        let read = Progress {
-            last_snapshot: Some(SystemTime::UNIX_EPOCH),
-            ..Progress::default()
-        };
+        let mut read = Progress::default();
+        read.last_snapshot = Some(SystemTime::UNIX_EPOCH);
         let found = judge(&ns(false), &read, Duration::from_secs(1));
         assert_eq!(found.verdict, Verdict::Skipped);
         assert!(

@@ -315,7 +315,7 @@ impl Correlator {
                     ns.netns.inode = u32::try_from(snapshot.inode).unwrap_or(0);
                 }
                 for link in &snapshot.links {
-                    ns.name_interface(link.index, link.name.clone());
+                    ns.name_interface(link.index, &link.name);
                 }
                 let state = State::from_snapshot(snapshot);
                 ns.push_at(
@@ -634,7 +634,7 @@ impl Correlator {
 
     fn on_dev(&mut self, event: &TraceEvent, dev: &DevChange, up: bool) -> Option<u64> {
         let ns = self.namespaces.get_mut(&dev.netns.cookie)?;
-        ns.name_interface(dev.ifindex, dev.ifname.clone());
+        ns.name_interface(dev.ifindex, &dev.ifname);
         // Multi-queue devices report one root qdisc per queue: keep the first.
         let duplicate = ns.entries.iter().rev().take(4).any(|e| {
             matches!((&e.effect, up),

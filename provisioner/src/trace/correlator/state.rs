@@ -150,12 +150,24 @@ impl State {
         s
     }
 
-    fn apply(&mut self, effect: &Effect, names: &HashMap<u32, String>) {
-        let name = |ifindex: u32, ifname: &Option<String>| {
-            ifname
-                .clone()
-                .or_else(|| names.get(&ifindex).cloned())
-                .unwrap_or_else(|| format!("#{ifindex}"))
+    /// Applies `effect`; an interface a request names by index only is named from `names`, and
+    /// that index is added to `named_by_index` (a later name for it changes this state).
+    fn apply(
+        &mut self,
+        effect: &Effect,
+        names: &HashMap<u32, String>,
+        named_by_index: &mut Vec<u32>,
+    ) {
+        let mut name = |ifindex: u32, ifname: &Option<String>| {
+            ifname.clone().unwrap_or_else(|| {
+                if !named_by_index.contains(&ifindex) {
+                    named_by_index.push(ifindex);
+                }
+                names
+                    .get(&ifindex)
+                    .cloned()
+                    .unwrap_or_else(|| format!("#{ifindex}"))
+            })
         };
         match effect {
             Effect::LinkNew { ifname } => {
@@ -225,8 +237,9 @@ pub(crate) struct Reached {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Progress {
     pub now: State,
-    /// The most complete state reached (the latest one, on a tie).
-    pub best: State,
+    /// The most complete state reached (the latest one, on a tie), when it is not `now`: kept
+    /// only once a step lowers the state, rather than copied at every step of a setup.
+    best: Option<State>,
     pub networked: Option<Reached>,
     /// When it stopped being networked (its teardown began).
     pub torn_down: Option<SystemTime>,
@@ -236,6 +249,8 @@ pub(crate) struct Progress {
     pub rejected: Vec<String>,
     /// The last state read from the kernel, if any.
     pub last_snapshot: Option<SystemTime>,
+    /// Interfaces that steps named by index only (see [`State::apply`]).
+    pub named_by_index: Vec<u32>,
 }
 
 impl Progress {
@@ -278,10 +293,15 @@ impl Progress {
                 Evidence::Trace
             }
         };
-        self.now.apply(effect, names);
+        if self.best.is_none() && lowers(effect) {
+            self.best = Some(self.now.clone());
+        }
+        self.now.apply(effect, names, &mut self.named_by_index);
         // On a tie the later state wins, unless it only lost lo (a loopback DEL brings it down).
-        if (self.now.score(), self.now.lo_up) >= (self.best.score(), self.best.lo_up) {
-            self.best = self.now.clone();
+        if let Some(best) = &self.best
+            && (self.now.score(), self.now.lo_up) >= (best.score(), best.lo_up)
+        {
+            self.best = None;
         }
         if self.now.is_networked() {
             if self.networked.is_none() {
@@ -293,6 +313,28 @@ impl Progress {
         } else if self.networked.is_some() && self.torn_down.is_none() {
             self.torn_down = Some(entry.public.at);
         }
+    }
+
+    /// The most complete state reached (the latest one, on a tie).
+    pub(crate) fn best(&self) -> &State {
+        self.best.as_ref().unwrap_or(&self.now)
+    }
+}
+
+/// Whether `effect` can take something away from a state (the others only add to it).
+fn lowers(effect: &Effect) -> bool {
+    match effect {
+        Effect::LinkNew { .. }
+        | Effect::LinkUp { .. }
+        | Effect::DevUp { .. }
+        | Effect::AddrAdd { .. }
+        | Effect::RouteAdd(_) => false,
+        Effect::LinkDown { .. }
+        | Effect::LinkDel { .. }
+        | Effect::DevGone { .. }
+        | Effect::AddrDel { .. }
+        | Effect::RouteDel(_)
+        | Effect::Snapshot(_) => true,
     }
 }
 
@@ -425,7 +467,7 @@ mod tests {
         );
         assert_eq!(p.torn_down, Some(t(4)));
         assert!(!p.now.is_networked());
-        assert!(p.best.is_networked());
+        assert!(p.best().is_networked());
         assert!(p.now.routes.is_empty(), "the link's routes went with it");
     }
 
@@ -509,6 +551,7 @@ mod tests {
                 prefix: 24,
             },
             &HashMap::new(),
+            &mut Vec::new(),
         );
         entries.insert(0, entry(0, Effect::Snapshot(Box::new(state))));
         let names = HashMap::from([(2, "eth0".to_owned())]);
@@ -528,7 +571,7 @@ mod tests {
         let p = Progress::default().fold(&entries, &HashMap::new());
         assert_eq!(p.config_steps, 0);
         assert!(p.now.lo_up);
-        assert!(p.best.lo_up, "what it reached shows lo up");
+        assert!(p.best().lo_up, "what it reached shows lo up");
         assert!(p.networked.is_none());
     }
 
@@ -545,6 +588,6 @@ mod tests {
         };
         let p = Progress::default().fold(&[lo(1, true), lo(2, false)], &HashMap::new());
         assert!(!p.now.lo_up);
-        assert!(p.best.lo_up, "{}", p.best.summary());
+        assert!(p.best().lo_up, "{}", p.best().summary());
     }
 }

@@ -240,10 +240,22 @@ impl Ns {
         &self.ifnames
     }
 
-    /// Names learned for interfaces (a device event, a state read) change how earlier steps
-    /// read: fold again.
-    pub(super) fn name_interface(&mut self, ifindex: u32, name: String) {
-        if self.ifnames.insert(ifindex, name.clone()).as_ref() != Some(&name) {
+    /// A name learned for an interface (a device event, a state read) changes how earlier
+    /// steps that named it by index only read: those are folded again.
+    pub(super) fn name_interface(&mut self, ifindex: u32, name: &str) {
+        if self
+            .ifnames
+            .get(&ifindex)
+            .is_some_and(|known| known == name)
+        {
+            return;
+        }
+        self.ifnames.insert(ifindex, name.to_owned());
+        if self
+            .folded
+            .as_ref()
+            .is_some_and(|folded| folded.named_by_index.contains(&ifindex))
+        {
             self.folded = None;
         }
     }
@@ -364,7 +376,7 @@ mod tests {
                 }),
             ));
             if n == 4 {
-                ns.name_interface(ifindex, "late-name".into());
+                ns.name_interface(ifindex, "late-name");
             }
             if n == 5 {
                 assert!(ns.answer(ids[1], -17, Some("exists".into())));
@@ -379,6 +391,27 @@ mod tests {
             !ns.progress().now.up.contains("#3"),
             "the rejected link up changed nothing"
         );
+    }
+
+    /// Naming an interface that no folded step named by index only changes nothing folded: the
+    /// fold is kept (a device coming up names one at every ADD).
+    #[test]
+    fn a_name_only_refolds_the_steps_that_used_its_index() {
+        let mut ns = Ns::new(NetnsRef::default(), UNIX_EPOCH);
+        ns.push(
+            &dev_up(1, 2),
+            Step::Destroyed,
+            Some(Effect::LinkUp {
+                ifindex: 2,
+                ifname: None,
+            }),
+        );
+        assert!(ns.progress().now.up.contains("#2"));
+        ns.name_interface(3, "eth0");
+        assert!(ns.folded.is_some(), "index 3 was named by no step");
+        ns.name_interface(2, "eth1");
+        assert!(ns.folded.is_none());
+        assert!(ns.progress().now.up.contains("eth1"));
     }
 
     #[test]
