@@ -167,6 +167,14 @@ pub(crate) async fn start(dp: &Dataplane, link: LinkSpec) -> Result<StartedSetup
 }
 
 impl StartedSetup {
+    /// The sandbox's namespace, as the kernel names it (when it does so without entering it).
+    pub fn sandbox_netns_id(&self) -> Option<super::NetnsId> {
+        self.run
+            .sandbox
+            .as_ref()
+            .and_then(|(ns, _)| ns.id_without_entering())
+    }
+
     /// The rest of the setup of `spec` (the sandbox's addresses, links up, routes) and the
     /// check of `run_and_check`. `spec` must be of the started sandbox; on failure
     /// everything, the veth pair included, is rolled back.

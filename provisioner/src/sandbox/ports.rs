@@ -7,8 +7,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use crate::dataplane::{
-    CheckFailure, Dataplane, DataplaneError, LinkSpec, SandboxSpec, SetupOutcome, StartedSetup,
-    TeardownOutcome,
+    CheckFailure, Dataplane, DataplaneError, LinkSpec, NetnsId, SandboxSpec, SetupOutcome,
+    StartedSetup, TeardownOutcome,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError, Reservation};
 
@@ -37,6 +37,11 @@ pub trait SandboxDataplane: Clone + Send + Sync + 'static {
         &self,
         started: Self::Started,
     ) -> impl Future<Output = Vec<DataplaneError>> + Send;
+
+    /// The sandbox namespace's id, when the started setup knows it.
+    fn started_netns_id(&self, _started: &Self::Started) -> Option<NetnsId> {
+        None
+    }
 
     /// Wires `spec` and checks it; see [`Dataplane::setup_and_check`].
     fn setup_and_check(
@@ -95,6 +100,10 @@ impl SandboxDataplane for Dataplane {
         started: StartedSetup,
     ) -> impl Future<Output = Vec<DataplaneError>> + Send {
         started.abandon()
+    }
+
+    fn started_netns_id(&self, started: &StartedSetup) -> Option<NetnsId> {
+        started.sandbox_netns_id()
     }
 
     fn setup_and_check(

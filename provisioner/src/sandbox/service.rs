@@ -197,7 +197,11 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 });
             }
         };
-        self.observer.planned(sandbox, &expected);
+        let netns_id = started
+            .as_ref()
+            .ok()
+            .and_then(|s| self.dataplane.started_netns_id(s));
+        self.observer.planned(sandbox, netns_id, &expected);
         let durable = async {
             let durable = reservation.durable().await;
             if durable.is_ok() {

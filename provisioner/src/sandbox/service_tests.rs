@@ -374,7 +374,12 @@ impl AllocationStore for FakeStore {
 struct Recording(Log);
 
 impl SandboxObserver for Recording {
-    fn planned(&self, sandbox: &SandboxRef, expected: &ExpectedState) {
+    fn planned(
+        &self,
+        sandbox: &SandboxRef,
+        _netns: Option<crate::dataplane::NetnsId>,
+        expected: &ExpectedState,
+    ) {
         say(
             &self.0,
             format!(

@@ -34,6 +34,8 @@ pub struct IntentSpec {
     pub key: IntentKey,
     pub origin: IntentOrigin,
     pub netns: PathBuf,
+    /// The namespace's id, when the caller knows it (else it is read from `netns`).
+    pub netns_id: Option<NetnsRef>,
     pub ifname: String,
     pub addresses: Vec<ipnetwork::IpNetwork>,
     pub routes: Vec<RouteIntent>,
@@ -51,6 +53,7 @@ impl IntentSpec {
             key,
             origin,
             netns,
+            netns_id: None,
             ifname: expected.ifname.clone(),
             addresses: expected.sandbox_addresses().collect(),
             routes: expected
@@ -61,6 +64,17 @@ impl IntentSpec {
                     gateway: r.gw,
                 })
                 .collect(),
+        }
+    }
+
+    /// The spec, with its namespace's id known to the caller.
+    pub fn known_as(self, netns_id: Option<crate::dataplane::NetnsId>) -> Self {
+        Self {
+            netns_id: netns_id.map(|id| NetnsRef {
+                cookie: id.cookie,
+                inode: u32::try_from(id.inode).unwrap_or(0),
+            }),
+            ..self
         }
     }
 }
@@ -186,8 +200,26 @@ pub async fn run<S: Sink>(
             match command {
                 Command::Intent(spec) => {
                     seq += 1;
-                    latest.insert(spec.key.clone(), seq);
                     let this = seq;
+                    latest.insert(spec.key.clone(), this);
+                    if let Some(netns) = spec.netns_id {
+                        // Known already: registered now (an identification of an older
+                        // command for this key still under way is dropped when it finishes).
+                        let (reports, _) = finish(
+                            &mut correlator,
+                            &mut latest,
+                            Done::Identified(Identified {
+                                seq: this,
+                                spec,
+                                netns: Ok(netns),
+                            }),
+                            &opts.correlator.rules,
+                        );
+                        if !reports.is_empty() {
+                            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
+                        }
+                        continue;
+                    }
                     work.spawn(async move {
                         let netns = identify(&spec.netns).await;
                         Done::Identified(Identified {
