@@ -150,6 +150,12 @@ pub struct NetlinkMsg {
     pub total_len: u32,
     /// Bytes copied into `data`.
     pub copied: u32,
+    /// A request's answer, found queued on the socket when the send returned (the kernel
+    /// processes an rtnetlink request within the send): 0 (ACK) or a negative errno. Only
+    /// for a request of one message whose answer was the last one queued.
+    pub answer: i32,
+    /// 1 when `answer` holds the answer.
+    pub answered: u32,
     pub data: [u8; NETLINK_COPY],
 }
 
@@ -209,7 +215,7 @@ const _: () = {
     assert!(core::mem::size_of::<EventHeader>() == 48);
     assert!(core::mem::size_of::<NetnsId>() == 16);
     assert!(core::mem::size_of::<NetnsCreated>() == 96);
-    assert!(core::mem::size_of::<NetlinkMsg>() == 352);
+    assert!(core::mem::size_of::<NetlinkMsg>() == 360);
     assert!(core::mem::size_of::<Extack>() == 192);
     assert!(core::mem::size_of::<DevEvent>() == 112);
     assert!(core::mem::size_of::<Exec>() == 216);
@@ -217,7 +223,7 @@ const _: () = {
 };
 
 /// Bumped by hand for changes the layout hash cannot see (a field's meaning, a kind's number).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// FNV-1a over `bytes`, continuing from `hash`.
 pub const fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
@@ -236,7 +242,7 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 /// fields after the header.
 pub const fn layout_hash() -> u64 {
     use core::mem::{offset_of, size_of};
-    let values: [usize; 24] = [
+    let values: [usize; 25] = [
         ABI_VERSION as usize,
         size_of::<EventHeader>(),
         offset_of!(EventHeader, ts_ns),
@@ -248,6 +254,7 @@ pub const fn layout_hash() -> u64 {
         offset_of!(NetnsCreated, parent_comm),
         size_of::<NetlinkMsg>(),
         offset_of!(NetlinkMsg, sock_netns),
+        offset_of!(NetlinkMsg, answer),
         offset_of!(NetlinkMsg, data),
         size_of::<Extack>(),
         offset_of!(Extack, msg),

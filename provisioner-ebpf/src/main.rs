@@ -49,6 +49,12 @@ static OFF_SK_PROTOCOL: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_SK_NET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static OFF_SK_RCVQ_TAIL: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SK_RCVQ_LEN: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_SKB_DATA: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static OFF_DEV_NAME: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_DEV_IFINDEX: Global<u32> = Global::new(0);
@@ -493,8 +499,52 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
             buf.cast::<c_void>(),
         );
         (*record).copied = if rc == 0 { n } else { 0 };
+        (*record).answer = 0;
+        (*record).answered = 0;
+        if kind == kind::NETLINK_REQUEST
+            && rc == 0
+            && let Some(answer) = queued_answer(sk, &(*record).data, len)
+        {
+            (*record).answer = answer;
+            (*record).answered = 1;
+        }
     }
     entry.submit(wakeup_flags());
+}
+
+/// The answer (0 or a negative errno) to the one-message request `data` (of `len` bytes) just
+/// sent on `sk`, when it is the last record queued on `sk`: the kernel processed the request
+/// within the send and queued its `NLMSG_ERROR` then (after an echo, if one was asked for).
+/// `None` when anything else is last (a notification that came after, a dump's output).
+#[inline(always)]
+unsafe fn queued_answer(sk: *const u8, data: &[u8; NETLINK_COPY], len: u64) -> Option<i32> {
+    let request_len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+    if u64::from(request_len) != len {
+        return None;
+    }
+    // SAFETY: `sk` is BTF-typed (the tracepoint's `struct sock *`) and the offsets are of its
+    // members; the tail is a `struct sk_buff *` member loaded from it; its data is read
+    // through a probe helper.
+    unsafe {
+        let queued: u32 = load(sk, OFF_SK_RCVQ_LEN.load());
+        if queued == 0 {
+            return None;
+        }
+        let tail: *const u8 = load(sk, OFF_SK_RCVQ_TAIL.load());
+        if tail.is_null() {
+            return None;
+        }
+        let reply: *const u8 = load(tail, OFF_SKB_DATA.load());
+        // nlmsghdr (len, type, flags, seq, pid) and the error of `struct nlmsgerr`.
+        let head: [u8; 20] = read_field(reply, 0)?;
+        let msg_type = u16::from_ne_bytes([head[4], head[5]]);
+        let seq = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
+        let request_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
+        if msg_type != NLMSG_ERROR || seq != request_seq {
+            return None;
+        }
+        Some(i32::from_ne_bytes([head[16], head[17], head[18], head[19]]))
+    }
 }
 
 /// The first iovec of a `struct user_msghdr` (userspace ABI: msg_iov at 16): (base, len).
@@ -582,14 +632,26 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
         let Ok(msg_type) = bpf_probe_read_user::<u16>(buf.wrapping_add(4).cast()) else {
             return 0;
         };
-        if msg_type == NLMSG_ERROR {
-            let len = if (ret as u64) < size {
-                ret as u64
-            } else {
-                size
-            };
-            emit_netlink(kind::NETLINK_REPLY, call, fd, sk, buf, len);
+        if msg_type != NLMSG_ERROR {
+            return 0;
         }
+        // ACKs are not sent: a request's answer is taken when the request is sent (see
+        // `queued_answer`; one whose answer was not found then shows as sent). Errors always
+        // are: a request's failure is never missed.
+        if let (Ok(msg_len), Ok(error)) = (
+            bpf_probe_read_user::<u32>(buf.cast()),
+            bpf_probe_read_user::<i32>(buf.wrapping_add(16).cast()),
+        ) && error == 0
+            && msg_len as i32 == ret
+        {
+            return 0;
+        }
+        let len = if (ret as u64) < size {
+            ret as u64
+        } else {
+            size
+        };
+        emit_netlink(kind::NETLINK_REPLY, call, fd, sk, buf, len);
     }
     0
 }

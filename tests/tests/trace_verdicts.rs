@@ -133,6 +133,12 @@ async fn interface_without_address_is_partial() -> Result<()> {
         timeline_text(&v)
     );
     assert!(v.reason.contains("an address"), "{}", v.reason);
+    // The kernel's ACKs are read where each request was sent (none comes as a reply).
+    let text = timeline_text(&v);
+    for request in ["newlink v0 type veth peer v1 (ack)", "v0 up (ack)"] {
+        assert!(text.contains(request), "{request} in\n{text}");
+    }
+    assert!(!text.contains("(sent)"), "{text}");
     Ok(())
 }
 
@@ -164,6 +170,10 @@ async fn route_the_kernel_rejects_is_failed_with_the_reason() -> Result<()> {
         "{}",
         v.reason
     );
+    // Found where it was sent and read again as a reply: one rejection, of the request.
+    let text = timeline_text(&v);
+    assert_eq!(text.matches("REJECTED").count(), 1, "{text}");
+    assert!(!text.contains(" rejected:"), "no unmatched reply\n{text}");
     Ok(())
 }
 

@@ -73,6 +73,11 @@ pub struct NetlinkRequest {
     #[serde(flatten)]
     pub io: NetlinkIo,
     pub messages: Vec<NlRequest>,
+    /// The kernel's answer to a one-message request (0: ACK, or a negative errno), when it was
+    /// found as the request was sent; otherwise it comes as a [`NetlinkReply`] (errors always
+    /// do; ACKs not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<i32>,
 }
 
 /// The kernel's answers (ACK or errno) to rtnetlink requests.
@@ -272,6 +277,7 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
             EventKind::NetlinkRequest(NetlinkRequest {
                 io: NetlinkIo { parse_error, ..io },
                 messages,
+                answer: (r.answered != 0).then_some(r.answer),
             })
         }
         common::kind::NETLINK_REPLY => {
@@ -477,6 +483,8 @@ mod tests {
             fd: 3,
             total_len: 64,
             copied,
+            answer: 0,
+            answered: 0,
             data: buf,
         })
     }

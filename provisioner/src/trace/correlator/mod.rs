@@ -571,22 +571,39 @@ impl Correlator {
                 event.task.pid, event.task.tid
             )));
         }
+        // An answer found when the request was sent (see `NetlinkRequest::answer`). An ACK comes
+        // no other way, so an acked request is not waited for; an error also comes as a reply,
+        // which finds its request.
+        let answer = request.answer.filter(|_| request.messages.len() == 1);
+        let awaits_reply = answer != Some(0);
         for message in &request.messages {
             let key = (event.task.pid, request.io.fd, message.header.seq);
             let Some((detail, effect)) = describe(message, ns.ifnames()) else {
-                self.requests.sent(key, None);
+                if awaits_reply {
+                    self.requests.sent(key, None);
+                }
                 continue;
+            };
+            let status = match answer {
+                None => RequestStatus::Sent,
+                Some(0) => RequestStatus::Acked,
+                Some(errno) => RequestStatus::Rejected {
+                    errno,
+                    extack: extack.clone(),
+                },
             };
             let id = ns.push(
                 event,
                 Step::Request {
                     op: message.body.op(),
                     detail,
-                    status: RequestStatus::Sent,
+                    status,
                 },
                 effect,
             );
-            self.requests.sent(key, Some((cookie, id)));
+            if awaits_reply {
+                self.requests.sent(key, Some((cookie, id)));
+            }
             ns.set_extack(id, extack.take());
         }
         Some(cookie)

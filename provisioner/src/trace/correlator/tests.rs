@@ -102,6 +102,7 @@ fn request(ms: u64, pid: u32, cookie: u64, seq: u32, body: RtRequest) -> TraceEv
                 body,
                 truncated: false,
             }],
+            answer: None,
         }),
     )
 }
@@ -444,6 +445,103 @@ fn rejected_route_is_failed_with_errno_and_extack() {
     assert!(v[0].reason.contains("ENETUNREACH"), "{}", v[0].reason);
     assert!(
         v[0].reason.contains("Nexthop has invalid gateway"),
+        "{}",
+        v[0].reason
+    );
+}
+
+/// `request` whose answer the kernel had queued when it was sent.
+fn answered_request(
+    ms: u64,
+    pid: u32,
+    cookie: u64,
+    seq: u32,
+    body: RtRequest,
+    answer: i32,
+) -> TraceEvent {
+    let mut event = request(ms, pid, cookie, seq, body);
+    if let EventKind::NetlinkRequest(r) = &mut event.kind {
+        r.answer = Some(answer);
+    }
+    event
+}
+
+fn timeline_text(c: &Correlator, cookie: u64) -> String {
+    c.timeline(cookie)
+        .unwrap_or_default()
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_request_answered_when_sent_is_acked_without_a_reply_and_not_waited_for() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
+    c.feed(&answered_request(
+        30,
+        500,
+        SANDBOX,
+        3,
+        RtRequest::NewAddr(new_addr(3, "10.9.0.2", 24)),
+        0,
+    ));
+    let text = timeline_text(&c, SANDBOX);
+    assert!(text.contains("10.9.0.2/24 dev eth0 (ack)"), "{text}");
+    assert!(
+        c.requests.answered((500, 3, 3)).is_none(),
+        "an acked request waits for no reply"
+    );
+}
+
+#[test]
+fn a_rejection_found_when_sent_and_read_again_as_a_reply_counts_once() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
+    c.feed(&request(
+        30,
+        500,
+        SANDBOX,
+        3,
+        RtRequest::NewAddr(new_addr(3, "10.9.0.2", 24)),
+    ));
+    c.feed(&ev(
+        40,
+        500,
+        "plugin",
+        EventKind::Extack(Extack {
+            task_netns: ns(1),
+            message: "Nexthop has invalid gateway".into(),
+        }),
+    ));
+    c.feed(&answered_request(
+        40,
+        500,
+        SANDBOX,
+        4,
+        RtRequest::NewRoute(default_via("10.10.0.1")),
+        -101,
+    ));
+    c.feed(&reply(41, 500, SANDBOX, 4, RTM_NEWROUTE, -101));
+    let text = timeline_text(&c, SANDBOX);
+    assert_eq!(text.matches("REJECTED").count(), 1, "{text}");
+    assert!(!text.contains(" rejected:"), "no unmatched reply\n{text}");
+    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
+        Ok(state(cookie, Some((true, Some("10.9.0.2/24"), None))))
+    }));
+    assert_eq!(v[0].verdict, Verdict::Failed);
+    assert!(v[0].reason.contains("ENETUNREACH"), "{}", v[0].reason);
+    assert!(
+        v[0].reason.contains("Nexthop has invalid gateway"),
+        "{}",
+        v[0].reason
+    );
+    assert_eq!(
+        v[0].reason.matches("ENETUNREACH").count(),
+        1,
         "{}",
         v[0].reason
     );
