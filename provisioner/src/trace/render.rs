@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::events::{EventKind, TraceEvent};
 use super::netlink_parse::{RtRequest, op_name};
-use super::verdict::{IntentStatus, NetnsVerdict, Report, errno_text, format_time};
+use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
 
 /// `HH:MM:SS.mmm comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
@@ -28,7 +28,7 @@ pub fn event_line(event: &TraceEvent) -> String {
             }
             for m in &r.messages {
                 let _ = write!(line, " {}", m.body.op());
-                if let Some(detail) = request_detail(&m.body, &HashMap::new()) {
+                if let Some(detail) = RequestDetail::new(&m.body, &HashMap::new()) {
                     let _ = write!(line, " {detail}");
                 }
                 if m.truncated {
@@ -92,68 +92,126 @@ pub fn event_line(event: &TraceEvent) -> String {
 }
 
 /// What a change request does, in words (`eth0 up`, `10.0.0.2/24 dev eth0`,
-/// `default via 10.0.0.1 dev eth0`), interfaces named from `ifnames` when the request gives only
-/// an index; `None` for dumps, gets and empty probes.
-pub fn request_detail(body: &RtRequest, ifnames: &HashMap<u32, String>) -> Option<String> {
-    let name_of = |idx: i32, name: &Option<String>| -> String {
-        name.clone()
-            .or_else(|| ifnames.get(&idx.unsigned_abs()).cloned())
-            .unwrap_or_else(|| format!("#{idx}"))
-    };
-    match body {
-        RtRequest::NewLink(link) | RtRequest::SetLink(link) => {
-            if link.ifindex == 0 && link.ifname.is_none() {
-                return None;
+/// `default via 10.0.0.1 dev eth0`). Rendered when shown: the tracer keeps the request as
+/// parsed, with the name that the interface it names by index only had when it was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestDetail {
+    body: RtRequest,
+    /// The name of the interface the request names by index only, as known then.
+    dev: Option<String>,
+}
+
+impl RequestDetail {
+    /// The detail of `body`, interfaces named from `ifnames` when it gives only an index;
+    /// `None` for dumps, gets and empty probes.
+    pub fn new(body: &RtRequest, ifnames: &HashMap<u32, String>) -> Option<Self> {
+        let by_index = match body {
+            RtRequest::NewLink(link) | RtRequest::SetLink(link) | RtRequest::DelLink(link) => {
+                let probe = link.ifindex == 0 && link.ifname.is_none();
+                if probe && !matches!(body, RtRequest::DelLink(_)) {
+                    return None;
+                }
+                link.ifname.is_none().then_some(link.ifindex.unsigned_abs())
             }
-            let mut detail = name_of(link.ifindex, &link.ifname);
-            if let Some(kind) = &link.kind {
-                let _ = write!(detail, " type {kind}");
+            RtRequest::NewAddr(addr) | RtRequest::DelAddr(addr) => {
+                addr.addr()?;
+                Some(addr.ifindex)
             }
-            if let Some(peer) = &link.peer {
-                let _ = write!(detail, " peer {}", peer.ifname.as_deref().unwrap_or("?"));
-                if let Some(target) = peer.netns {
-                    let _ = write!(detail, " (peer netns {target:?})");
+            RtRequest::NewRoute(route) | RtRequest::DelRoute(route) => route.oif,
+            RtRequest::Other { .. } => return None,
+        };
+        Some(Self {
+            body: body.clone(),
+            dev: by_index.and_then(|index| ifnames.get(&index).cloned()),
+        })
+    }
+
+    /// The interface `index` (or `name`, when the request gives it).
+    fn dev<'a>(&'a self, index: u32, name: &'a Option<String>) -> DevName<'a> {
+        match name.as_deref().or(self.dev.as_deref()) {
+            Some(name) => DevName::Name(name),
+            None => DevName::Index(index),
+        }
+    }
+}
+
+/// An interface's name, or `#<index>` when it is not known.
+enum DevName<'a> {
+    Name(&'a str),
+    Index(u32),
+}
+
+impl std::fmt::Display for DevName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DevName::Name(name) => f.write_str(name),
+            DevName::Index(index) => write!(f, "#{index}"),
+        }
+    }
+}
+
+impl std::fmt::Display for RequestDetail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.body {
+            RtRequest::NewLink(link) | RtRequest::SetLink(link) => {
+                write!(f, "{}", self.dev(link.ifindex.unsigned_abs(), &link.ifname))?;
+                if let Some(kind) = &link.kind {
+                    write!(f, " type {kind}")?;
+                }
+                if let Some(peer) = &link.peer {
+                    write!(f, " peer {}", peer.ifname.as_deref().unwrap_or("?"))?;
+                    if let Some(target) = peer.netns {
+                        write!(f, " (peer netns {target:?})")?;
+                    }
+                }
+                if let Some(target) = link.netns {
+                    write!(f, " -> netns {target:?}")?;
+                }
+                if link.sets_up() {
+                    f.write_str(" up")
+                } else if link.sets_down() {
+                    f.write_str(" down")
+                } else {
+                    Ok(())
                 }
             }
-            if let Some(target) = link.netns {
-                let _ = write!(detail, " -> netns {target:?}");
+            RtRequest::DelLink(link) => {
+                write!(f, "{}", self.dev(link.ifindex.unsigned_abs(), &link.ifname))
             }
-            if link.sets_up() {
-                detail.push_str(" up");
-            } else if link.sets_down() {
-                detail.push_str(" down");
+            RtRequest::NewAddr(addr) | RtRequest::DelAddr(addr) => match addr.addr() {
+                Some(ip) => write!(
+                    f,
+                    "{ip}/{} dev {}",
+                    addr.prefix_len,
+                    self.dev(addr.ifindex, &None)
+                ),
+                None => f.write_str("?"),
+            },
+            RtRequest::NewRoute(route) | RtRequest::DelRoute(route) => {
+                match route.dst {
+                    Some(dst) => write!(f, "{dst}/{}", route.dst_len)?,
+                    None if route.dst_len == 0 => f.write_str("default")?,
+                    None => write!(f, "?/{}", route.dst_len)?,
+                }
+                if let Some(gw) = route.gateway {
+                    write!(f, " via {gw}")?;
+                }
+                if let Some(oif) = route.oif {
+                    write!(f, " dev {}", self.dev(oif, &None))?;
+                }
+                if !matches!(route.table, 0 | 254) {
+                    write!(f, " table {}", route.table)?;
+                }
+                Ok(())
             }
-            Some(detail)
+            RtRequest::Other { msg_type } => write!(f, "{}", op_name(*msg_type)),
         }
-        RtRequest::DelLink(link) => Some(name_of(link.ifindex, &link.ifname)),
-        RtRequest::NewAddr(addr) | RtRequest::DelAddr(addr) => {
-            let idx = i32::try_from(addr.ifindex).unwrap_or(0);
-            Some(format!(
-                "{}/{} dev {}",
-                addr.addr()?,
-                addr.prefix_len,
-                name_of(idx, &None)
-            ))
-        }
-        RtRequest::NewRoute(route) | RtRequest::DelRoute(route) => {
-            let mut detail = match route.dst {
-                Some(dst) => format!("{dst}/{}", route.dst_len),
-                None if route.dst_len == 0 => "default".to_string(),
-                None => format!("?/{}", route.dst_len),
-            };
-            if let Some(gw) = route.gateway {
-                let _ = write!(detail, " via {gw}");
-            }
-            if let Some(oif) = route.oif {
-                let idx = i32::try_from(oif).unwrap_or(0);
-                let _ = write!(detail, " dev {}", name_of(idx, &None));
-            }
-            if !matches!(route.table, 0 | 254) {
-                let _ = write!(detail, " table {}", route.table);
-            }
-            Some(detail)
-        }
-        RtRequest::Other { .. } => None,
+    }
+}
+
+impl serde::Serialize for RequestDetail {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 
@@ -203,20 +261,7 @@ pub fn verdict_lines(v: &NetnsVerdict) -> String {
 pub fn report_lines(report: &Report) -> String {
     match report {
         Report::Verdict(v) => verdict_lines(v),
-        Report::Intent(i) => {
-            let mut s = format!(
-                "INTENT {} {} netns cookie={} {} [evidence: {}]",
-                intent_status(i.status),
-                i.intent.key,
-                i.intent.netns_cookie,
-                i.intent.ifname,
-                i.evidence
-            );
-            if !i.missing.is_empty() {
-                let _ = write!(s, " missing: {}", i.missing.join(", "));
-            }
-            s
-        }
+        Report::Intent(i) => intent_line(i),
         Report::Drift(d) => {
             let mut s = format!(
                 "DRIFT {} netns cookie={}: {}",
@@ -228,6 +273,22 @@ pub fn report_lines(report: &Report) -> String {
             s
         }
     }
+}
+
+/// `INTENT CONFIRMED <container>/<ifname> netns cookie=... eth0 [evidence: ...]`
+pub fn intent_line(i: &IntentVerdict) -> String {
+    let mut s = format!(
+        "INTENT {} {} netns cookie={} {} [evidence: {}]",
+        intent_status(i.status),
+        i.intent.key,
+        i.intent.netns_cookie,
+        i.intent.ifname,
+        i.evidence
+    );
+    if !i.missing.is_empty() {
+        let _ = write!(s, " missing: {}", i.missing.join(", "));
+    }
+    s
 }
 
 fn intent_status(status: IntentStatus) -> &'static str {

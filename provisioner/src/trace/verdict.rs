@@ -132,7 +132,7 @@ pub enum Step {
     },
     Request {
         op: &'static str,
-        detail: String,
+        detail: super::render::RequestDetail,
         #[serde(flatten)]
         status: RequestStatus,
     },
@@ -455,9 +455,19 @@ mod tests {
 
     #[test]
     fn timeline_steps_read_as_operators_see_them() {
+        use crate::trace::netlink_parse::{AddrMsg, LinkMsg, RtRequest};
+        use crate::trace::render::RequestDetail;
+        let names = std::collections::HashMap::from([(2, "eth0".to_owned())]);
+        let detail = |body| RequestDetail::new(&body, &names).expect("a change");
         let rejected = Step::Request {
             op: "newaddr",
-            detail: "10.0.0.2/24 on eth0".into(),
+            detail: detail(RtRequest::NewAddr(AddrMsg {
+                family: 2,
+                prefix_len: 24,
+                ifindex: 2,
+                local: Some("10.0.0.2".parse().expect("ip")),
+                address: None,
+            })),
             status: RequestStatus::Rejected {
                 errno: -libc::EEXIST,
                 extack: Some("address exists".into()),
@@ -466,12 +476,15 @@ mod tests {
         for (step, text) in [
             (
                 rejected,
-                "newaddr 10.0.0.2/24 on eth0 REJECTED: EEXIST (File exists) (address exists)",
+                "newaddr 10.0.0.2/24 dev eth0 REJECTED: EEXIST (File exists) (address exists)",
             ),
             (
                 Step::Request {
                     op: "newlink",
-                    detail: "eth0".into(),
+                    detail: detail(RtRequest::NewLink(LinkMsg {
+                        ifindex: 2,
+                        ..LinkMsg::default()
+                    })),
                     status: RequestStatus::Acked,
                 },
                 "newlink eth0 (ack)",

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::trace::netlink_parse::{NlRequest, RtRequest};
-use crate::trace::render::request_detail;
+use crate::trace::render::RequestDetail;
 
 /// The effect of one request (or device event, or state read) on a namespace's network.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,8 +75,8 @@ impl RouteKey {
 pub(super) fn describe(
     message: &NlRequest,
     ifnames: &HashMap<u32, String>,
-) -> Option<(String, Option<Effect>)> {
-    let detail = request_detail(&message.body, ifnames)?;
+) -> Option<(RequestDetail, Option<Effect>)> {
+    let detail = RequestDetail::new(&message.body, ifnames)?;
     let effect = match &message.body {
         RtRequest::NewLink(link) | RtRequest::SetLink(link) => {
             let ifindex = link.ifindex.unsigned_abs();
@@ -165,7 +165,7 @@ mod tests {
             }),
         );
         let (detail, effect) = describe(&up, &names).expect("a change");
-        assert_eq!(detail, "eth0 up");
+        assert_eq!(detail.to_string(), "eth0 up");
         assert_eq!(
             effect,
             Some(Effect::LinkUp {
@@ -189,7 +189,9 @@ mod tests {
             }),
         );
         assert_eq!(
-            describe(&addr, &names).map(|(d, _)| d).as_deref(),
+            describe(&addr, &names)
+                .map(|(d, _)| d.to_string())
+                .as_deref(),
             Some("10.0.0.2/24 dev eth0")
         );
         let route = msg(
@@ -203,7 +205,7 @@ mod tests {
             }),
         );
         let (detail, effect) = describe(&route, &names).expect("a change");
-        assert_eq!(detail, "default via 10.0.0.1 dev eth0");
+        assert_eq!(detail.to_string(), "default via 10.0.0.1 dev eth0");
         assert!(matches!(
             effect,
             Some(Effect::RouteAdd(RouteKey { default: true, .. }))

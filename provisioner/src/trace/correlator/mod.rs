@@ -725,10 +725,11 @@ impl Correlator {
         }
         let progress = ns.progress();
         let revise = ns.verdict.is_some_and(Verdict::is_alarm) && progress.networked.is_some();
-        let by = ns.last_entry().cloned();
-        let mut reports = self.intents.check(cookie, &progress, trigger, by.as_ref());
+        let by = ns.last_entry();
+        let last_at = by.map(|e| e.at);
+        let mut reports = self.intents.check(cookie, &progress, trigger, by);
         if revise
-            && let Some(at) = by.as_ref().map(|e| e.at)
+            && let Some(at) = last_at
             && let Some(verdict) = self.decide(cookie, Some(progress), at)
         {
             reports.push(Report::Verdict(verdict));

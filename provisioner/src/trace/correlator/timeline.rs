@@ -330,6 +330,16 @@ mod tests {
         }
     }
 
+    fn link_up_detail(ifindex: u32) -> crate::trace::render::RequestDetail {
+        let up =
+            crate::trace::netlink_parse::RtRequest::SetLink(crate::trace::netlink_parse::LinkMsg {
+                ifindex: i32::try_from(ifindex).expect("small"),
+                flags: 1,
+                ..Default::default()
+            });
+        crate::trace::render::RequestDetail::new(&up, &HashMap::new()).expect("a change")
+    }
+
     #[test]
     fn a_flood_is_folded_without_losing_facts() {
         let mut ns = Ns::new(NetnsRef::default(), UNIX_EPOCH);
@@ -367,7 +377,7 @@ mod tests {
                 &event,
                 Step::Request {
                     op: "newlink",
-                    detail: format!("d{ifindex} up"),
+                    detail: link_up_detail(ifindex),
                     status: RequestStatus::Sent,
                 },
                 Some(Effect::LinkUp {
