@@ -18,7 +18,7 @@ use crate::ipam::Allocation;
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
 use crate::trace::diagnosis::CniSetup;
 use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
-use crate::trace::render::{report_lines, verdict_lines};
+use crate::trace::render::{intent_line, report_lines, verdict_lines};
 use crate::trace::verdict::format_time;
 use crate::trace::{
     CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentStatus, IntentVerdict, NetnsVerdict,
@@ -45,7 +45,8 @@ pub struct SandboxView {
     pub verdict: Option<Arc<NetnsVerdict>>,
     /// The daemon's own ADD (or the audit at start) for this namespace, and whether the kernel
     /// confirmed it.
-    pub intent: Option<IntentVerdict>,
+    #[serde(serialize_with = "serialize_shared")]
+    pub intent: Option<Arc<IntentVerdict>>,
     pub container_id: Option<String>,
     pub drifts: Vec<Drift>,
     /// The sandbox was removed (by the runtime's DEL or GC) after its latest ADD: its intent
@@ -55,13 +56,15 @@ pub struct SandboxView {
     pub text: Vec<ViewText>,
 }
 
-/// One of a view's reports as `provisioner trace` prints it. A verdict is kept once, shared
-/// with [`SandboxView::verdict`], and rendered when asked for: its timeline, rendered, was the
-/// largest thing kept per sandbox.
+/// One of a view's reports as `provisioner trace` prints it. A verdict or an intent's answer is
+/// kept once, shared with [`SandboxView::verdict`] or [`SandboxView::intent`], and rendered
+/// when asked for: a verdict's timeline, rendered, was the largest thing kept per sandbox, and
+/// an intent's line was rendered at every ADD for a view rarely asked for.
 #[derive(Clone, Debug)]
 pub enum ViewText {
     Line(String),
     Verdict(Arc<NetnsVerdict>),
+    Intent(Arc<IntentVerdict>),
 }
 
 impl ViewText {
@@ -70,6 +73,7 @@ impl ViewText {
         match self {
             ViewText::Line(line) => line.into(),
             ViewText::Verdict(verdict) => verdict_lines(verdict).into(),
+            ViewText::Intent(intent) => intent_line(intent).into(),
         }
     }
 }
@@ -80,11 +84,11 @@ impl Serialize for ViewText {
     }
 }
 
-fn serialize_shared<S: serde::Serializer>(
-    verdict: &Option<Arc<NetnsVerdict>>,
+fn serialize_shared<S: serde::Serializer, T: Serialize>(
+    shared: &Option<Arc<T>>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
-    verdict.as_deref().serialize(serializer)
+    shared.as_deref().serialize(serializer)
 }
 
 /// How and when a sandbox's wiring was removed.
@@ -242,9 +246,9 @@ impl Shared {
                 Report::Intent(i) => i.intent.netns_cookie,
                 Report::Drift(d) => d.netns_cookie,
             };
-            // A verdict's text is rendered from the verdict when asked for.
+            // A verdict's or an intent's text is rendered from it when asked for.
             let line = match &report {
-                Report::Verdict(_) => None,
+                Report::Verdict(_) | Report::Intent(_) => None,
                 other => Some(ViewText::Line(report_lines(other))),
             };
             let view = self.view(cookie);
@@ -264,10 +268,12 @@ impl Shared {
                             i.intent.key.ifname.clone(),
                         )
                     };
-                    let previous = view.intent.as_ref().map(key_of);
+                    let previous = view.intent.as_deref().map(key_of);
                     let key = key_of(&i);
                     view.container_id = Some(i.intent.key.container_id.clone());
-                    view.intent = Some(i);
+                    let intent = Arc::new(i);
+                    Self::push_text(view, ViewText::Intent(Arc::clone(&intent)));
+                    view.intent = Some(intent);
                     self.index(previous, key, cookie);
                 }
                 Report::Drift(d) => {
