@@ -418,6 +418,9 @@ pub fn task_newtask(ctx: BtfTracePointContext) -> i32 {
 // rtnetlink requests and replies
 // ---------------------------------------------------------------------------------------------
 
+/// The first rtnetlink message type (`RTM_NEWLINK`); types come in fours: new, del, get, set.
+const RTM_BASE: u16 = 16;
+
 /// x86_64 syscall numbers of the calls whose buffers are read (from the caller's saved
 /// registers: the socket tracepoints do not carry the user buffer).
 const NR_SENDTO: u64 = 44;
@@ -481,7 +484,7 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
     let record = entry.as_mut_ptr();
     // SAFETY: `record` points at a reserved, exclusively owned NetlinkMsg slot; kernel memory
     // is read with BTF-checked loads, user memory through a probe helper.
-    unsafe {
+    let get = unsafe {
         fill_header(&mut (*record).header, kind);
         (*record).task_netns = current_netns();
         (*record).sock_netns = to_id(net_id(load(sk, OFF_SK_NET.load())));
@@ -501,15 +504,30 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
         (*record).copied = if rc == 0 { n } else { 0 };
         (*record).answer = 0;
         (*record).answered = 0;
-        if kind == kind::NETLINK_REQUEST
-            && rc == 0
-            && let Some(answer) = queued_answer(sk, &(*record).data, len)
-        {
+        let request = kind == kind::NETLINK_REQUEST && rc == 0;
+        if request && let Some(answer) = queued_answer(sk, &(*record).data, len) {
             (*record).answer = answer;
             (*record).answered = 1;
         }
+        request && is_get(&(*record).data, 0, len)
+    };
+    if get {
+        entry.discard(0);
+    } else {
+        entry.submit(wakeup_flags());
     }
-    entry.submit(wakeup_flags());
+}
+
+/// Whether `data` holds, at `at`, the header of a get or dump request (`RTM_GET*`: changes
+/// nothing) that is alone in its `len` bytes.
+#[inline(always)]
+fn is_get(data: &[u8; NETLINK_COPY], at: usize, len: u64) -> bool {
+    if at + 6 > NETLINK_COPY {
+        return false;
+    }
+    let msg_len = u32::from_ne_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
+    let msg_type = u16::from_ne_bytes([data[at + 4], data[at + 5]]);
+    u64::from(msg_len) + at as u64 >= len && msg_type >= RTM_BASE && msg_type % 4 == 2
 }
 
 /// The answer (0 or a negative errno) to the one-message request `data` (of `len` bytes) just
@@ -643,6 +661,14 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
             bpf_probe_read_user::<i32>(buf.wrapping_add(16).cast()),
         ) && error == 0
             && msg_len as i32 == ret
+        {
+            return 0;
+        }
+        // Nor the errors of gets and dumps (a lookup of what is not there changes nothing).
+        if let Ok(request_type) = bpf_probe_read_user::<u16>(buf.wrapping_add(24).cast())
+            && ret >= 36
+            && request_type >= RTM_BASE
+            && request_type % 4 == 2
         {
             return 0;
         }
