@@ -41,18 +41,20 @@ async fn burst_of_2000_netns_creations_is_fully_accounted_for() -> anyhow::Resul
     let mut seen = HashSet::new();
     let mut deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while seen.len() < wanted.len() {
-        let Ok(Some(event)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+        let Ok(Some(batch)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
             break;
         };
-        if let EventKind::NetnsCreated(c) = &event.kind
-            && wanted.contains(&c.netns_cookie)
-        {
-            assert!(
-                seen.insert(c.netns_cookie),
-                "duplicate event for {}",
-                c.netns_cookie
-            );
-            deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        for event in batch {
+            if let EventKind::NetnsCreated(c) = &event.kind
+                && wanted.contains(&c.netns_cookie)
+            {
+                assert!(
+                    seen.insert(c.netns_cookie),
+                    "duplicate event for {}",
+                    c.netns_cookie
+                );
+                deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+            }
         }
     }
     let loss = tracer.loss_counters();

@@ -5,7 +5,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
-use provisioner::trace::{EventKind, KernelTracer, NetnsOrigin, TraceEvent};
+use provisioner::trace::{EventBatch, EventKind, KernelTracer, NetnsOrigin, TraceEvent};
 use provisioner_tests::{current_netns_cookie, require_root};
 use tokio::sync::mpsc::Receiver;
 
@@ -23,7 +23,7 @@ fn unshared_netns_cookie() -> anyhow::Result<(u64, i32)> {
 /// The events share one ring buffer, read in the order they were reserved, so a duplicate
 /// report of `cookie` (made when it was created) cannot arrive after the marker's.
 async fn events_for(
-    rx: &mut Receiver<TraceEvent>,
+    rx: &mut Receiver<EventBatch>,
     cookie: u64,
     limit: Duration,
 ) -> anyhow::Result<Vec<TraceEvent>> {
@@ -31,21 +31,23 @@ async fn events_for(
     let mut found = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let event = match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(event)) => event,
+        let batch = match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(batch)) => batch,
             Ok(None) => anyhow::bail!("the tracer's event stream ended"),
             Err(_) => anyhow::bail!(
                 "no event for the marker namespace within {limit:?}; for {cookie}: {found:?}"
             ),
         };
-        let EventKind::NetnsCreated(created) = &event.kind else {
-            continue;
-        };
-        if created.netns_cookie == marker {
-            return Ok(found);
-        }
-        if created.netns_cookie == cookie {
-            found.push(event);
+        for event in batch {
+            let EventKind::NetnsCreated(created) = &event.kind else {
+                continue;
+            };
+            if created.netns_cookie == marker {
+                return Ok(found);
+            }
+            if created.netns_cookie == cookie {
+                found.push(event);
+            }
         }
     }
 }

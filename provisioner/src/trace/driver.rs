@@ -27,6 +27,8 @@ const EVENT_CHANNEL: usize = 65_536;
 const TICK: Duration = Duration::from_millis(100);
 /// Namespace states read at once.
 const CONCURRENT_READS: usize = 4;
+/// Events of a batch fed between two offers of the CPU (see `background::CpuTurns`).
+const OFFER_EVERY: usize = 16;
 
 /// What the sandbox must show for an intent (the namespace is named by its file).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,53 +196,16 @@ pub async fn run<S: Sink>(
         turns.offer();
         // Commands are taken whenever the driver wakes for anything else (the ring is drained
         // every 20 ms, the ticker ticks every 100 ms) instead of each waking its thread: one
-        // wake-up less per ADD. Taken first: a forget sent before a teardown is in effect
-        // before the teardown's events are fed.
-        while let Ok(command) = commands.try_recv() {
-            match command {
-                Command::Intent(spec) => {
-                    seq += 1;
-                    let this = seq;
-                    latest.insert(spec.key.clone(), this);
-                    if let Some(netns) = spec.netns_id {
-                        // Known already: registered now (an identification of an older
-                        // command for this key still under way is dropped when it finishes).
-                        let (reports, _) = finish(
-                            &mut correlator,
-                            &mut latest,
-                            Done::Identified(Identified {
-                                seq: this,
-                                spec,
-                                netns: Ok(netns),
-                            }),
-                            &opts.correlator.rules,
-                        );
-                        if !reports.is_empty() {
-                            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
-                        }
-                        continue;
-                    }
-                    work.spawn(async move {
-                        let netns = identify(&spec.netns).await;
-                        Done::Identified(Identified {
-                            seq: this,
-                            spec,
-                            netns,
-                        })
-                    });
-                }
-                Command::Forget(key) => {
-                    latest.remove(&key);
-                    correlator.remove_intent(&key);
-                }
-                Command::Expect(path) => {
-                    work.spawn(async move {
-                        let netns = identify(&path).await;
-                        Done::Expected(path, netns)
-                    });
-                }
-            }
-        }
+        // wake-up less per ADD.
+        take_commands(
+            &mut commands,
+            &mut correlator,
+            &mut latest,
+            &mut seq,
+            &mut work,
+            sink,
+            &opts,
+        );
         let reports = tokio::select! {
             biased;
             () = &mut stop => break,
@@ -256,11 +221,30 @@ pub async fn run<S: Sink>(
                     Vec::new()
                 }
             },
-            event = events.recv() => match event {
-                Some(event) => {
-                    let reports = correlator.feed(&event);
-                    sink.event(&event);
-                    reports
+            batch = events.recv() => match batch {
+                Some(batch) => {
+                    // Taken first: a forget sent before a teardown (while the driver waited for
+                    // this batch) is in effect before the teardown's events are fed.
+                    take_commands(
+                        &mut commands,
+                        &mut correlator,
+                        &mut latest,
+                        &mut seq,
+                        &mut work,
+                        sink,
+                        &opts,
+                    );
+                    for (n, event) in batch.iter().enumerate() {
+                        if n % OFFER_EVERY == OFFER_EVERY - 1 {
+                            turns.offer();
+                        }
+                        let reports = correlator.feed(event);
+                        sink.event(event);
+                        if !reports.is_empty() {
+                            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
+                        }
+                    }
+                    Vec::new()
                 }
                 None => {
                     tracing::error!("kernel event stream ended; tracing stopped");
@@ -291,11 +275,13 @@ pub async fn run<S: Sink>(
             });
         }
     }
-    while let Ok(event) = events.try_recv() {
-        let reports = correlator.feed(&event);
-        sink.event(&event);
-        if !reports.is_empty() {
-            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
+    while let Ok(batch) = events.try_recv() {
+        for event in &batch {
+            let reports = correlator.feed(event);
+            sink.event(event);
+            if !reports.is_empty() {
+                sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
+            }
         }
     }
     let reports = correlator.tick(SystemTime::now());
@@ -306,6 +292,64 @@ pub async fn run<S: Sink>(
     let metrics = TraceMetrics::collect(&correlator.metrics(), &loss, tracer.ring_usage());
     sink.metrics(metrics.clone());
     Ok(RunSummary { loss, metrics })
+}
+
+/// Takes the commands sent so far: intents registered (their namespace identified first when
+/// the command does not name it), forgotten, namespaces to watch.
+fn take_commands<S: Sink>(
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    correlator: &mut Correlator,
+    latest: &mut HashMap<IntentKey, u64>,
+    seq: &mut u64,
+    work: &mut JoinSet<Done>,
+    sink: &mut S,
+    opts: &DriverOptions,
+) {
+    while let Ok(command) = commands.try_recv() {
+        match command {
+            Command::Intent(spec) => {
+                *seq += 1;
+                let this = *seq;
+                latest.insert(spec.key.clone(), this);
+                if let Some(netns) = spec.netns_id {
+                    // Known already: registered now (an identification of an older command
+                    // for this key still under way is dropped when it finishes).
+                    let (reports, _) = finish(
+                        correlator,
+                        latest,
+                        Done::Identified(Identified {
+                            seq: this,
+                            spec,
+                            netns: Ok(netns),
+                        }),
+                        &opts.correlator.rules,
+                    );
+                    if !reports.is_empty() {
+                        sink.reports(diagnosed(correlator, reports, &opts.cni_fallback));
+                    }
+                    continue;
+                }
+                work.spawn(async move {
+                    let netns = identify(&spec.netns).await;
+                    Done::Identified(Identified {
+                        seq: this,
+                        spec,
+                        netns,
+                    })
+                });
+            }
+            Command::Forget(key) => {
+                latest.remove(&key);
+                correlator.remove_intent(&key);
+            }
+            Command::Expect(path) => {
+                work.spawn(async move {
+                    let netns = identify(&path).await;
+                    Done::Expected(path, netns)
+                });
+            }
+        }
+    }
 }
 
 /// `reports` with a diagnosis on each skip of a sandbox whose creator is known: the runtime's

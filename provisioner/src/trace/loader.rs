@@ -50,6 +50,13 @@ const BTF_TRACEPOINTS: &[(&str, &str)] = &[
 /// state is read from the kernel before it is judged anything but networked.
 const EVENTS_BYTES: u32 = 2 * 1024 * 1024;
 
+/// Events decoded from the ring, in order, handed to the driver together: one channel send
+/// and one turn of the driver's loop per batch rather than per event.
+pub type EventBatch = Vec<TraceEvent>;
+
+/// Most events in a batch (a drain under ADDs holds hundreds).
+const BATCH: usize = 256;
+
 /// Bytes a record takes in the ring: an 8-byte header, the data rounded up to 8.
 fn ring_footprint(record_len: usize) -> u64 {
     8 + record_len.next_multiple_of(8) as u64
@@ -108,12 +115,13 @@ pub struct RingUsage {
 }
 
 impl KernelTracer {
-    /// Loads the programs, attaches them and starts reading events on the current tokio runtime.
+    /// Loads the programs, attaches them and starts reading events on the current tokio runtime;
+    /// the events come in batches, about `channel_capacity` of them buffered at most.
     ///
     /// Needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN for tracefs/bpffs mounts).
     pub fn start(
         channel_capacity: usize,
-    ) -> Result<(Self, mpsc::Receiver<TraceEvent>), TraceError> {
+    ) -> Result<(Self, mpsc::Receiver<EventBatch>), TraceError> {
         if !cfg!(target_arch = "x86_64") {
             return Err(TraceError::UnsupportedArch(std::env::consts::ARCH));
         }
@@ -153,7 +161,7 @@ impl KernelTracer {
         let decode_failures: Arc<Vec<AtomicU64>> =
             Arc::new((0..kind::COUNT).map(|_| AtomicU64::new(0)).collect());
         let backlog_peak = Arc::new(AtomicU64::new(0));
-        let (tx, rx) = mpsc::channel(channel_capacity);
+        let (tx, rx) = mpsc::channel((channel_capacity / BATCH).max(1));
         tokio::spawn(read_ring(
             ring,
             tx,
@@ -308,7 +316,7 @@ where
 
 async fn read_ring(
     mut ring: AsyncFd<RingBuf<MapData>>,
-    tx: mpsc::Sender<TraceEvent>,
+    tx: mpsc::Sender<EventBatch>,
     decode_failures: Arc<Vec<AtomicU64>>,
     backlog_peak: Arc<AtomicU64>,
 ) {
@@ -331,15 +339,18 @@ async fn read_ring(
         }
         let ring = ring.get_mut();
         let mut drained = 0;
-        // Each record goes to the correlator as it is decoded, not into a vector of the whole
-        // drain first (hundreds of events under ADDs, reallocated as it grew).
+        let mut batch = EventBatch::new();
         while let Some(item) = ring.next() {
             drained += ring_footprint(item.len());
             let decoded = decode(&item, &clock);
             drop(item);
             match decoded {
                 Ok(event) => {
-                    if tx.send(event).await.is_err() {
+                    if batch.capacity() == 0 {
+                        batch.reserve_exact(BATCH);
+                    }
+                    batch.push(event);
+                    if batch.len() == BATCH && tx.send(std::mem::take(&mut batch)).await.is_err() {
                         return;
                     }
                 }
@@ -350,6 +361,9 @@ async fn read_ring(
                     tracing::debug!(error = %err, "undecodable kernel record");
                 }
             }
+        }
+        if !batch.is_empty() && tx.send(batch).await.is_err() {
+            return;
         }
         backlog_peak.fetch_max(drained, Ordering::Relaxed);
     }

@@ -29,7 +29,9 @@ pub use events::{
 /// The ring-buffer record decoder, public for the fuzz targets (fuzz/).
 #[doc(hidden)]
 pub use events::{Clock, decode};
-pub use loader::{KernelTracer, LossCounters, NamespaceHooks, RingUsage, load_syscall_fallback};
+pub use loader::{
+    EventBatch, KernelTracer, LossCounters, NamespaceHooks, RingUsage, load_syscall_fallback,
+};
 pub use metrics::TraceMetrics;
 pub use netns_id::netns_of_path;
 pub use sandbox_rules::{SandboxReason, SandboxRules};
