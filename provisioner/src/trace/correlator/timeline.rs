@@ -14,6 +14,9 @@ use super::state::Progress;
 /// Entries kept per namespace; older ones are folded into its [`Progress`] so that a flood of
 /// requests costs bounded memory and loses no fact.
 pub(super) const MAX_ENTRIES: usize = 256;
+/// Entries a timeline has room for from the start: a sandbox's setup takes about a dozen (the
+/// vector is not grown four times at every ADD; [`Ns::at_rest`] gives back what stays unused).
+const FIRST_ENTRIES: usize = 16;
 /// Namespace files remembered per namespace to read its state from.
 const MAX_HANDLES: usize = 8;
 /// Pins kept per namespace: a runtime pins a sandbox once; a user looping on (even refused)
@@ -94,7 +97,7 @@ impl Ns {
             pins: Vec::new(),
             handles: Vec::new(),
             expected: false,
-            entries: Vec::new(),
+            entries: Vec::with_capacity(FIRST_ENTRIES),
             base: Progress::default(),
             folded: Some(Arc::default()),
             latest: None,
