@@ -244,6 +244,7 @@ pub async fn run<S: Sink>(
                             sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
                         }
                     }
+                    tracer.recycle(batch);
                     Vec::new()
                 }
                 None => {

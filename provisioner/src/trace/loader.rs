@@ -1,7 +1,7 @@
 //! Loading and attaching the eBPF programs, and reading their ring buffer.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, TracePoint};
@@ -104,6 +104,35 @@ pub struct KernelTracer {
     decode_failures: Arc<Vec<AtomicU64>>,
     backlog_peak: Arc<AtomicU64>,
     hooks: NamespaceHooks,
+    spare_batches: SpareBatches,
+}
+
+/// Emptied batches handed back by the driver for the ring reader to fill again. A batch is
+/// tens of KiB: one allocated at every drain and freed after it emptied its allocator pages,
+/// which the daemon's allocator gives back to the kernel at once and then faults in again,
+/// each time with a TLB flush on every CPU the daemon runs on.
+#[derive(Clone, Default)]
+struct SpareBatches(Arc<Mutex<Vec<EventBatch>>>);
+
+/// Spare batches kept (a burst that needed more frees the rest).
+const SPARE_BATCHES: usize = 4;
+
+impl SpareBatches {
+    fn take(&self) -> EventBatch {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BATCH))
+    }
+
+    fn give_back(&self, mut batch: EventBatch) {
+        batch.clear();
+        let mut spares = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if spares.len() < SPARE_BATCHES && batch.capacity() == BATCH {
+            spares.push(batch);
+        }
+    }
 }
 
 /// The ring buffer's size and the most it held unread.
@@ -162,9 +191,11 @@ impl KernelTracer {
             Arc::new((0..kind::COUNT).map(|_| AtomicU64::new(0)).collect());
         let backlog_peak = Arc::new(AtomicU64::new(0));
         let (tx, rx) = mpsc::channel((channel_capacity / BATCH).max(1));
+        let spare_batches = SpareBatches::default();
         tokio::spawn(read_ring(
             ring,
             tx,
+            spare_batches.clone(),
             Arc::clone(&decode_failures),
             Arc::clone(&backlog_peak),
         ));
@@ -174,9 +205,15 @@ impl KernelTracer {
                 decode_failures,
                 backlog_peak,
                 hooks,
+                spare_batches,
             },
             rx,
         ))
+    }
+
+    /// Hands a batch the caller is done with back to the ring reader, to be filled again.
+    pub fn recycle(&self, batch: EventBatch) {
+        self.spare_batches.give_back(batch);
     }
 
     /// How unshare and bind mounts are seen on this kernel.
@@ -317,6 +354,7 @@ where
 async fn read_ring(
     mut ring: AsyncFd<RingBuf<MapData>>,
     tx: mpsc::Sender<EventBatch>,
+    spare_batches: SpareBatches,
     decode_failures: Arc<Vec<AtomicU64>>,
     backlog_peak: Arc<AtomicU64>,
 ) {
@@ -347,7 +385,7 @@ async fn read_ring(
             match decoded {
                 Ok(event) => {
                     if batch.capacity() == 0 {
-                        batch.reserve_exact(BATCH);
+                        batch = spare_batches.take();
                     }
                     batch.push(event);
                     if batch.len() == BATCH && tx.send(std::mem::take(&mut batch)).await.is_err() {
