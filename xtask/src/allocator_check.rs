@@ -14,8 +14,9 @@ use crate::step::detail;
 
 /// What mimalloc prints on stderr, with `MIMALLOC_VERBOSE=1`, once it is set up.
 const SET_UP: &str = "mimalloc: process init";
-/// The daemon's purge delay (by_role.rs), as mimalloc lists its options when set up.
-const PURGE_AT_ONCE: &str = "option 'purge_delay': 0";
+/// The daemon's purge delay (by_role.rs, `PURGE_DELAY_MS`), as mimalloc lists its options
+/// when set up.
+const DAEMON_PURGE_DELAY: &str = "option 'purge_delay': 200";
 
 /// Fails unless `bin --version` sets mimalloc up with the daemon's options and a plugin's
 /// `VERSION` does not set it up at all.
@@ -32,9 +33,9 @@ pub fn check(bin: &Path) -> Result<()> {
             bin.display()
         );
     }
-    if !long_lived.contains(PURGE_AT_ONCE) {
+    if !long_lived.contains(DAEMON_PURGE_DELAY) {
         bail!(
-            "{} --version set mimalloc up without the daemon's options (no \"{PURGE_AT_ONCE}\"); \
+            "{} --version set mimalloc up without the daemon's options (no \"{DAEMON_PURGE_DELAY}\"); \
              stderr:\n{long_lived}",
             bin.display()
         );
@@ -51,7 +52,9 @@ pub fn check(bin: &Path) -> Result<()> {
             bin.display()
         );
     }
-    detail("allocator: mimalloc set up in the daemon's modes (purge delay 0), not in the plugin's");
+    detail(
+        "allocator: mimalloc set up in the daemon's modes (purge delay 200 ms), not in the plugin's",
+    );
     Ok(())
 }
 

@@ -34,12 +34,15 @@ fn role() -> u8 {
         // every few KiB in use (the daemon held 46 instead of 23 MiB with 100 sandboxes).
         // SAFETY: PR_SET_THP_DISABLE only changes how this process's later faults are served.
         unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-        // Pages emptied go back to the kernel at once rather than a second later: the daemon
-        // is mostly idle, and a delayed purge only runs at its next allocations, so after a
-        // restart it held 2-3 MiB of freed start-up memory for good. Immediate purges cost
-        // 24 madvise calls over 200 ADDs and 200 DELs.
+        // Pages emptied go back to the kernel after PURGE_DELAY_MS rather than a second later:
+        // the daemon is mostly idle, and a delayed purge only runs at its next allocations, so
+        // after a restart it held 2-3 MiB of freed start-up memory for good (the kernel
+        // watch's tick allocates every 100 ms: a short delay is served). Not at once either:
+        // the kernel watch frees each drain's events every 20 ms, and pages purged at once
+        // were faulted in again at the next drain, each purge a TLB flush on every CPU the
+        // daemon runs on (a quarter of the watch thread's time at 1000 sandboxes).
         // SAFETY: sets an option before mimalloc is set up; allocates nothing.
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
         // Built without its constructor (.cargo/config.toml), mimalloc would stay in its
         // "preloading" state for good: no arena ever reserved, every 64 KiB page of the heap
         // mapped from the kernel and unmapped again as soon as it empties (an unmap interrupts
@@ -55,6 +58,10 @@ fn role() -> u8 {
 /// mimalloc v3's `mi_option_purge_delay` (include/mimalloc.h; libmimalloc-sys names it only for
 /// v2).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// How long an emptied page stays with the daemon before it goes back to the kernel: longer
+/// than the kernel watch's drain period (20 ms), so that each drain reuses the last one's.
+const PURGE_DELAY_MS: std::ffi::c_long = 200;
 
 unsafe extern "C" {
     /// mimalloc's process initialisation (`src/init.c`), what its constructor calls.
