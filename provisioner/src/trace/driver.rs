@@ -160,7 +160,7 @@ where
 /// stream ends. Fails only when the programs cannot be loaded.
 pub async fn run<S: Sink>(
     opts: DriverOptions,
-    mut commands: mpsc::UnboundedReceiver<Command>,
+    commands: mpsc::UnboundedReceiver<Command>,
     sink: &mut S,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, TraceError> {
@@ -172,10 +172,11 @@ pub async fn run<S: Sink>(
     let mut work: JoinSet<Done> = JoinSet::new();
     let mut reads_in_flight = 0usize;
     let mut queued_reads: Vec<SnapshotRequest> = Vec::new();
-    // The latest intent command per key: an identification that finishes after a newer
-    // command (or a forget) for its key is dropped.
-    let mut latest: HashMap<IntentKey, u64> = HashMap::new();
-    let mut seq = 0u64;
+    let mut intake = Intake {
+        commands,
+        latest: HashMap::new(),
+        seq: 0,
+    };
     if opts.scan_pins {
         let rules = opts.correlator.rules.clone();
         let pins = tokio::task::spawn_blocking(move || sandbox_pins(&rules))
@@ -197,22 +198,14 @@ pub async fn run<S: Sink>(
         // Commands are taken whenever the driver wakes for anything else (the ring is drained
         // every 20 ms, the ticker ticks every 100 ms) instead of each waking its thread: one
         // wake-up less per ADD.
-        take_commands(
-            &mut commands,
-            &mut correlator,
-            &mut latest,
-            &mut seq,
-            &mut work,
-            sink,
-            &opts,
-        );
+        intake.take(&mut correlator, &mut work, sink, &opts);
         let reports = tokio::select! {
             biased;
             () = &mut stop => break,
             Some(done) = work.join_next(), if !work.is_empty() => match done {
                 Ok(done) => {
                     let (reports, was_read) =
-                        finish(&mut correlator, &mut latest, done, &opts.correlator.rules);
+                        finish(&mut correlator, &mut intake.latest, done, &opts.correlator.rules);
                     reads_in_flight = reads_in_flight.saturating_sub(usize::from(was_read));
                     reports
                 }
@@ -225,15 +218,7 @@ pub async fn run<S: Sink>(
                 Some(batch) => {
                     // Taken first: a forget sent before a teardown (while the driver waited for
                     // this batch) is in effect before the teardown's events are fed.
-                    take_commands(
-                        &mut commands,
-                        &mut correlator,
-                        &mut latest,
-                        &mut seq,
-                        &mut work,
-                        sink,
-                        &opts,
-                    );
+                    intake.take(&mut correlator, &mut work, sink, &opts);
                     for (n, event) in batch.iter().enumerate() {
                         if n % OFFER_EVERY == OFFER_EVERY - 1 {
                             turns.offer();
@@ -295,59 +280,68 @@ pub async fn run<S: Sink>(
     Ok(RunSummary { loss, metrics })
 }
 
-/// Takes the commands sent so far: intents registered (their namespace identified first when
-/// the command does not name it), forgotten, namespaces to watch.
-fn take_commands<S: Sink>(
-    commands: &mut mpsc::UnboundedReceiver<Command>,
-    correlator: &mut Correlator,
-    latest: &mut HashMap<IntentKey, u64>,
-    seq: &mut u64,
-    work: &mut JoinSet<Done>,
-    sink: &mut S,
-    opts: &DriverOptions,
-) {
-    while let Ok(command) = commands.try_recv() {
-        match command {
-            Command::Intent(spec) => {
-                *seq += 1;
-                let this = *seq;
-                latest.insert(spec.key.clone(), this);
-                if let Some(netns) = spec.netns_id {
-                    // Known already: registered now (an identification of an older command
-                    // for this key still under way is dropped when it finishes).
-                    let (reports, _) = finish(
-                        correlator,
-                        latest,
+/// The commands from the daemon, and what is needed to take them in order.
+struct Intake {
+    commands: mpsc::UnboundedReceiver<Command>,
+    /// The latest intent command per key: an identification that finishes after a newer
+    /// command (or a forget) for its key is dropped.
+    latest: HashMap<IntentKey, u64>,
+    seq: u64,
+}
+
+impl Intake {
+    /// Takes the commands sent so far: intents registered (their namespace identified first
+    /// when the command does not name it), forgotten, namespaces to watch.
+    fn take<S: Sink>(
+        &mut self,
+        correlator: &mut Correlator,
+        work: &mut JoinSet<Done>,
+        sink: &mut S,
+        opts: &DriverOptions,
+    ) {
+        while let Ok(command) = self.commands.try_recv() {
+            match command {
+                Command::Intent(spec) => {
+                    self.seq += 1;
+                    let this = self.seq;
+                    self.latest.insert(spec.key.clone(), this);
+                    if let Some(netns) = spec.netns_id {
+                        // Known already: registered now (an identification of an older command
+                        // for this key still under way is dropped when it finishes).
+                        let (reports, _) = finish(
+                            correlator,
+                            &mut self.latest,
+                            Done::Identified(Identified {
+                                seq: this,
+                                spec,
+                                netns: Ok(netns),
+                            }),
+                            &opts.correlator.rules,
+                        );
+                        if !reports.is_empty() {
+                            sink.reports(diagnosed(correlator, reports, &opts.cni_fallback));
+                        }
+                        continue;
+                    }
+                    work.spawn(async move {
+                        let netns = identify(&spec.netns).await;
                         Done::Identified(Identified {
                             seq: this,
                             spec,
-                            netns: Ok(netns),
-                        }),
-                        &opts.correlator.rules,
-                    );
-                    if !reports.is_empty() {
-                        sink.reports(diagnosed(correlator, reports, &opts.cni_fallback));
-                    }
-                    continue;
+                            netns,
+                        })
+                    });
                 }
-                work.spawn(async move {
-                    let netns = identify(&spec.netns).await;
-                    Done::Identified(Identified {
-                        seq: this,
-                        spec,
-                        netns,
-                    })
-                });
-            }
-            Command::Forget(key) => {
-                latest.remove(&key);
-                correlator.remove_intent(&key);
-            }
-            Command::Expect(path) => {
-                work.spawn(async move {
-                    let netns = identify(&path).await;
-                    Done::Expected(path, netns)
-                });
+                Command::Forget(key) => {
+                    self.latest.remove(&key);
+                    correlator.remove_intent(&key);
+                }
+                Command::Expect(path) => {
+                    work.spawn(async move {
+                        let netns = identify(&path).await;
+                        Done::Expected(path, netns)
+                    });
+                }
             }
         }
     }

@@ -408,8 +408,9 @@ fn interface_without_address_is_partial() {
     assert!(v[0].reason.contains("an address"), "{}", v[0].reason);
 }
 
-#[test]
-fn rejected_route_is_failed_with_errno_and_extack() {
+/// A sandbox whose default route via 10.10.0.1 the kernel rejected (ENETUNREACH, with an
+/// extack), its request as `route` makes it; the reply comes after it.
+fn rejected_default_route(route: impl FnOnce(RtRequest) -> TraceEvent) -> Correlator {
     let mut c = correlator();
     c.feed(&created(0, 42, "containerd", SANDBOX));
     c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
@@ -430,24 +431,34 @@ fn rejected_route_is_failed_with_errno_and_extack() {
             message: "Nexthop has invalid gateway".into(),
         }),
     ));
-    c.feed(&request(
-        40,
-        500,
-        SANDBOX,
-        4,
-        RtRequest::NewRoute(default_via("10.10.0.1")),
-    ));
+    c.feed(&route(RtRequest::NewRoute(default_via("10.10.0.1"))));
     c.feed(&reply(41, 500, SANDBOX, 4, RTM_NEWROUTE, -101));
-    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
+    c
+}
+
+/// The verdict on [`rejected_default_route`]'s sandbox: failed, naming the errno and extack.
+fn assert_failed_by_the_route(c: &mut Correlator) {
+    let v = verdicts(tick_reading(c, 1_000, |cookie| {
         Ok(state(cookie, Some((true, Some("10.9.0.2/24"), None))))
     }));
     assert_eq!(v[0].verdict, Verdict::Failed);
-    assert!(v[0].reason.contains("ENETUNREACH"), "{}", v[0].reason);
+    assert_eq!(
+        v[0].reason.matches("ENETUNREACH").count(),
+        1,
+        "{}",
+        v[0].reason
+    );
     assert!(
         v[0].reason.contains("Nexthop has invalid gateway"),
         "{}",
         v[0].reason
     );
+}
+
+#[test]
+fn rejected_route_is_failed_with_errno_and_extack() {
+    let mut c = rejected_default_route(|route| request(40, 500, SANDBOX, 4, route));
+    assert_failed_by_the_route(&mut c);
 }
 
 /// `request` whose answer the kernel had queued when it was sent.
@@ -498,53 +509,11 @@ fn a_request_answered_when_sent_is_acked_without_a_reply_and_not_waited_for() {
 
 #[test]
 fn a_rejection_found_when_sent_and_read_again_as_a_reply_counts_once() {
-    let mut c = correlator();
-    c.feed(&created(0, 42, "containerd", SANDBOX));
-    c.feed(&dev(21, SANDBOX, 3, "eth0", true, false));
-    c.feed(&request(
-        30,
-        500,
-        SANDBOX,
-        3,
-        RtRequest::NewAddr(new_addr(3, "10.9.0.2", 24)),
-    ));
-    c.feed(&ev(
-        40,
-        500,
-        "plugin",
-        EventKind::Extack(Extack {
-            task_netns: ns(1),
-            message: "Nexthop has invalid gateway".into(),
-        }),
-    ));
-    c.feed(&answered_request(
-        40,
-        500,
-        SANDBOX,
-        4,
-        RtRequest::NewRoute(default_via("10.10.0.1")),
-        -101,
-    ));
-    c.feed(&reply(41, 500, SANDBOX, 4, RTM_NEWROUTE, -101));
+    let mut c = rejected_default_route(|route| answered_request(40, 500, SANDBOX, 4, route, -101));
     let text = timeline_text(&c, SANDBOX);
     assert_eq!(text.matches("REJECTED").count(), 1, "{text}");
     assert!(!text.contains(" rejected:"), "no unmatched reply\n{text}");
-    let v = verdicts(tick_reading(&mut c, 1_000, |cookie| {
-        Ok(state(cookie, Some((true, Some("10.9.0.2/24"), None))))
-    }));
-    assert_eq!(v[0].verdict, Verdict::Failed);
-    assert!(v[0].reason.contains("ENETUNREACH"), "{}", v[0].reason);
-    assert!(
-        v[0].reason.contains("Nexthop has invalid gateway"),
-        "{}",
-        v[0].reason
-    );
-    assert_eq!(
-        v[0].reason.matches("ENETUNREACH").count(),
-        1,
-        "{}",
-        v[0].reason
-    );
+    assert_failed_by_the_route(&mut c);
 }
 
 #[test]
