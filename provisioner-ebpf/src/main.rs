@@ -509,7 +509,7 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
             (*record).answer = answer;
             (*record).answered = 1;
         }
-        request && is_get(&(*record).data, 0, len)
+        request && is_get(&(*record).data, len)
     };
     if get {
         entry.discard(0);
@@ -518,16 +518,13 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
     }
 }
 
-/// Whether `data` holds, at `at`, the header of a get or dump request (`RTM_GET*`: changes
+/// Whether `data` starts with the header of a get or dump request (`RTM_GET*`: changes
 /// nothing) that is alone in its `len` bytes.
 #[inline(always)]
-fn is_get(data: &[u8; NETLINK_COPY], at: usize, len: u64) -> bool {
-    if at + 6 > NETLINK_COPY {
-        return false;
-    }
-    let msg_len = u32::from_ne_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
-    let msg_type = u16::from_ne_bytes([data[at + 4], data[at + 5]]);
-    u64::from(msg_len) + at as u64 >= len && msg_type >= RTM_BASE && msg_type % 4 == 2
+fn is_get(data: &[u8; NETLINK_COPY], len: u64) -> bool {
+    let msg_len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+    let msg_type = u16::from_ne_bytes([data[4], data[5]]);
+    u64::from(msg_len) >= len && msg_type >= RTM_BASE && msg_type % 4 == 2
 }
 
 /// The answer (0 or a negative errno) to the one-message request `data` (of `len` bytes) just
