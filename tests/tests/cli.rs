@@ -248,10 +248,10 @@ fn metrics_follow_prometheus_conventions_and_count_what_happened() -> Result<()>
         .error_code()
         .with_context(|| format!("an error code for another network: {refused:?}"))?;
 
-    // Tracing attaches in the background and confirms the ADD from the kernel; its event
-    // counters are published by the trace driver's periodic metrics update.
-    let scrape = wait_until(
-        "tracing up, the ADD confirmed and kernel events counted",
+    // Tracing attaches in the background and confirms the ADD from the kernel (from its state
+    // when the ADD came first).
+    wait_until(
+        "tracing up and the ADD confirmed",
         std::time::Duration::from_secs(30),
         || {
             let scrape = scrape_parsed(port)?;
@@ -260,13 +260,23 @@ fn metrics_follow_prometheus_conventions_and_count_what_happened() -> Result<()>
                 "provisioner_sandbox_intents_total",
                 &[("status", "confirmed")],
             );
+            Ok((sample(&scrape, "provisioner_tracing_up", &[]) == Some(1.0)
+                && confirmed >= Some(1.0))
+            .then_some(()))
+        },
+    )?;
+    // A namespace created now is a kernel event the tracer sees; its event counters are
+    // published by the trace driver's periodic metrics update.
+    let _seen = Netns::new("ev")?;
+    let scrape = wait_until(
+        "kernel events counted",
+        std::time::Duration::from_secs(30),
+        || {
+            let scrape = scrape_parsed(port)?;
             let events_counted = scrape.samples.iter().any(|s| {
                 s.metric == "provisioner_trace_events_total" && s.labels.get("kind").is_some()
             });
-            Ok((sample(&scrape, "provisioner_tracing_up", &[]) == Some(1.0)
-                && confirmed >= Some(1.0)
-                && events_counted)
-                .then_some(scrape))
+            Ok(events_counted.then_some(scrape))
         },
     )?;
     assert_eq!(
