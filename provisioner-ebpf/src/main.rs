@@ -476,7 +476,16 @@ unsafe fn syscall_reg(offset: u32) -> u64 {
 }
 
 #[inline(always)]
-fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8, len: u64) {
+/// Records the netlink message in `buf` (`len` bytes there; the call moved `sent` in all).
+fn emit_netlink(
+    kind: u32,
+    syscall: u32,
+    fd: u64,
+    sk: *const u8,
+    buf: *const u8,
+    len: u64,
+    sent: u64,
+) {
     let Some(mut entry) = EVENTS.reserve::<NetlinkMsg>(0) else {
         count_lost(kind);
         return;
@@ -484,7 +493,7 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
     let record = entry.as_mut_ptr();
     // SAFETY: `record` points at a reserved, exclusively owned NetlinkMsg slot; kernel memory
     // is read with BTF-checked loads, user memory through a probe helper.
-    let get = unsafe {
+    let discard = unsafe {
         fill_header(&mut (*record).header, kind);
         (*record).task_netns = current_netns();
         (*record).sock_netns = to_id(net_id(load(sk, OFF_SK_NET.load())));
@@ -505,36 +514,43 @@ fn emit_netlink(kind: u32, syscall: u32, fd: u64, sk: *const u8, buf: *const u8,
         (*record).answer = 0;
         (*record).answered = 0;
         let request = kind == kind::NETLINK_REQUEST && rc == 0;
-        if request && let Some(answer) = queued_answer(sk, &(*record).data, len) {
+        if request && let Some(answer) = queued_answer(sk, &(*record).data, sent) {
             (*record).answer = answer;
             (*record).answered = 1;
         }
-        request && is_get(&(*record).data, len)
+        request && is_get(&(*record).data, sent)
     };
-    if get {
+    if discard {
         entry.discard(0);
     } else {
         entry.submit(wakeup_flags());
     }
 }
 
-/// Whether `data` starts with the header of a get or dump request (`RTM_GET*`: changes
-/// nothing) that is alone in its `len` bytes.
+/// Whether `data` starts with the header of a get or dump request that is alone in the
+/// `sent` bytes of its send.
 #[inline(always)]
-fn is_get(data: &[u8; NETLINK_COPY], len: u64) -> bool {
+fn is_get(data: &[u8; NETLINK_COPY], sent: u64) -> bool {
     let msg_len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]);
     let msg_type = u16::from_ne_bytes([data[4], data[5]]);
-    u64::from(msg_len) >= len && msg_type >= RTM_BASE && msg_type % 4 == 2
+    u64::from(msg_len) == sent && is_get_type(msg_type)
 }
 
-/// The answer (0 or a negative errno) to the one-message request `data` (of `len` bytes) just
-/// sent on `sk`, when it is the last record queued on `sk`: the kernel processed the request
-/// within the send and queued its `NLMSG_ERROR` then (after an echo, if one was asked for).
+/// `RTM_GET*`: a get or a dump, which changes nothing.
+#[inline(always)]
+fn is_get_type(msg_type: u16) -> bool {
+    msg_type >= RTM_BASE && msg_type % 4 == 2
+}
+
+/// The answer (0 or a negative errno) to the request `data` just sent on `sk`, when it is
+/// alone in the `sent` bytes of its send and its answer is the last record queued on `sk`: the
+/// kernel processed the request within the send and queued its `NLMSG_ERROR` then (after an
+/// echo, if one was asked for). The answer echoes the request's header, which must match.
 /// `None` when anything else is last (a notification that came after, a dump's output).
 #[inline(always)]
-unsafe fn queued_answer(sk: *const u8, data: &[u8; NETLINK_COPY], len: u64) -> Option<i32> {
+unsafe fn queued_answer(sk: *const u8, data: &[u8; NETLINK_COPY], sent: u64) -> Option<i32> {
     let request_len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]);
-    if u64::from(request_len) != len {
+    if u64::from(request_len) != sent {
         return None;
     }
     // SAFETY: `sk` is BTF-typed (the tracepoint's `struct sock *`) and the offsets are of its
@@ -550,15 +566,36 @@ unsafe fn queued_answer(sk: *const u8, data: &[u8; NETLINK_COPY], len: u64) -> O
             return None;
         }
         let reply: *const u8 = load(tail, OFF_SKB_DATA.load());
-        // nlmsghdr (len, type, flags, seq, pid) and the error of `struct nlmsgerr`.
-        let head: [u8; 20] = read_field(reply, 0)?;
+        // nlmsghdr (len, type, flags, seq, pid), then `struct nlmsgerr`: the error and the
+        // request's header echoed (len, type, flags, seq, pid).
+        let head: [u8; 36] = read_field(reply, 0)?;
+        let word =
+            |b: &[u8], at: usize| u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         let msg_type = u16::from_ne_bytes([head[4], head[5]]);
-        let seq = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
-        let request_seq = u32::from_ne_bytes([data[8], data[9], data[10], data[11]]);
-        if msg_type != NLMSG_ERROR || seq != request_seq {
+        let echoes_the_request = word(&head, 20) == word(data, 0)
+            && word(&head, 24) == word(data, 4)
+            && word(&head, 28) == word(data, 8);
+        if msg_type != NLMSG_ERROR || !echoes_the_request {
             return None;
         }
         Some(i32::from_ne_bytes([head[16], head[17], head[18], head[19]]))
+    }
+}
+
+/// Whether the current task is in a send whose first message is a get or dump.
+#[inline(always)]
+unsafe fn sending_a_get() -> bool {
+    unsafe {
+        let (nr, _, arg1, _) = syscall_args();
+        let buf = match nr {
+            NR_SENDTO => arg1 as *const u8,
+            NR_SENDMSG => match first_iov(arg1 as *const u8) {
+                Some((base, _)) => base,
+                None => return false,
+            },
+            _ => return false,
+        };
+        bpf_probe_read_user::<u16>(buf.wrapping_add(4).cast()).is_ok_and(is_get_type)
     }
 }
 
@@ -607,10 +644,19 @@ pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
                 sk,
                 arg1 as *const u8,
                 arg2,
+                ret as u64,
             ),
             NR_SENDMSG => {
                 if let Some((base, len)) = first_iov(arg1 as *const u8) {
-                    emit_netlink(kind::NETLINK_REQUEST, syscall::SENDMSG, fd, sk, base, len);
+                    emit_netlink(
+                        kind::NETLINK_REQUEST,
+                        syscall::SENDMSG,
+                        fd,
+                        sk,
+                        base,
+                        len,
+                        ret as u64,
+                    );
                 }
             }
             _ => {}
@@ -620,7 +666,8 @@ pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// `sock_recv_length(struct sock *sk, int ret, int flags)`: after a recv returned; emits the
-/// reply when it starts with `NLMSG_ERROR` (ACK or errno).
+/// reply when it starts with an `NLMSG_ERROR` carrying an error (not a bare ACK) that does not
+/// answer a get or dump.
 #[btf_tracepoint(function = "sock_recv_length")]
 pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
     let sk: *const u8 = ctx.arg(0);
@@ -664,8 +711,7 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
         // Nor the errors of gets and dumps (a lookup of what is not there changes nothing).
         if let Ok(request_type) = bpf_probe_read_user::<u16>(buf.wrapping_add(24).cast())
             && ret >= 36
-            && request_type >= RTM_BASE
-            && request_type % 4 == 2
+            && is_get_type(request_type)
         {
             return 0;
         }
@@ -674,7 +720,7 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
         } else {
             size
         };
-        emit_netlink(kind::NETLINK_REPLY, call, fd, sk, buf, len);
+        emit_netlink(kind::NETLINK_REPLY, call, fd, sk, buf, len, len);
     }
     0
 }
@@ -684,6 +730,12 @@ pub fn sock_recv_length(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "netlink_extack")]
 pub fn netlink_extack(ctx: BtfTracePointContext) -> i32 {
     let msg: *const u8 = ctx.arg(0);
+    // The message of a get or dump is not sent: neither is its request, which would take it,
+    // and the next request of this thread would.
+    // SAFETY: registers are read with BTF-checked loads, user memory through probe helpers.
+    if unsafe { sending_a_get() } {
+        return 0;
+    }
     let Some(mut entry) = EVENTS.reserve::<Extack>(0) else {
         count_lost(kind::EXTACK);
         return 0;
