@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::dataplane::{ExpectedState, NetnsId};
+use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
 use crate::trace::diagnosis::CniSetup;
@@ -510,14 +510,14 @@ fn addresses_of(allocation: Option<&Allocation>) -> Vec<String> {
 }
 
 impl SandboxObserver for KernelWatch {
-    fn planned(&self, sandbox: &SandboxRef, netns_id: Option<NetnsId>, expected: &ExpectedState) {
+    fn planned(&self, sandbox: &SandboxRef, netns_cookie: Option<u64>, expected: &ExpectedState) {
         // A new ADD of a removed sandbox: wired again (a late report of the removed ADD must not
         // undo its removal, so this is the one place that does).
         lock(&self.shared).for_views_of(sandbox, |view| view.removed = None);
         if let Some(netns) = &sandbox.netns {
             self.send(Command::Intent(
                 IntentSpec::new(key_of(sandbox), IntentOrigin::Add, netns.clone(), expected)
-                    .known_as(netns_id),
+                    .known_as(netns_cookie),
             ));
         }
     }

@@ -44,7 +44,7 @@ pub use netlink::{
     set_request_timeout as set_netlink_timeout,
 };
 pub use netns::{
-    BadNetns, NetnsId, current_netns_cookie, netns_cookie_of_file, netns_inode_and_cookie,
+    BadNetns, current_netns_cookie, netns_cookie_of_file, netns_inode_and_cookie,
     socket_netns_cookie,
 };
 pub use plan::{ExpectedState, FamilyPlan, plan};

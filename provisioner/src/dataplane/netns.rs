@@ -407,26 +407,16 @@ fn ns_id(file: &File) -> io::Result<u64> {
     Ok(id)
 }
 
-/// Inode and cookie of the network namespace at `path` (checked to be one); the cookie from
-/// [`netns_cookie_of_file`], else read on a pooled netns worker (no thread created per call).
-/// A network namespace as the kernel names it: its nsfs inode and its cookie (what the
-/// tracer's records carry).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NetnsId {
-    pub inode: u64,
-    pub cookie: u64,
-}
-
 impl NetnsFile {
-    /// Its [`NetnsId`], when the kernel gives the cookie without entering the namespace (see
+    /// Its namespace's cookie, when the kernel gives it without entering the namespace (see
     /// [`netns_cookie_of_file`]).
-    pub(crate) fn id_without_entering(&self) -> Option<NetnsId> {
-        let cookie = netns_cookie_of_file(&self.file)?;
-        let inode = self.inode().ok()?;
-        Some(NetnsId { inode, cookie })
+    pub(crate) fn cookie_without_entering(&self) -> Option<u64> {
+        netns_cookie_of_file(&self.file)
     }
 }
 
+/// Inode and cookie of the network namespace at `path` (checked to be one); the cookie from
+/// [`netns_cookie_of_file`], else read on a pooled netns worker (no thread created per call).
 pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), DataplaneError> {
     let ns = NetnsFile::open_nonblocking(path).await?;
     let inode = ns.inode()?;

@@ -167,12 +167,12 @@ pub(crate) async fn start(dp: &Dataplane, link: LinkSpec) -> Result<StartedSetup
 }
 
 impl StartedSetup {
-    /// The sandbox's namespace, as the kernel names it (when it does so without entering it).
-    pub fn sandbox_netns_id(&self) -> Option<super::NetnsId> {
+    /// The cookie of the sandbox's namespace (when the kernel gives it without entering it).
+    pub fn sandbox_netns_cookie(&self) -> Option<u64> {
         self.run
             .sandbox
             .as_ref()
-            .and_then(|(ns, _)| ns.id_without_entering())
+            .and_then(|(ns, _)| ns.cookie_without_entering())
     }
 
     /// The rest of the setup of `spec` (the sandbox's addresses, links up, routes) and the

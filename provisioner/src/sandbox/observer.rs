@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::dataplane::{ExpectedState, NetnsId};
+use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
 
 use super::SandboxRef;
@@ -22,9 +22,15 @@ pub enum Removal {
 /// Told of every change the service makes; every method has a no-op default.
 pub trait SandboxObserver: Send + Sync {
     /// ADD reserved the addresses and is about to wire `expected` in `sandbox.netns` (the
-    /// veth pair may be made already, none of the addresses and routes is); `netns` is that
-    /// namespace's id when the dataplane knows it.
-    fn planned(&self, _sandbox: &SandboxRef, _netns: Option<NetnsId>, _expected: &ExpectedState) {}
+    /// veth pair may be made already, none of the addresses and routes is); `netns_cookie` is
+    /// that namespace's cookie when the dataplane knows it.
+    fn planned(
+        &self,
+        _sandbox: &SandboxRef,
+        _netns_cookie: Option<u64>,
+        _expected: &ExpectedState,
+    ) {
+    }
     /// ADD finished: the sandbox is wired and verified.
     fn set_up(&self, _sandbox: &SandboxRef, _expected: &ExpectedState) {}
     /// ADD failed; what it wired was rolled back.

@@ -7,8 +7,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use crate::dataplane::{
-    CheckFailure, Dataplane, DataplaneError, LinkSpec, NetnsId, SandboxSpec, SetupOutcome,
-    StartedSetup, TeardownOutcome,
+    CheckFailure, Dataplane, DataplaneError, LinkSpec, SandboxSpec, SetupOutcome, StartedSetup,
+    TeardownOutcome,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError, Reservation};
 
@@ -38,8 +38,8 @@ pub trait SandboxDataplane: Clone + Send + Sync + 'static {
         started: Self::Started,
     ) -> impl Future<Output = Vec<DataplaneError>> + Send;
 
-    /// The sandbox namespace's id, when the started setup knows it.
-    fn started_netns_id(&self, _started: &Self::Started) -> Option<NetnsId> {
+    /// The cookie of the sandbox's namespace, when the started setup knows it.
+    fn started_netns_cookie(&self, _started: &Self::Started) -> Option<u64> {
         None
     }
 
@@ -102,8 +102,8 @@ impl SandboxDataplane for Dataplane {
         started.abandon()
     }
 
-    fn started_netns_id(&self, started: &StartedSetup) -> Option<NetnsId> {
-        started.sandbox_netns_id()
+    fn started_netns_cookie(&self, started: &StartedSetup) -> Option<u64> {
+        started.sandbox_netns_cookie()
     }
 
     fn setup_and_check(

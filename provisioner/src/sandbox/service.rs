@@ -197,11 +197,11 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 });
             }
         };
-        let netns_id = started
+        let netns_cookie = started
             .as_ref()
             .ok()
-            .and_then(|s| self.dataplane.started_netns_id(s));
-        self.observer.planned(sandbox, netns_id, &expected);
+            .and_then(|s| self.dataplane.started_netns_cookie(s));
+        self.observer.planned(sandbox, netns_cookie, &expected);
         let durable = async {
             let durable = reservation.durable().await;
             if durable.is_ok() {

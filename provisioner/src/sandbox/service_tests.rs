@@ -374,12 +374,7 @@ impl AllocationStore for FakeStore {
 struct Recording(Log);
 
 impl SandboxObserver for Recording {
-    fn planned(
-        &self,
-        sandbox: &SandboxRef,
-        _netns: Option<crate::dataplane::NetnsId>,
-        expected: &ExpectedState,
-    ) {
+    fn planned(&self, sandbox: &SandboxRef, _netns_cookie: Option<u64>, expected: &ExpectedState) {
         say(
             &self.0,
             format!(

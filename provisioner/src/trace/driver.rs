@@ -36,8 +36,8 @@ pub struct IntentSpec {
     pub key: IntentKey,
     pub origin: IntentOrigin,
     pub netns: PathBuf,
-    /// The namespace's id, when the caller knows it (else it is read from `netns`).
-    pub netns_id: Option<NetnsRef>,
+    /// The namespace's cookie, when the caller knows it (else it is read from `netns`).
+    pub netns_cookie: Option<u64>,
     pub ifname: String,
     pub addresses: Vec<ipnetwork::IpNetwork>,
     pub routes: Vec<RouteIntent>,
@@ -55,7 +55,7 @@ impl IntentSpec {
             key,
             origin,
             netns,
-            netns_id: None,
+            netns_cookie: None,
             ifname: expected.ifname.clone(),
             addresses: expected.sandbox_addresses().collect(),
             routes: expected
@@ -69,13 +69,10 @@ impl IntentSpec {
         }
     }
 
-    /// The spec, with its namespace's id known to the caller.
-    pub fn known_as(self, netns_id: Option<crate::dataplane::NetnsId>) -> Self {
+    /// The spec, with its namespace's cookie known to the caller.
+    pub fn known_as(self, netns_cookie: Option<u64>) -> Self {
         Self {
-            netns_id: netns_id.map(|id| NetnsRef {
-                cookie: id.cookie,
-                inode: u32::try_from(id.inode).unwrap_or(0),
-            }),
+            netns_cookie,
             ..self
         }
     }
@@ -305,7 +302,7 @@ impl Intake {
                     self.seq += 1;
                     let this = self.seq;
                     self.latest.insert(spec.key.clone(), this);
-                    if let Some(netns) = spec.netns_id {
+                    if let Some(cookie) = spec.netns_cookie {
                         // Known already: registered now (an identification of an older command
                         // for this key still under way is dropped when it finishes).
                         let (reports, _) = finish(
@@ -314,7 +311,8 @@ impl Intake {
                             Done::Identified(Identified {
                                 seq: this,
                                 spec,
-                                netns: Ok(netns),
+                                // Its inode is read with its state, when needed.
+                                netns: Ok(NetnsRef { cookie, inode: 0 }),
                             }),
                             &opts.correlator.rules,
                         );
@@ -473,4 +471,80 @@ fn sandbox_pins(rules: &super::SandboxRules) -> Vec<PathBuf> {
         }
     }
     pins
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Discard;
+
+    impl Sink for Discard {
+        fn reports(&mut self, _reports: Vec<Report>) {}
+    }
+
+    fn spec(container_id: &str, netns_cookie: Option<u64>) -> IntentSpec {
+        IntentSpec {
+            key: IntentKey {
+                container_id: container_id.to_owned(),
+                ifname: "eth0".to_owned(),
+            },
+            origin: IntentOrigin::Add,
+            netns: PathBuf::from("/proc/self/ns/net"),
+            netns_cookie,
+            ifname: "eth0".to_owned(),
+            addresses: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+
+    /// An intent whose cookie the daemon gave is registered when taken, without opening its
+    /// namespace; one without is identified first; a later command for the same key wins over
+    /// an identification still under way.
+    #[tokio::test]
+    async fn an_intent_naming_its_namespace_is_registered_at_once() {
+        let (commands, taken) = mpsc::unbounded_channel();
+        let mut intake = Intake {
+            commands: taken,
+            latest: HashMap::new(),
+            seq: 0,
+        };
+        let opts = DriverOptions {
+            correlator: CorrelatorConfig::default(),
+            scan_pins: false,
+            cni_fallback: CniSetup::assumed(Path::new("/nonexistent/cni")),
+        };
+        let mut correlator = Correlator::new(opts.correlator.clone());
+        let mut work = JoinSet::new();
+
+        commands
+            .send(Command::Intent(spec("a", None)))
+            .expect("open");
+        commands
+            .send(Command::Intent(spec("a", Some(77))))
+            .expect("open");
+        intake.take(&mut correlator, &mut work, &mut Discard, &opts);
+        assert!(correlator.is_tracked(77), "registered when taken");
+        assert_eq!(
+            work.len(),
+            1,
+            "only the intent without a cookie is identified"
+        );
+
+        let identified = work.join_next().await.expect("a task").expect("it ran");
+        let Done::Identified(Identified { netns: Ok(own), .. }) = &identified else {
+            panic!("this process's namespace identified");
+        };
+        let own = own.cookie;
+        finish(
+            &mut correlator,
+            &mut intake.latest,
+            identified,
+            &opts.correlator.rules,
+        );
+        assert!(
+            !correlator.is_tracked(own),
+            "the older command's identification is dropped"
+        );
+    }
 }

@@ -80,7 +80,8 @@ pub struct NetlinkRequest {
     pub answer: Option<i32>,
 }
 
-/// The kernel's answers (ACK or errno) to rtnetlink requests.
+/// The kernel's errors answering rtnetlink requests (a bare ACK is read with its request: see
+/// [`NetlinkRequest::answer`]).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct NetlinkReply {
     #[serde(flatten)]

@@ -108,9 +108,9 @@ pub struct KernelTracer {
 }
 
 /// Emptied batches handed back by the driver for the ring reader to fill again. A batch is
-/// tens of KiB: one allocated at every drain and freed after it emptied its allocator pages,
-/// which the daemon's allocator gives back to the kernel at once and then faults in again,
-/// each time with a TLB flush on every CPU the daemon runs on.
+/// tens of KiB, allocated at every drain and freed after it otherwise: pages the daemon's
+/// allocator may give back to the kernel and fault in again, each time with a TLB flush on
+/// every CPU the daemon runs on (see `memory::by_role`).
 #[derive(Clone, Default)]
 struct SpareBatches(Arc<Mutex<Vec<EventBatch>>>);
 

@@ -96,7 +96,8 @@ pub fn event_line(event: &TraceEvent) -> String {
 /// parsed, with the name that the interface it names by index only had when it was seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestDetail {
-    body: RtRequest,
+    /// Boxed: a timeline step is as large as its largest kind.
+    body: Box<RtRequest>,
     /// The name of the interface the request names by index only, as known then.
     dev: Option<String>,
 }
@@ -121,7 +122,7 @@ impl RequestDetail {
             RtRequest::Other { .. } => return None,
         };
         Some(Self {
-            body: body.clone(),
+            body: Box::new(body.clone()),
             dev: by_index.and_then(|index| ifnames.get(&index).cloned()),
         })
     }
@@ -152,7 +153,7 @@ impl std::fmt::Display for DevName<'_> {
 
 impl std::fmt::Display for RequestDetail {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.body {
+        match &*self.body {
             RtRequest::NewLink(link) | RtRequest::SetLink(link) => {
                 write!(f, "{}", self.dev(link.ifindex.unsigned_abs(), &link.ifname))?;
                 if let Some(kind) = &link.kind {
