@@ -216,15 +216,9 @@ pub async fn run<S: Sink>(
                     // Taken first: a forget sent before a teardown (while the driver waited for
                     // this batch) is in effect before the teardown's events are fed.
                     intake.take(&mut correlator, &mut work, sink, &opts);
-                    for (n, event) in batch.iter().enumerate() {
-                        if n % OFFER_EVERY == OFFER_EVERY - 1 {
-                            turns.offer();
-                        }
-                        let reports = correlator.feed(event);
-                        sink.event(event);
-                        if !reports.is_empty() {
-                            sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
-                        }
+                    for events in batch.chunks(OFFER_EVERY) {
+                        feed(&mut correlator, events, sink, &opts.cni_fallback);
+                        turns.offer();
                     }
                     tracer.recycle(batch);
                     Vec::new()
@@ -259,13 +253,7 @@ pub async fn run<S: Sink>(
         }
     }
     while let Ok(batch) = events.try_recv() {
-        for event in &batch {
-            let reports = correlator.feed(event);
-            sink.event(event);
-            if !reports.is_empty() {
-                sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
-            }
-        }
+        feed(&mut correlator, &batch, sink, &opts.cni_fallback);
     }
     let reports = correlator.tick(SystemTime::now());
     if !reports.is_empty() {
@@ -341,6 +329,23 @@ impl Intake {
                     });
                 }
             }
+        }
+    }
+}
+
+/// Feeds `events` to the correlator in order, each event and the reports it led to out to
+/// `sink`.
+fn feed<S: Sink>(
+    correlator: &mut Correlator,
+    events: &[TraceEvent],
+    sink: &mut S,
+    fallback: &CniSetup,
+) {
+    for event in events {
+        let reports = correlator.feed(event);
+        sink.event(event);
+        if !reports.is_empty() {
+            sink.reports(diagnosed(correlator, reports, fallback));
         }
     }
 }
