@@ -106,10 +106,7 @@ pub fn run_trace_overhead(opts: &Options) -> Result<()> {
             "removed {stale} namespace(s) left by a killed run"
         ));
     }
-    let tmp = tempfile::Builder::new()
-        .prefix("provisioner-bench")
-        .tempdir()?;
-    let results = trace_overhead::run(&bin, tmp.path())?;
+    let results = trace_overhead::run(&bin)?;
     println!();
     println!("{}", report::table(&[], &results.singles()));
     let out_dir = workspace_root().join("target/bench");
@@ -761,7 +758,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let overhead = if opts.no_trace {
         None
     } else {
-        Some(trace_overhead::run(&bin, tmp.path())?)
+        Some(trace_overhead::run(&bin)?)
     };
 
     let load_after = load_average();
