@@ -189,6 +189,20 @@ pub fn percentile(sorted: &[f64], pct: usize) -> f64 {
     sorted[rank - 1]
 }
 
+/// Mean of sorted samples without the lowest and highest `trim_pct` percent of them. Unlike
+/// the median, it moves smoothly when calls split between two modes of latency (an API ADD's
+/// are about 0.1 ms apart): the median jumps from one mode to the other as their shares cross.
+pub fn trimmed_mean(sorted: &[f64], trim_pct: usize) -> f64 {
+    let cut = sorted.len() * trim_pct / 100;
+    let kept = &sorted[cut..sorted.len() - cut];
+    if kept.is_empty() {
+        return 0.0;
+    }
+    #[expect(clippy::cast_precision_loss, reason = "sample counts are small")]
+    let n = kept.len() as f64;
+    kept.iter().sum::<f64>() / n
+}
+
 pub fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
@@ -303,6 +317,28 @@ mod tests {
             Some("main 1.000, ipam-commit 0.300, ended threads 0.050 ms/call")
         );
         assert_eq!(ThreadSplit::of(&Samples::default()).line(), None);
+    }
+
+    #[test]
+    fn a_trimmed_mean_drops_the_tails_and_follows_a_shift_between_modes() {
+        let mut calls: Vec<f64> = vec![0.55; 9];
+        calls.push(50.0);
+        assert!(
+            (trimmed_mean(&calls, 10) - 0.55).abs() < 1e-12,
+            "the outlier is cut"
+        );
+        // Half of the calls in each mode, then a few more in the slow one: the median jumps
+        // by the whole gap, the trimmed mean moves by a fraction of it.
+        let split = |slow: usize| -> Vec<f64> {
+            let mut v = vec![0.55; 20 - slow];
+            v.extend(vec![0.65; slow]);
+            v
+        };
+        let (even, more_slow) = (split(10), split(11));
+        assert!((percentile(&more_slow, 50) - percentile(&even, 50) - 0.05).abs() < 1e-12);
+        let moved = trimmed_mean(&more_slow, 10) - trimmed_mean(&even, 10);
+        assert!(moved > 0.0 && moved < 0.01, "{moved}");
+        assert_eq!(trimmed_mean(&[], 10), 0.0);
     }
 
     #[test]

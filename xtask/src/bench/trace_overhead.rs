@@ -21,10 +21,11 @@
 //!   time swings by more than the tracer adds);
 //! - ADD then DEL of sandboxes through the CNI plugin path and the API, in blocks that
 //!   alternate between the conditions (off, on, on, off; on, off, off, on in odd rounds), each
-//!   after the machine is quiet. An API ADD's latency varies by +-30 % from one call to the
-//!   next (two modes, a tenth of a millisecond apart), so a block's median of a few tens of
-//!   calls moves by +-10 %: many calls per round, in blocks close together in time, are what
-//!   resolves a few percent. See [`Round::measure_add_block`] for what a block reads.
+//!   after the machine is quiet, the two ways alternating call by call. An API ADD's latency
+//!   has two modes a tenth of a millisecond apart, and in a run of API calls it stays in one
+//!   for tens of calls: many calls per round, in blocks close together in time, with the ways
+//!   interleaved, are what resolves a few percent. See [`Round::measure_add_block`] for what a
+//!   block reads.
 //!
 //! The daemons keep their files on tmpfs ([`files_on_tmpfs`]): the fsync of an ADD's
 //! allocation on this VM's disk moves its latency by more than the tracer adds.
@@ -49,7 +50,9 @@ use super::null_probe::NullProbe;
 use super::proc_stat::{CpuTimes, DISTURBING_STEAL_PERCENT};
 use super::quiet;
 use super::report::{Single, Target};
-use super::stats::{Samples, Summary, paired_slowdown, percent_slower, percentile, round3};
+use super::stats::{
+    Samples, Summary, paired_slowdown, percent_slower, percentile, round3, trimmed_mean,
+};
 use super::ways::{self, Lane, Verb, Way};
 use super::{REFERENCE_DIR, check_interrupted, provisioner_conflist};
 use crate::step::{announce, detail};
@@ -291,7 +294,9 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// ADD then DEL of [`ADDS`] sandboxes through the plugin and the API, interleaved, in the
+    /// ADD then DEL of [`ADDS`] sandboxes through the plugin and the API, alternating call by
+    /// call (in blocks of calls, an API ADD's latency stays in one of two modes, 0.1 ms apart,
+    /// for a whole block: the block's median was the mode's), in the
     /// condition `tracing`: block `block` of the round. As on a node, the sandbox namespaces
     /// are created (not timed) in that condition, once the daemon runs: a namespace the kernel
     /// watch did not see being created is read at its first ADD, which is the cost of a
@@ -345,7 +350,7 @@ impl Round<'_> {
                 Tracing::Off => None,
             };
             let cpu_before = CpuTimes::now()?;
-            let added = ways::interleaved(&lanes, Verb::Add, &ids, ADDS, 1)?;
+            let added = ways::interleaved(&lanes, Verb::Add, &ids, 1, 1)?;
             let steal = CpuTimes::now()?.since(&cpu_before).steal_percent();
             if let Some((window, thread_before)) = tracer {
                 results.bpf_on_add.add(&window.close()?);
@@ -353,7 +358,7 @@ impl Round<'_> {
                     tracer_thread_cpu(self.daemon)?.saturating_sub(thread_before);
                 results.adds_on += (lanes.len() * ADDS) as u64;
             }
-            ways::interleaved(&lanes, Verb::Del, &ids, ADDS, 1)?;
+            ways::interleaved(&lanes, Verb::Del, &ids, 1, 1)?;
             if steal <= DISTURBING_STEAL_PERCENT || attempt == STEAL_RETRIES {
                 break (added, steal);
             }
@@ -546,6 +551,17 @@ fn median(values: &[f64]) -> f64 {
     super::median(values)
 }
 
+fn median_of_sorted(sorted: &[f64]) -> f64 {
+    percentile(sorted, 50)
+}
+
+/// Share of an ADD round's fastest and of its slowest calls left out of its trimmed mean.
+const TRIM_PERCENT: usize = 10;
+
+fn trimmed_mean_of_sorted(sorted: &[f64]) -> f64 {
+    trimmed_mean(sorted, TRIM_PERCENT)
+}
+
 /// A slowdown in percent and its 90 % interval (see [`paired_slowdown`]).
 type Slowdown = (f64, (f64, f64));
 
@@ -570,8 +586,14 @@ impl Results {
         )
     }
 
-    /// `way`'s ADD median of each round, in ms, with tracing off or on.
-    fn round_medians_ms(&self, way: usize, tracing: Tracing) -> Vec<f64> {
+    /// `way`'s ADD latency of each round by `statistic` (of the round's calls sorted, in ms),
+    /// with tracing off or on.
+    fn round_figures_ms(
+        &self,
+        way: usize,
+        tracing: Tracing,
+        statistic: impl Fn(&[f64]) -> f64,
+    ) -> Vec<f64> {
         self.round_walls
             .iter()
             .map(|walls| {
@@ -580,20 +602,30 @@ impl Results {
                     .map(|wall| wall.as_secs_f64() * 1e3)
                     .collect();
                 ms.sort_by(f64::total_cmp);
-                percentile(&ms, 50)
+                statistic(&ms)
             })
             .collect()
     }
 
-    /// `way`'s ADD slowdown with tracing on: the median of the rounds' own (each round's ADD
-    /// median on against off), paired as sendto's are: the two conditions of a round run
-    /// seconds apart in one daemon, while a round's medians move by +-10 % from one daemon to
-    /// the next.
-    fn add_slowdown(&self, way: usize) -> Slowdown {
+    /// `way`'s ADD slowdown with tracing on by `statistic`: the median of the rounds' own (each
+    /// round's figure on against off), paired as sendto's are: the two conditions of a round
+    /// run seconds apart in one daemon, while a round's figures move by +-10 % from one
+    /// daemon to the next.
+    fn add_slowdown_by(&self, way: usize, statistic: impl Fn(&[f64]) -> f64 + Copy) -> Slowdown {
         paired_slowdown(
-            &self.round_medians_ms(way, Tracing::Off),
-            &self.round_medians_ms(way, Tracing::On),
+            &self.round_figures_ms(way, Tracing::Off, statistic),
+            &self.round_figures_ms(way, Tracing::On, statistic),
         )
+    }
+
+    /// By the ADD median: the row with the target.
+    fn add_slowdown(&self, way: usize) -> Slowdown {
+        self.add_slowdown_by(way, median_of_sorted)
+    }
+
+    /// By the mean of the calls without their fastest and slowest [`TRIM_PERCENT`].
+    fn add_trimmed_slowdown(&self, way: usize) -> Slowdown {
+        self.add_slowdown_by(way, trimmed_mean_of_sorted)
     }
 
     /// The run's three sendto comparisons, each paired by round: a round's figures are
@@ -658,8 +690,9 @@ impl Results {
         {
             let (off, on) = (Summary::of(off), Summary::of(on));
             let (slower, (low, high)) = self.add_slowdown(index);
+            let (trimmed, (trimmed_low, trimmed_high)) = self.add_trimmed_slowdown(index);
             lines.push(format!(
-                "{way} ADD median: off {:.2} ms, on {:.2} ms (all rounds' calls); slower with tracing by {slower:+.1}% (median of the rounds' own, 90 % interval {low:+.1} to {high:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} of {} ADD blocks redone for steal",
+                "{way} ADD median: off {:.2} ms, on {:.2} ms (all rounds' calls); slower with tracing by {slower:+.1}% (median of the rounds' own, 90 % interval {low:+.1} to {high:+.1}%; by the {TRIM_PERCENT} %-trimmed mean {trimmed:+.1}%, {trimmed_low:+.1} to {trimmed_high:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} of {} ADD blocks redone for steal",
                 off.median_ms,
                 on.median_ms,
                 off.p99_ms,
@@ -767,6 +800,21 @@ impl Results {
                     off.median_ms, on.median_ms
                 )),
             });
+            let (trimmed, trimmed_interval) = self.add_trimmed_slowdown(index);
+            out.push(Single {
+                metric: format!(
+                    "tracing: {way} ADD {TRIM_PERCENT} %-trimmed mean, on vs off (median of {ROUNDS} rounds' slowdowns)"
+                ),
+                unit: "% slower",
+                value: trimmed,
+                cpu_ms: None,
+                target: Target::None,
+                interval: Some(trimmed_interval),
+                note: Some(
+                    "steadier than the median where calls split between two modes of latency"
+                        .to_owned(),
+                ),
+            });
         }
         out
     }
@@ -780,12 +828,20 @@ impl Results {
         let add = |s: &Samples| Summary::of(s).json();
         let add_slowdown = |way| {
             let (slower, (low, high)) = self.add_slowdown(way);
+            let (trimmed, (trimmed_low, trimmed_high)) = self.add_trimmed_slowdown(way);
             json!({
                 "slower_percent": slower,
                 "slower_percent_interval_90": [round3(low), round3(high)],
+                "trimmed_mean_trim_percent": TRIM_PERCENT,
+                "trimmed_mean_slower_percent": trimmed,
+                "trimmed_mean_slower_percent_interval_90": [round3(trimmed_low), round3(trimmed_high)],
                 "round_medians_ms": {
-                    "off": self.round_medians_ms(way, Tracing::Off),
-                    "on": self.round_medians_ms(way, Tracing::On),
+                    "off": self.round_figures_ms(way, Tracing::Off, median_of_sorted),
+                    "on": self.round_figures_ms(way, Tracing::On, median_of_sorted),
+                },
+                "round_trimmed_means_ms": {
+                    "off": self.round_figures_ms(way, Tracing::Off, trimmed_mean_of_sorted),
+                    "on": self.round_figures_ms(way, Tracing::On, trimmed_mean_of_sorted),
                 },
             })
         };
