@@ -4,7 +4,8 @@
 //! that userspace resolves from the running kernel's BTF and patches in at load time.
 #![no_std]
 #![no_main]
-// The BPF target has atomic loads and stores only; its atomic add is the intrinsic.
+// rustc's BPF target has no atomic read-modify-write in `core`: the counter's add is the
+// intrinsic (and LLVM cannot select an atomic load for BPF's generic CPU: its read is volatile).
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
@@ -323,17 +324,23 @@ const NR_SETNS: u64 = 308;
 /// Reports the current task's unshare announced by `cap_capable`, if its netns changed since.
 #[inline(always)]
 fn flush_unshare() {
+    flush_unshare_of(bpf_get_current_pid_tgid());
+}
+
+/// [`flush_unshare`] of the current task, known to `UNSHARING` as `pid_tgid` (its id before an
+/// exec, when a thread other than the leader execs and takes the leader's).
+#[inline(always)]
+fn flush_unshare_of(pid_tgid: u64) {
     // The task's own entry was counted before its unshare returned (a task that moved to
     // another CPU since went through the scheduler's barriers).
     let pending = UNSHARING_ENTRIES.get_ptr_mut(0).is_none_or(|entries| {
         // SAFETY: an array map's value, valid while the program runs; an aligned 8-byte load
-        // is atomic on BPF (which has no atomic load instruction before v4).
+        // is a single instruction on BPF (an atomic load does not compile for the generic CPU).
         (unsafe { core::ptr::read_volatile(entries) }) != 0
     });
     if !pending {
         return;
     }
-    let pid_tgid = bpf_get_current_pid_tgid();
     // SAFETY: the entry is copied out before it is removed.
     let Some(unsharing) = (unsafe { UNSHARING.get(pid_tgid) }).copied() else {
         return;
@@ -855,8 +862,13 @@ pub fn qdisc_destroy(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(0);
+    let old_pid: i32 = ctx.arg(1);
     let bprm: *const u8 = ctx.arg(2);
-    flush_unshare();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    flush_unshare_of(pid_tgid);
+    if old_pid as u32 != pid_tgid as u32 {
+        flush_unshare_of((pid_tgid & 0xffff_ffff_0000_0000) | u64::from(old_pid as u32));
+    }
     let Some(mut entry) = EVENTS.reserve::<Exec>(0) else {
         count_lost(kind::EXEC);
         return 0;
