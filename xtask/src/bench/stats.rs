@@ -193,6 +193,10 @@ pub fn percentile(sorted: &[f64], pct: usize) -> f64 {
 /// the median, it moves smoothly when calls split between two modes of latency (an API ADD's
 /// are about 0.1 ms apart): the median jumps from one mode to the other as their shares cross.
 pub fn trimmed_mean(sorted: &[f64], trim_pct: usize) -> f64 {
+    assert!(
+        trim_pct < 50,
+        "trimming {trim_pct} % from each end leaves nothing"
+    );
     let cut = sorted.len() * trim_pct / 100;
     let kept = &sorted[cut..sorted.len() - cut];
     if kept.is_empty() {
@@ -327,8 +331,9 @@ mod tests {
             (trimmed_mean(&calls, 10) - 0.55).abs() < 1e-12,
             "the outlier is cut"
         );
-        // Half of the calls in each mode, then a few more in the slow one: the median jumps
-        // by the whole gap, the trimmed mean moves by a fraction of it.
+        // Half of the calls in each mode, then one more in the slow one: the median jumps by
+        // half the gap (from between the modes to the slow one), the trimmed mean moves by a
+        // fraction of that.
         let split = |slow: usize| -> Vec<f64> {
             let mut v = vec![0.55; 20 - slow];
             v.extend(vec![0.65; slow]);

@@ -60,8 +60,9 @@ use testkit::cni::{Plugin, plugin_stdin};
 use testkit::daemon::{Daemon, write_conflist};
 
 /// Rounds (each a daemon measured with its kernel watch running and paused). A round's ADD
-/// medians move by +-20 % between rounds of one condition on a quiet 2-CPU VM, more than the
-/// tracer adds: the more rounds, the less one of them moves the pooled medians.
+/// figures move by +-10 % between rounds of one condition on a quiet 2-CPU VM, more than the
+/// tracer adds: each round compares its own conditions, and the more rounds, the less one of
+/// them moves the median of their slowdowns.
 const ROUNDS: usize = 16;
 /// Datagrams per sendmsg measurement.
 const SENDS: usize = 25_000;
@@ -73,7 +74,8 @@ const WARMUP_SENDS: usize = 1000;
 const BLASTS: usize = 6;
 /// Sandboxes added (then deleted) per ADD block, per way.
 const ADDS: usize = 60;
-/// Longest wait for the machine to be quiet before a condition of a round is measured.
+/// Longest wait for the machine to be quiet before a condition's sendto or an ADD block is
+/// measured.
 const QUIET_BEFORE_ROUND: Duration = Duration::from_secs(10);
 /// ADD blocks of a round per condition, alternating: off, on, on, off (on, off, off, on in odd
 /// rounds). A round's figure for a condition pools its blocks, so that a drift of the machine
@@ -118,7 +120,8 @@ pub struct Results {
     /// ADD latencies of each round: `[way][tracing]`, way 0 the plugin and 1 the API, tracing 0
     /// off and 1 on.
     round_walls: Vec<RoundWalls>,
-    /// Measurements of a round's condition redone because of steal.
+    /// Measurements of ADD blocks redone because of steal (a block at most [`STEAL_RETRIES`]
+    /// times).
     remeasured: usize,
 }
 
@@ -203,9 +206,6 @@ pub fn run(bin: &Path) -> Result<Results> {
             round.measure_sendto(tracing, &mut results)?;
         }
         let mut walls = RoundWalls::default();
-        // Dropped together at the end of the round: a namespace's teardown keeps a CPU busy
-        // for a while, which would weigh on the next block.
-        let mut namespaces = Vec::new();
         let blocks = (0..BLOCKS_PER_CONDITION).flat_map(|cycle| {
             let mut cycle_order = order;
             if cycle % 2 == 1 {
@@ -215,8 +215,7 @@ pub fn run(bin: &Path) -> Result<Results> {
         });
         for (block, tracing) in blocks.enumerate() {
             check_interrupted()?;
-            let (plugin, api) =
-                round.measure_add_block(block, tracing, &mut results, &mut namespaces)?;
+            let (plugin, api) = round.measure_add_block(block, tracing, &mut results)?;
             walls[0][tracing.index()].extend_from_slice(&plugin.wall);
             walls[1][tracing.index()].extend_from_slice(&api.wall);
             match tracing {
@@ -231,7 +230,9 @@ pub fn run(bin: &Path) -> Result<Results> {
             }
         }
         daemon.stop()?;
-        drop(namespaces);
+        if let Err(err) = std::fs::remove_dir_all(&dir) {
+            detail(&format!("could not remove {}: {err}", dir.display()));
+        }
         results.round_walls.push(walls);
     }
     for line in results.lines() {
@@ -256,7 +257,7 @@ impl Round<'_> {
     fn measure_sendto(&self, tracing: Tracing, results: &mut Results) -> Result<()> {
         let round = self.index;
         switch_kernel_watch(self.daemon, tracing)?;
-        // The namespaces the round before dropped are torn down by then.
+        // The namespaces the block before dropped are torn down by then.
         quiet::wait(
             &format!("round {round}, sendto, tracing {}", tracing.name()),
             QUIET_BEFORE_ROUND,
@@ -300,7 +301,8 @@ impl Round<'_> {
     /// condition `tracing`: block `block` of the round. As on a node, the sandbox namespaces
     /// are created (not timed) in that condition, once the daemon runs: a namespace the kernel
     /// watch did not see being created is read at its first ADD, which is the cost of a
-    /// restart, not of an ADD. They are handed to `namespaces`. With tracing on, what the
+    /// restart, not of an ADD (their teardown is waited out before the next block). With
+    /// tracing on, what the
     /// tracer itself spends on those ADDs is read exactly: the eBPF programs' run time (kernel
     /// statistics) and the CPU time of the daemon's kernel-watch thread (scheduler statistics).
     fn measure_add_block(
@@ -308,7 +310,6 @@ impl Round<'_> {
         block: usize,
         tracing: Tracing,
         results: &mut Results,
-        namespaces: &mut Vec<Vec<Netns>>,
     ) -> Result<(Samples, Samples)> {
         let round = self.index;
         switch_kernel_watch(self.daemon, tracing)?;
@@ -374,8 +375,8 @@ impl Round<'_> {
         };
         drop(lanes);
         ways::settle(self.node)?;
-        namespaces.push(plugin_pods);
-        namespaces.push(api_pods);
+        drop(plugin_pods);
+        drop(api_pods);
         let api = added.pop().unwrap_or_default();
         let plugin = added.pop().unwrap_or_default();
         detail(&format!(
@@ -389,25 +390,39 @@ impl Round<'_> {
 }
 
 /// A directory on tmpfs for the rounds' daemons (state, socket, log). An ADD waits for its
-/// allocation's fsync, which on this VM's disk takes 0.2 to 4 ms and moved a round's API ADD
+/// allocation's fsync, which on this VM's disk takes 0.2 to 4 ms and moved a block's API ADD
 /// median by +-20 %, hiding the tracer's few percent; the tracer adds nothing to it. On tmpfs
 /// an ADD is as short as its CPU work, so what the tracer adds is the largest share it can be
-/// of an ADD: a slowdown under the target here is under it with the state on disk.
+/// of an ADD: a slowdown under the target here is under it with the state on disk. Where
+/// there is no tmpfs to use, the rounds run on the system's temporary directory, and say so.
 fn files_on_tmpfs() -> Result<tempfile::TempDir> {
-    let dir = tempfile::Builder::new()
-        .prefix("provisioner-overhead")
+    let builder = || {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("provisioner-overhead");
+        builder
+    };
+    let on_tmpfs = builder()
         .tempdir_in(TMPFS_DIR)
-        .with_context(|| format!("create a directory under {TMPFS_DIR}"))?;
-    let on = nix::sys::statfs::statfs(dir.path())
-        .with_context(|| format!("statfs {}", dir.path().display()))?
-        .filesystem_type();
-    if on != nix::sys::statfs::TMPFS_MAGIC {
-        bail!(
-            "{TMPFS_DIR} is not a tmpfs: the tracer's rounds keep their daemons' state there, \
-             off the disk whose fsync latency would decide the ADD comparison"
-        );
+        .map_err(anyhow::Error::from)
+        .and_then(|dir| {
+            let fs = nix::sys::statfs::statfs(dir.path())
+                .with_context(|| format!("statfs {}", dir.path().display()))?
+                .filesystem_type();
+            if fs != nix::sys::statfs::TMPFS_MAGIC {
+                bail!("{TMPFS_DIR} is not a tmpfs");
+            }
+            Ok(dir)
+        });
+    match on_tmpfs {
+        Ok(dir) => Ok(dir),
+        Err(why) => {
+            detail(&format!(
+                "{why:#}: the tracer's rounds keep their daemons' state on disk, whose fsync \
+                 latency widens the ADD rows' intervals"
+            ));
+            Ok(builder().tempdir()?)
+        }
     }
-    Ok(dir)
 }
 
 /// Name of the daemon's thread that drives the kernel watch (reads the events, judges).
@@ -692,7 +707,7 @@ impl Results {
             let (slower, (low, high)) = self.add_slowdown(index);
             let (trimmed, (trimmed_low, trimmed_high)) = self.add_trimmed_slowdown(index);
             lines.push(format!(
-                "{way} ADD median: off {:.2} ms, on {:.2} ms (all rounds' calls); slower with tracing by {slower:+.1}% (median of the rounds' own, 90 % interval {low:+.1} to {high:+.1}%; by the {TRIM_PERCENT} %-trimmed mean {trimmed:+.1}%, {trimmed_low:+.1} to {trimmed_high:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} of {} ADD blocks redone for steal",
+                "{way} ADD median: off {:.2} ms, on {:.2} ms (all rounds' calls); slower with tracing by {slower:+.1}% (median of the rounds' own, 90 % interval {low:+.1} to {high:+.1}%; by the {TRIM_PERCENT} %-trimmed mean {trimmed:+.1}%, {trimmed_low:+.1} to {trimmed_high:+.1}%); p99 off {:.2}, on {:.2}; CPU per call off {:.2} ms, on {:.2} ms; {} measurements of ADD blocks redone for steal ({} blocks)",
                 off.median_ms,
                 on.median_ms,
                 off.p99_ms,
@@ -849,7 +864,8 @@ impl Results {
             "rounds": ROUNDS,
             "sends_per_measurement": SENDS,
             "measurements_per_round": BLASTS,
-            "adds_per_round": ADDS,
+            "adds_per_block_and_way": ADDS,
+            "add_blocks_per_condition": BLOCKS_PER_CONDITION,
             "steal_retry_percent": DISTURBING_STEAL_PERCENT,
             "measurements_redone_for_steal": self.remeasured,
             "sendto_cpu_ns": {
