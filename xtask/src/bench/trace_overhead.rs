@@ -295,16 +295,15 @@ impl Round<'_> {
         Ok(())
     }
 
-    /// ADD then DEL of [`ADDS`] sandboxes through the plugin and the API, alternating call by
-    /// call (in blocks of calls, an API ADD's latency stays in one of two modes, 0.1 ms apart,
-    /// for a whole block: the block's median was the mode's), in the
-    /// condition `tracing`: block `block` of the round. As on a node, the sandbox namespaces
-    /// are created (not timed) in that condition, once the daemon runs: a namespace the kernel
-    /// watch did not see being created is read at its first ADD, which is the cost of a
-    /// restart, not of an ADD (their teardown is waited out before the next block). With
-    /// tracing on, what the
-    /// tracer itself spends on those ADDs is read exactly: the eBPF programs' run time (kernel
-    /// statistics) and the CPU time of the daemon's kernel-watch thread (scheduler statistics).
+    /// ADD then DEL of [`ADDS`] sandboxes through the plugin and the API in the condition
+    /// `tracing`, block `block` of the round. The two ways alternate call by call: in a run of
+    /// API calls, an API ADD's latency stays in one of two modes 0.1 ms apart, and a block's
+    /// median was that mode's. As on a node, the sandbox namespaces are created (not timed) in
+    /// the block's condition, once the daemon runs: a namespace the kernel watch did not see
+    /// being created is read at its first ADD, which is the cost of a restart, not of an ADD.
+    /// With tracing on, what the tracer itself spends on those ADDs is read exactly: the eBPF
+    /// programs' run time (kernel statistics) and the CPU time of the daemon's kernel-watch
+    /// thread (scheduler statistics).
     fn measure_add_block(
         &self,
         block: usize,
@@ -320,7 +319,8 @@ impl Round<'_> {
             "round {round}, ADD block {block}, tracing {}",
             tracing.name()
         );
-        // The block before's DELs leave the kernel work to do after they returned.
+        // The block before's DELs and its namespaces' teardown leave kernel work to do after
+        // they returned.
         quiet::wait(&what, QUIET_BEFORE_ROUND)?;
         let lanes = [
             Lane {
