@@ -236,7 +236,8 @@ pub const fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
     hash
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a's starting value.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// A hash of the record layouts: `ABI_VERSION`, every record's size and the offsets of the
 /// fields after the header.

@@ -28,6 +28,7 @@ mod cpus;
 mod floor;
 pub mod netns;
 mod null_probe;
+mod pool;
 mod proc_stat;
 mod quiet;
 mod report;
@@ -118,6 +119,7 @@ pub fn run_trace_overhead(opts: &Options) -> Result<()> {
     let document = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "binary": bin,
+        "binary_id": pool::binary_id(&bin),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         "load_average_1m": load_average(),
         "trace_overhead": results.json(),
@@ -125,6 +127,11 @@ pub fn run_trace_overhead(opts: &Options) -> Result<()> {
     std::fs::write(&path, serde_json::to_vec_pretty(&document)?)?;
     println!("written: {}", path.display());
     Ok(())
+}
+
+/// `cargo xtask bench-pool`: the tracer's rows pooled over the runs written to `files`.
+pub fn run_pool(files: &[PathBuf]) -> Result<()> {
+    pool::run(files)
 }
 
 /// The target triple of the binary to install (given explicitly so that RUSTFLAGS only reach
@@ -819,6 +826,7 @@ pub fn run(opts: &Options) -> Result<()> {
             "subnet": SUBNET,
             "reference": REFERENCE_DIR,
             "binary": bin,
+            "binary_id": pool::binary_id(&bin),
         },
         "table": report::json(&rows, &singles),
         "phases": {

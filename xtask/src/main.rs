@@ -66,6 +66,14 @@ enum Command {
         #[arg(long)]
         bin: Option<std::path::PathBuf>,
     },
+    /// The tracer's rows pooled over several runs of `bench` (their `--json` files): each
+    /// run's figure, and one figure with an interval that covers how runs differ.
+    BenchPool {
+        /// JSON files written by `cargo xtask bench` (with or without --trace-overhead-only),
+        /// all of one binary.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
     /// Build, then wire sandboxes in private namespaces and show them (needs root).
     Demo,
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
@@ -134,6 +142,7 @@ fn main() -> Result<()> {
                 bench::run(&opts)
             }
         }
+        Command::BenchPool { files } => bench::run_pool(&files),
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
         Command::Mutants {

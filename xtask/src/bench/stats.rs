@@ -211,8 +211,34 @@ pub fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
-/// Resamples drawn by [`round_bootstrap`].
+/// Resamples drawn by [`round_bootstrap`] and [`run_bootstrap`].
 const RESAMPLES: usize = 2000;
+
+/// Indices drawn with replacement, the same from run to run (xorshift64 with a fixed seed:
+/// enough to draw indices, and no dependency).
+struct Draws(u64);
+
+impl Draws {
+    fn new() -> Self {
+        Self(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// An index below `n` (`n` > 0).
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        #[expect(clippy::cast_possible_truncation, reason = "the modulus is a usize")]
+        let index = (self.0 % n as u64) as usize;
+        index
+    }
+}
+
+/// The 5th and 95th percentiles of `values`.
+fn interval_90(mut values: Vec<f64>) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (percentile(&values, 5), percentile(&values, 95))
+}
 
 /// The 90 % interval (5th to 95th percentile) of `statistic` over `rounds` measurement rounds
 /// resampled with replacement. Rounds, not calls, are resampled: what moves a comparison on
@@ -223,27 +249,44 @@ pub fn round_bootstrap(rounds: usize, statistic: impl Fn(&[usize]) -> f64) -> (f
     if rounds == 0 {
         return (0.0, 0.0);
     }
-    // xorshift64: enough to draw indices, and no dependency.
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut draws = Draws::new();
     let mut drawn = vec![0usize; rounds];
-    let mut values: Vec<f64> = (0..RESAMPLES)
+    let values = (0..RESAMPLES)
         .map(|_| {
             for slot in &mut drawn {
-                #[expect(clippy::cast_possible_truncation, reason = "the modulus is a usize")]
-                let index = (next() % rounds as u64) as usize;
-                *slot = index;
+                *slot = draws.below(rounds);
             }
             statistic(&drawn)
         })
         .collect();
-    values.sort_by(f64::total_cmp);
-    (percentile(&values, 5), percentile(&values, 95))
+    interval_90(values)
+}
+
+/// The median of every run's values pooled, and its 90 % interval from resampling runs, then
+/// each drawn run's values (a two-level bootstrap). Whatever one run shares across its rounds
+/// (the host's load in those minutes, what ran before it) widens the interval instead of
+/// hiding in it, as it would if the pooled values were resampled as one sample.
+pub fn run_bootstrap(runs: &[Vec<f64>]) -> (f64, (f64, f64)) {
+    let runs: Vec<&Vec<f64>> = runs.iter().filter(|run| !run.is_empty()).collect();
+    let pooled: Vec<f64> = runs.iter().copied().flatten().copied().collect();
+    if pooled.is_empty() {
+        return (0.0, (0.0, 0.0));
+    }
+    let mut draws = Draws::new();
+    let mut drawn = Vec::with_capacity(pooled.len());
+    let values = (0..RESAMPLES)
+        .map(|_| {
+            drawn.clear();
+            for _ in 0..runs.len() {
+                let run = runs[draws.below(runs.len())];
+                for _ in 0..run.len() {
+                    drawn.push(run[draws.below(run.len())]);
+                }
+            }
+            super::median(&drawn)
+        })
+        .collect();
+    (super::median(&pooled), interval_90(values))
 }
 
 /// `value` against `base`, in percent (positive: slower).
@@ -366,6 +409,35 @@ mod tests {
             "the same draws each run"
         );
         assert_eq!(round_bootstrap(0, mean(&spread)), (0.0, 0.0));
+    }
+
+    #[test]
+    fn pooled_runs_that_disagree_widen_the_interval_that_rounds_alone_would_give() {
+        // Four runs whose rounds agree within each run, 2 points apart from run to run.
+        let runs: Vec<Vec<f64>> = (0..4)
+            .map(|run| {
+                (0..16)
+                    .map(|round| 1.0 + 2.0 * f64::from(run) + 0.01 * f64::from(round))
+                    .collect()
+            })
+            .collect();
+        let (median, (low, high)) = run_bootstrap(&runs);
+        let pooled: Vec<f64> = runs.iter().flatten().copied().collect();
+        assert!((median - super::super::median(&pooled)).abs() < 1e-9);
+        let (round_low, round_high) = round_bootstrap(pooled.len(), |drawn| {
+            super::super::median(&drawn.iter().map(|&i| pooled[i]).collect::<Vec<_>>())
+        });
+        assert!(
+            high - low > 1.5 * (round_high - round_low),
+            "runs resampled: ({low}, {high}); rounds only: ({round_low}, {round_high})"
+        );
+        assert!(low <= median && median <= high);
+        assert_eq!(
+            run_bootstrap(&[vec![2.0; 4], Vec::new(), vec![2.0; 4]]),
+            (2.0, (2.0, 2.0)),
+            "a run without rounds is left out"
+        );
+        assert_eq!(run_bootstrap(&[]), (0.0, (0.0, 0.0)));
     }
 
     #[test]
