@@ -71,7 +71,7 @@ enum Command {
     BenchPool {
         /// JSON files written by `cargo xtask bench` (with or without --trace-overhead-only),
         /// all of one binary.
-        #[arg(required = true)]
+        #[arg(num_args = 2.., required = true)]
         files: Vec<std::path::PathBuf>,
     },
     /// Build, then wire sandboxes in private namespaces and show them (needs root).

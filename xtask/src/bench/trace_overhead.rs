@@ -905,3 +905,53 @@ impl Results {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Results of [`ROUNDS`] rounds, every call `ms` milliseconds, with tracing adding 2 %.
+    fn results(ms: f64) -> Results {
+        let calls = |factor: f64| vec![Duration::from_secs_f64(ms * factor / 1e3); 8];
+        let round: RoundWalls = [[calls(1.0), calls(1.02)], [calls(0.5), calls(0.51)]];
+        Results {
+            sendmsg_off_ns: vec![700.0; ROUNDS],
+            sendmsg_on_ns: vec![714.0; ROUNDS],
+            sendmsg_null_ns: vec![710.0; ROUNDS],
+            sendmsg_paused_ns: vec![700.0; ROUNDS],
+            bpf_null_sendmsg: Spent::default(),
+            sends_null: 0,
+            bpf_on_sendmsg: Spent::default(),
+            sends_on: 0,
+            bpf_on_add: Spent::default(),
+            tracer_thread_on_add: Duration::ZERO,
+            adds_on: 0,
+            plugin_add_off: Samples::default(),
+            plugin_add_on: Samples::default(),
+            api_add_off: Samples::default(),
+            api_add_on: Samples::default(),
+            round_walls: vec![round; ROUNDS],
+            remeasured: 0,
+        }
+    }
+
+    #[test]
+    fn the_json_holds_every_per_round_figure_the_pool_reads() {
+        let section = results(1.0).json();
+        for pointer in super::super::pool::figure_pointers() {
+            let figures = section
+                .pointer(pointer)
+                .and_then(Value::as_array)
+                .unwrap_or_else(|| panic!("no array at {pointer}"));
+            assert_eq!(figures.len(), ROUNDS, "{pointer}");
+            assert!(
+                figures.iter().all(|f| f.as_f64().is_some_and(|f| f > 0.0)),
+                "{pointer}"
+            );
+        }
+        let slowdown = section["plugin_add"]["by_round"]["slower_percent"]
+            .as_f64()
+            .expect("plugin slowdown");
+        assert!((slowdown - 2.0).abs() < 1e-6, "{slowdown}");
+    }
+}
