@@ -92,6 +92,7 @@ const TMPFS_DIR: &str = "/dev/shm";
 pub(super) const TARGET_PERCENT: f64 = 5.0;
 
 /// What the rounds measured.
+#[derive(Default)]
 pub struct Results {
     /// Nanoseconds of CPU per sendto, one per round.
     sendmsg_off_ns: Vec<f64>,
@@ -163,25 +164,7 @@ pub fn run(bin: &Path) -> Result<Results> {
     );
     let files = files_on_tmpfs()?;
     let node = Netns::new("ovhnode")?;
-    let mut results = Results {
-        sendmsg_off_ns: Vec::new(),
-        sendmsg_on_ns: Vec::new(),
-        sendmsg_null_ns: Vec::new(),
-        sendmsg_paused_ns: Vec::new(),
-        bpf_null_sendmsg: Spent::default(),
-        sends_null: 0,
-        bpf_on_sendmsg: Spent::default(),
-        sends_on: 0,
-        bpf_on_add: Spent::default(),
-        tracer_thread_on_add: Duration::ZERO,
-        adds_on: 0,
-        plugin_add_off: Samples::default(),
-        plugin_add_on: Samples::default(),
-        api_add_off: Samples::default(),
-        api_add_on: Samples::default(),
-        round_walls: Vec::new(),
-        remeasured: 0,
-    };
+    let mut results = Results::default();
     for round in 0..ROUNDS {
         let order = if round % 2 == 0 {
             [Tracing::Off, Tracing::On]
@@ -919,19 +902,8 @@ mod tests {
             sendmsg_on_ns: vec![714.0; ROUNDS],
             sendmsg_null_ns: vec![710.0; ROUNDS],
             sendmsg_paused_ns: vec![700.0; ROUNDS],
-            bpf_null_sendmsg: Spent::default(),
-            sends_null: 0,
-            bpf_on_sendmsg: Spent::default(),
-            sends_on: 0,
-            bpf_on_add: Spent::default(),
-            tracer_thread_on_add: Duration::ZERO,
-            adds_on: 0,
-            plugin_add_off: Samples::default(),
-            plugin_add_on: Samples::default(),
-            api_add_off: Samples::default(),
-            api_add_on: Samples::default(),
             round_walls: vec![round; ROUNDS],
-            remeasured: 0,
+            ..Results::default()
         }
     }
 
