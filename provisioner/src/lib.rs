@@ -13,5 +13,6 @@ pub mod failpoint;
 pub mod ipam;
 pub mod memory;
 pub mod metrics;
+pub mod pod;
 pub mod sandbox;
 pub mod trace;

@@ -281,7 +281,8 @@ impl Collector for TraceCollector {
     }
 }
 
-/// Serves `GET /metrics` on `addr` until the task is dropped. `refresh` runs before each
+/// Serves `GET /metrics`, `/healthz` (200 while the process serves) and `/readyz` (200 while
+/// `provisioner_ready` is 1, else 503) on `addr` until the task is dropped. `refresh` runs before each
 /// scrape to copy values that live elsewhere (readiness, tracer counters) into the metrics.
 pub async fn serve(
     addr: SocketAddr,
@@ -305,16 +306,27 @@ pub async fn serve(
                 _ => return,
             };
             let request = String::from_utf8_lossy(&head[..n]);
-            let response = if request.starts_with("GET /metrics") {
-                refresh(&metrics);
-                let body = metrics.encode();
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_owned()
+            let path = request
+                .strip_prefix("GET ")
+                .and_then(|rest| rest.split([' ', '?']).next())
+                .unwrap_or("");
+            let response = match path {
+                "/metrics" => {
+                    refresh(&metrics);
+                    http_response("200 OK", "text/plain; version=0.0.4", &metrics.encode())
+                }
+                // Alive: the process answers, ready or not ("not ready" is a normal state of a
+                // node without a pod CIDR yet, not a reason to restart it).
+                "/healthz" => http_response("200 OK", "text/plain", "ok\n"),
+                "/readyz" if metrics.ready.get() == 1 => {
+                    http_response("200 OK", "text/plain", "ready\n")
+                }
+                "/readyz" => http_response(
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "not ready (`provisioner status` says why)\n",
+                ),
+                _ => http_response("404 Not Found", "text/plain", ""),
             };
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
@@ -323,6 +335,13 @@ pub async fn serve(
             .await;
         });
     }
+}
+
+fn http_response(status: &str, content_type: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 #[cfg(test)]

@@ -86,10 +86,10 @@ pub struct CniArgs {
 }
 
 impl CniArgs {
-    pub const K8S_POD_NAMESPACE: &'static str = "K8S_POD_NAMESPACE";
-    pub const K8S_POD_NAME: &'static str = "K8S_POD_NAME";
-    pub const K8S_POD_INFRA_CONTAINER_ID: &'static str = "K8S_POD_INFRA_CONTAINER_ID";
-    pub const K8S_POD_UID: &'static str = "K8S_POD_UID";
+    pub const K8S_POD_NAMESPACE: &'static str = crate::pod::K8S_POD_NAMESPACE;
+    pub const K8S_POD_NAME: &'static str = crate::pod::K8S_POD_NAME;
+    pub const K8S_POD_INFRA_CONTAINER_ID: &'static str = crate::pod::K8S_POD_INFRA_CONTAINER_ID;
+    pub const K8S_POD_UID: &'static str = crate::pod::K8S_POD_UID;
 
     /// Parses `K=V;K=V`. Empty segments are skipped; a segment without `=` or with an empty key
     /// is code 4. A value may itself contain `=`.
@@ -134,6 +134,11 @@ impl CniArgs {
 
     pub fn k8s_pod_uid(&self) -> Option<&str> {
         self.get(Self::K8S_POD_UID)
+    }
+
+    /// The pod these arguments name (see [`crate::pod::Pod::from_pairs`]).
+    pub fn pod(&self) -> Option<crate::pod::Pod> {
+        crate::pod::Pod::from_pairs(self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 }
 
