@@ -7,6 +7,9 @@
 //! [`PodName::Unknown`] with the reason, never a guess.
 
 use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
@@ -150,6 +153,18 @@ impl fmt::Display for PodName {
             Self::Unknown { reason } => write!(f, "pod unknown ({reason})"),
         }
     }
+}
+
+/// Asks who a sandbox namespace belongs to where no CNI call named it (the node's runtime over
+/// CRI). The kernel watch calls it at most once per namespace, off the ADD path.
+pub trait PodResolver: Send + Sync {
+    /// The pod whose sandbox uses the network namespace at one of `netns_paths` (the files
+    /// that may be it, most likely first), or why none can be named. Bounded in time by the
+    /// resolver itself.
+    fn pod_of_netns<'a>(
+        &'a self,
+        netns_paths: &'a [PathBuf],
+    ) -> Pin<Box<dyn Future<Output = PodName> + Send + 'a>>;
 }
 
 /// A sandbox or container id as `crictl` shows it: its first 8 characters.
