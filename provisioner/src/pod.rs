@@ -159,12 +159,22 @@ impl fmt::Display for PodName {
 /// CRI). The kernel watch calls it at most once per namespace, off the ADD path.
 pub trait PodResolver: Send + Sync {
     /// The pod whose sandbox uses the network namespace at one of `netns_paths` (the files
-    /// that may be it, most likely first), or why none can be named. Bounded in time by the
-    /// resolver itself.
+    /// that may be it, most likely first), or why none can be named. `creator` is the process
+    /// that created the namespace, when the trace saw it: its runtime is the one to ask (its
+    /// CRI socket is found from its command line and config, as its CNI conf dir is). Bounded
+    /// in time by the resolver itself.
     fn pod_of_netns<'a>(
         &'a self,
         netns_paths: &'a [PathBuf],
+        creator: Option<&'a NetnsCreator>,
     ) -> Pin<Box<dyn Future<Output = PodName> + Send + 'a>>;
+}
+
+/// The process that created a namespace, as a [`PodResolver`] needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetnsCreator {
+    pub pid: u32,
+    pub comm: String,
 }
 
 /// A sandbox or container id as `crictl` shows it: its first 8 characters.
