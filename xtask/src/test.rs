@@ -8,6 +8,9 @@ use anyhow::{Context, Result, bail};
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
 use crate::{bootstrap, ebpf};
 
+/// Every host crate of the workspace: the default members leave out `tests` (see Cargo.toml).
+const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
+
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
     bootstrap::apt_packages()?;
     ebpf::build()?;
@@ -19,14 +22,17 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
                 .current_dir(&root)
                 .args(["fmt", "--all", "--check"]),
         )?;
-        announce("lint", "cargo clippy --all-targets -- -D warnings");
-        run_command(cargo("stable").current_dir(&root).args([
-            "clippy",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
+        announce(
+            "lint",
+            "cargo clippy --all-targets --workspace -- -D warnings",
+        );
+        run_command(
+            cargo("stable")
+                .current_dir(&root)
+                .args(["clippy", "--all-targets"])
+                .args(WORKSPACE)
+                .args(["--", "-D", "warnings"]),
+        )?;
     }
     announce(
         "build",
@@ -45,6 +51,7 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         cargo("stable")
             .current_dir(&root)
             .args(["test", "--no-fail-fast"])
+            .args(WORKSPACE)
             .args(cargo_test_args),
     )?;
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
