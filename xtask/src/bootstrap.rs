@@ -1,5 +1,5 @@
 //! Installing what a fresh machine lacks: apt packages, the rust-src component, the release
-//! build's target, bpf-linker.
+//! build's target, bpf-linker, cargo-machete.
 //! Every step is announced and skipped when its result is already present.
 
 use std::path::{Path, PathBuf};
@@ -11,6 +11,9 @@ use crate::step::{announce, cargo, detail, output, run};
 
 /// bpf-linker release known to build here (see docs/kernel-and-ebpf.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// cargo-machete release the lint step runs (unused dependencies).
+const CARGO_MACHETE_VERSION: &str = "0.9.2";
 
 /// The toolchain that builds the eBPF crate and how to invoke it.
 pub struct EbpfToolchain {
@@ -153,6 +156,30 @@ pub fn tools_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(|| PathBuf::from("/var/cache"));
     cache.join("provisioner-tools")
+}
+
+/// Makes sure `cargo-machete` is installed; returns its path.
+pub fn cargo_machete() -> Result<PathBuf> {
+    announce(
+        "bootstrap",
+        &format!("cargo-machete {CARGO_MACHETE_VERSION}"),
+    );
+    let root = tools_dir();
+    let bin = root.join("bin").join("cargo-machete");
+    if bin.exists() {
+        detail(&format!("present in {}, skipping", bin.display()));
+        return Ok(bin);
+    }
+    detail("building it; this takes about a minute");
+    run(cargo("stable")
+        .args([
+            "install",
+            &format!("cargo-machete@{CARGO_MACHETE_VERSION}"),
+            "--locked",
+        ])
+        .arg("--root")
+        .arg(&root))?;
+    Ok(bin)
 }
 
 /// Makes sure a working `bpf-linker` exists; returns the directory to put first on PATH.

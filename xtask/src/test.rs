@@ -1,7 +1,7 @@
 //! `cargo xtask test`: everything CI runs.
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
@@ -33,6 +33,9 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
                 .args(WORKSPACE)
                 .args(["--", "-D", "warnings"]),
         )?;
+        let machete = bootstrap::cargo_machete()?;
+        announce("lint", "cargo machete (no unused dependency)");
+        run_command(Command::new(machete).current_dir(&root))?;
     }
     announce(
         "build",
