@@ -13,6 +13,7 @@ pub mod failpoint;
 pub mod ipam;
 pub mod memory;
 pub mod metrics;
+pub mod names;
 pub mod pod;
 pub mod sandbox;
 pub mod trace;
