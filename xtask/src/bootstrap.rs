@@ -9,6 +9,11 @@ use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, cargo, detail, output, run};
 
+/// The rules provisioner's build script follows too (one copy, included by both).
+mod shared {
+    include!("../../provisioner-common/build_support/ebpf_toolchain.rs");
+}
+
 /// bpf-linker release known to build here (see docs/kernel-and-ebpf.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -80,16 +85,10 @@ pub fn ebpf_toolchain() -> Result<EbpfToolchain> {
     announce("bootstrap", "toolchain for the eBPF crate");
     let list = output(Command::new("rustup").args(["toolchain", "list"]))
         .context("`rustup toolchain list` failed: rustup is required")?;
-    let toolchain = if list.lines().any(|l| l.starts_with("nightly")) {
-        EbpfToolchain {
-            name: "nightly".into(),
-            needs_bootstrap_env: false,
-        }
-    } else {
-        EbpfToolchain {
-            name: "stable".into(),
-            needs_bootstrap_env: true,
-        }
+    let (name, needs_bootstrap_env) = shared::ebpf_toolchain_choice(&list);
+    let toolchain = EbpfToolchain {
+        name: name.into(),
+        needs_bootstrap_env,
     };
     detail(&format!(
         "using {}{}",
@@ -151,11 +150,7 @@ pub fn release_target(target: &str) -> Result<()> {
 
 /// Where provisioner keeps the tools it builds for itself.
 pub fn tools_dir() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"));
-    cache.join("provisioner-tools")
+    shared::tools_dir()
 }
 
 /// Makes sure `cargo-machete` is installed; returns its path.

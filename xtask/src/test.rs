@@ -13,7 +13,7 @@ const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
 
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
     bootstrap::apt_packages()?;
-    ebpf::build()?;
+    ebpf::prepare()?;
     let root = workspace_root();
     if lint {
         announce("lint", "cargo fmt --check");
