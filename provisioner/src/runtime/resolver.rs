@@ -79,12 +79,15 @@ impl CriResolver {
         }
     }
 
-    /// The sockets to ask: the override, the creator's runtime's, or (creator unknown) the
-    /// default sockets present on the node.
+    /// The sockets to ask: the override (named after the creator's runtime when its name
+    /// tells, else after what the socket reports), the creator's runtime's, or (creator
+    /// unknown) the default sockets present on the node.
     fn endpoints(&self, creator: Option<&NetnsCreator>) -> Result<Vec<CriEndpoint>, String> {
         if let Some(socket) = &self.socket_override {
             return Ok(vec![CriEndpoint {
-                runtime: None,
+                runtime: creator
+                    .and_then(|c| socket::runtime_of_comm(&c.comm))
+                    .map(str::to_owned),
                 socket: socket.clone(),
             }]);
         }

@@ -80,6 +80,15 @@ pub fn endpoint_of(pid: u32, comm: &str) -> Option<CriEndpoint> {
     }
 }
 
+/// The CRI runtime a process named `comm` belongs to, when only its name can tell.
+pub fn runtime_of_comm(comm: &str) -> Option<&'static str> {
+    match comm {
+        c if c.starts_with("containerd") => Some("containerd"),
+        "crio" | "pinns" => Some("cri-o"),
+        _ => None,
+    }
+}
+
 /// The default sockets of the CRI runtimes that exist on this node (containerd's first).
 pub fn default_endpoints() -> Vec<CriEndpoint> {
     [containerd_at(CONTAINERD_SOCKET), crio_at(CRIO_SOCKET)]
