@@ -49,7 +49,8 @@ impl CriResolver {
         self
     }
 
-    /// The pod whose sandbox uses one of `netns_paths`, or why none can be named.
+    /// The pod whose sandbox uses one of `netns_paths`, or why none can be named; within the
+    /// resolver's timeout, every socket asked included.
     pub async fn resolve(
         &self,
         netns_paths: &[PathBuf],
@@ -59,19 +60,18 @@ impl CriResolver {
             Ok(endpoints) => endpoints,
             Err(reason) => return PodName::Unknown { reason },
         };
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut unknown = Vec::new();
         for endpoint in endpoints {
             let lookup = self.lookup(&endpoint, netns_paths);
-            let answer = match tokio::time::timeout(self.timeout, lookup).await {
-                Ok(answer) => answer,
+            match tokio::time::timeout_at(deadline, lookup).await {
+                Ok(Ok(known @ PodName::Known { .. })) => return known,
+                Ok(Ok(PodName::Unknown { reason }) | Err(reason)) => unknown.push(reason),
                 Err(_) => {
                     tracing::debug!(socket = %endpoint.socket.display(), timeout = ?self.timeout, "CRI lookup timed out");
-                    Err(format!("{endpoint} did not answer"))
+                    unknown.push(format!("{endpoint} did not answer"));
+                    break;
                 }
-            };
-            match answer {
-                Ok(known @ PodName::Known { .. }) => return known,
-                Ok(PodName::Unknown { reason }) | Err(reason) => unknown.push(reason),
             }
         }
         PodName::Unknown {
@@ -116,29 +116,26 @@ impl CriResolver {
     /// One lookup on one socket: `Ok` with the pod or why the runtime cannot name it, `Err`
     /// when the socket gave no usable answer.
     async fn lookup(&self, endpoint: &CriEndpoint, wanted: &[PathBuf]) -> Result<PodName, String> {
-        let unanswered = |err: CriError| match err {
-            CriError::Unreachable(detail) => {
-                tracing::debug!(socket = %endpoint.socket.display(), %detail, "CRI socket did not answer");
-                format!("{endpoint} did not answer")
-            }
-            refused => format!("{endpoint}: {refused}"),
-        };
         let mut client = CriClient::connect(&endpoint.socket)
             .await
-            .map_err(unanswered)?;
+            .map_err(|e| unanswered(endpoint, e))?;
         let endpoint = match &endpoint.runtime {
             Some(_) => endpoint.clone(),
             None => CriEndpoint {
-                runtime: Some(client.runtime_name().await.map_err(unanswered)?)
-                    .filter(|n| !n.is_empty()),
+                runtime: Some(
+                    client
+                        .runtime_name()
+                        .await
+                        .map_err(|e| unanswered(endpoint, e))?,
+                )
+                .filter(|n| !n.is_empty()),
                 socket: endpoint.socket.clone(),
             },
         };
-        let unanswered = |err: CriError| match err {
-            CriError::Unreachable(_) => format!("{endpoint} did not answer"),
-            refused => format!("{endpoint}: {refused}"),
-        };
-        let mut sandboxes = client.sandboxes().await.map_err(unanswered)?;
+        let mut sandboxes = client
+            .sandboxes()
+            .await
+            .map_err(|e| unanswered(&endpoint, e))?;
         // A sandbox no plugin ran for is most likely NOTREADY and recent.
         sandboxes.sort_by_key(|s| {
             (
@@ -219,6 +216,17 @@ impl CriResolver {
             .entry(socket.to_path_buf())
             .or_default()
             .insert(id.to_owned(), netns);
+    }
+}
+
+/// Why `endpoint` gave no usable answer, in words; what the transport said goes to the log.
+fn unanswered(endpoint: &CriEndpoint, err: CriError) -> String {
+    match err {
+        CriError::Unreachable(detail) => {
+            tracing::debug!(socket = %endpoint.socket.display(), %detail, "CRI socket did not answer");
+            format!("{endpoint} did not answer")
+        }
+        refused => format!("{endpoint}: {refused}"),
     }
 }
 
