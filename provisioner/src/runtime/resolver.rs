@@ -6,6 +6,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -63,13 +64,22 @@ impl CriResolver {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut unknown = Vec::new();
         for endpoint in endpoints {
-            let lookup = self.lookup(&endpoint, netns_paths);
+            let listed = AtomicBool::new(false);
+            let lookup = self.lookup(&endpoint, netns_paths, &listed);
             match tokio::time::timeout_at(deadline, lookup).await {
                 Ok(Ok(known @ PodName::Known { .. })) => return known,
                 Ok(Ok(PodName::Unknown { reason }) | Err(reason)) => unknown.push(reason),
                 Err(_) => {
                     tracing::debug!(socket = %endpoint.socket.display(), timeout = ?self.timeout, "CRI lookup timed out");
-                    unknown.push(format!("{endpoint} did not answer"));
+                    unknown.push(if listed.load(Ordering::Relaxed) {
+                        format!(
+                            "no CNI plugin ran and {}'s sandboxes could not all be read within {} ms",
+                            endpoint.runtime_name(),
+                            self.timeout.as_millis()
+                        )
+                    } else {
+                        format!("{endpoint} did not answer")
+                    });
                     break;
                 }
             }
@@ -114,8 +124,14 @@ impl CriResolver {
     }
 
     /// One lookup on one socket: `Ok` with the pod or why the runtime cannot name it, `Err`
-    /// when the socket gave no usable answer.
-    async fn lookup(&self, endpoint: &CriEndpoint, wanted: &[PathBuf]) -> Result<PodName, String> {
+    /// when the socket gave no usable answer. `listed` is set once the runtime listed its
+    /// sandboxes (the statuses read until the deadline stay cached for the next lookup).
+    async fn lookup(
+        &self,
+        endpoint: &CriEndpoint,
+        wanted: &[PathBuf],
+        listed: &AtomicBool,
+    ) -> Result<PodName, String> {
         let mut client = CriClient::connect(&endpoint.socket)
             .await
             .map_err(|e| unanswered(endpoint, e))?;
@@ -136,6 +152,7 @@ impl CriResolver {
             .sandboxes()
             .await
             .map_err(|e| unanswered(&endpoint, e))?;
+        listed.store(true, Ordering::Relaxed);
         // A sandbox no plugin ran for is most likely NOTREADY and recent.
         sandboxes.sort_by_key(|s| {
             (
@@ -298,6 +315,28 @@ mod tests {
             PodName::Unknown {
                 reason: format!("CRI socket {} did not answer", socket.display())
             }
+        );
+    }
+
+    #[tokio::test]
+    async fn an_overridden_socket_is_named_after_the_creators_runtime() {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("gone.sock");
+        let resolver =
+            CriResolver::new(Some(PathBuf::from(format!("unix://{}", socket.display()))));
+        let creator = NetnsCreator {
+            pid: u32::MAX,
+            comm: "containerd".to_owned(),
+        };
+        let answer = resolver
+            .resolve(&[PathBuf::from("/run/netns/x")], Some(&creator))
+            .await;
+        assert_eq!(
+            answer.to_string(),
+            format!(
+                "pod unknown (containerd's CRI socket {} did not answer)",
+                socket.display()
+            )
         );
     }
 
