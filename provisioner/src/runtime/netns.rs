@@ -35,19 +35,35 @@ pub fn normalize(path: &Path) -> PathBuf {
     }
 }
 
-/// Whether `sandbox_netns` (a runtime's path) is one of `wanted`: the same path once
-/// normalised, or two files that are the same namespace now (same device and inode).
-pub fn is_one_of(sandbox_netns: &Path, wanted: &[PathBuf]) -> bool {
-    let path = normalize(sandbox_netns);
-    if wanted.iter().any(|w| normalize(w) == path) {
-        return true;
+/// The namespace files a lookup asks about: their normalised paths, and the (device, inode)
+/// of those that exist when the lookup starts.
+pub struct Wanted {
+    paths: Vec<PathBuf>,
+    files: Vec<(u64, u64)>,
+}
+
+impl Wanted {
+    pub fn new(paths: &[PathBuf]) -> Self {
+        Self {
+            paths: paths.iter().map(|p| normalize(p)).collect(),
+            files: paths
+                .iter()
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| (m.dev(), m.ino()))
+                .collect(),
+        }
     }
-    let Ok(ours) = std::fs::metadata(&path) else {
-        return false;
-    };
-    wanted
-        .iter()
-        .any(|w| std::fs::metadata(w).is_ok_and(|m| m.dev() == ours.dev() && m.ino() == ours.ino()))
+
+    /// Whether `sandbox_netns` (a runtime's path) is one of them: the same path once
+    /// normalised, or the same file (device and inode) now.
+    pub fn matches(&self, sandbox_netns: &Path) -> bool {
+        let path = normalize(sandbox_netns);
+        if self.paths.contains(&path) {
+            return true;
+        }
+        !self.files.is_empty()
+            && std::fs::metadata(&path).is_ok_and(|m| self.files.contains(&(m.dev(), m.ino())))
+    }
 }
 
 #[cfg(test)]
@@ -57,6 +73,10 @@ mod tests {
     /// What containerd 1.6 answered for a NOTREADY sandbox (trimmed to the keys read and a few
     /// around them).
     const CONTAINERD_INFO: &str = r#"{"pid":0,"processStatus":"deleted","netNamespaceClosed":false,"image":"localhost/pause:latest","snapshotKey":"4bf9","snapshotter":"overlayfs","runtimeHandler":"","runtimeType":"io.containerd.runc.v2","runtimeOptions":null,"config":{"metadata":{"name":"seed-0","uid":"uid-seed-0","namespace":"default"}},"runtimeSpec":{"ociVersion":"1.0.2-dev","process":{"args":["/pause"]},"linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"uts"},{"type":"mount"},{"type":"network","path":"/var/run/netns/cni-1c7d2b7e-0e3b-7c4e-2f4a-4a8f1d4c5e6f"}]}}}"#;
+
+    fn is_one_of(sandbox_netns: &Path, wanted: &[PathBuf]) -> bool {
+        Wanted::new(wanted).matches(sandbox_netns)
+    }
 
     fn info(json: &str) -> HashMap<String, String> {
         HashMap::from([("info".to_owned(), json.to_owned())])

@@ -1,7 +1,7 @@
 //! [`PodResolver`] over CRI: the runtime that created a namespace is asked which of its
 //! sandboxes uses it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::cri::{CriClient, CriError, PodSandbox, PodSandboxState};
-use super::netns::is_one_of;
+use super::netns::Wanted;
 use super::socket::{self, CONTAINERD_SOCKET, CRIO_SOCKET, CriEndpoint};
 use crate::pod::{
     K8S_POD_INFRA_CONTAINER_ID, K8S_POD_NAME, K8S_POD_NAMESPACE, K8S_POD_UID, NetnsCreator, Pod,
@@ -162,7 +162,8 @@ impl CriResolver {
         });
         let (cached, unread) = self.split_cached(&endpoint.socket, &sandboxes);
         let runtime = endpoint.runtime_name().to_owned();
-        if let Some(found) = cached.iter().find(|(_, netns)| is_one_of(netns, wanted)) {
+        let wanted = Wanted::new(wanted);
+        if let Some(found) = cached.iter().find(|(_, netns)| wanted.matches(netns)) {
             return Ok(named(found.0, &runtime));
         }
         let ids: Vec<String> = unread.iter().map(|s| s.id.clone()).collect();
@@ -178,7 +179,7 @@ impl CriResolver {
         while let Some((i, id, netns)) = statuses.next().await {
             match netns {
                 Ok(netns) => {
-                    let found = netns.as_deref().is_some_and(|n| is_one_of(n, wanted));
+                    let found = netns.as_deref().is_some_and(|n| wanted.matches(n));
                     self.remember(&endpoint.socket, &id, netns);
                     if found && let Some(sandbox) = unread.get(i) {
                         return Ok(named(sandbox, &runtime));
@@ -211,7 +212,8 @@ impl CriResolver {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let known = cache.entry(socket.to_path_buf()).or_default();
-        known.retain(|id, _| sandboxes.iter().any(|s| &s.id == id));
+        let listed: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+        known.retain(|id, _| listed.contains(id.as_str()));
         let mut cached = Vec::new();
         let mut unread = Vec::new();
         for sandbox in sandboxes {
