@@ -5,12 +5,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::dataplane::NetnsSnapshot;
+use crate::pod::{PodName, PodResolver};
 
 use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
 use super::diagnosis::{CniSetup, diagnose};
@@ -101,13 +103,27 @@ pub trait Sink {
 }
 
 /// Options of one tracing run.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DriverOptions {
     pub correlator: CorrelatorConfig,
     /// Judge the sandbox namespaces pinned when tracing starts (from their state).
     pub scan_pins: bool,
     /// The CNI setup assumed for a runtime whose own cannot be read (skip diagnoses).
     pub cni_fallback: CniSetup,
+    /// Asked who a sandbox belongs to when an alarm is due on it and no CNI plugin's
+    /// environment named its pod (at most once per namespace, with the read of its state).
+    pub pod_resolver: Option<Arc<dyn PodResolver>>,
+}
+
+impl std::fmt::Debug for DriverOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverOptions")
+            .field("correlator", &self.correlator)
+            .field("scan_pins", &self.scan_pins)
+            .field("cni_fallback", &self.cni_fallback)
+            .field("pod_resolver", &self.pod_resolver.is_some())
+            .finish()
+    }
 }
 
 /// What a run ends with.
@@ -127,7 +143,8 @@ struct Identified {
 enum Done {
     Identified(Identified),
     Expected(PathBuf, std::io::Result<NetnsRef>),
-    Read(u64, SystemTime, Result<NetnsSnapshot, String>),
+    /// A state read, with the pod resolver's answer when it was asked too.
+    Read(u64, SystemTime, Result<NetnsSnapshot, String>, Option<PodName>),
     Found(PathBuf, SystemTime, Result<NetnsSnapshot, String>),
 }
 
@@ -245,10 +262,11 @@ pub async fn run<S: Sink>(
         while reads_in_flight < CONCURRENT_READS && !queued_reads.is_empty() {
             let request = queued_reads.remove(0);
             reads_in_flight += 1;
+            let resolver = opts.pod_resolver.clone();
             work.spawn(async move {
                 let at = SystemTime::now();
-                let read = read_cookie(&request).await;
-                Done::Read(request.cookie, at, read)
+                let (read, pod) = tokio::join!(read_cookie(&request), resolve_pod(resolver, &request));
+                Done::Read(request.cookie, at, read, pod)
             });
         }
     }
@@ -410,10 +428,15 @@ fn finish(
             }
             (Vec::new(), false)
         }
-        Done::Read(cookie, at, read) => (
-            correlator.snapshot_taken(cookie, read.as_ref().map_err(Clone::clone), at, now),
-            true,
-        ),
+        Done::Read(cookie, at, read, pod) => {
+            if let Some(pod) = pod {
+                correlator.pod_resolved(cookie, pod);
+            }
+            (
+                correlator.snapshot_taken(cookie, read.as_ref().map_err(Clone::clone), at, now),
+                true,
+            )
+        }
         Done::Found(path, at, read) => match read {
             Ok(snapshot) if rules.is_sandbox_pin(&path) => {
                 (correlator.found(path, &snapshot, at, now), false)
@@ -438,6 +461,20 @@ async fn read_state(path: &Path) -> Result<NetnsSnapshot, String> {
             SNAPSHOT_WAIT.as_millis()
         )),
     }
+}
+
+/// Who the sandbox of `request` belongs to, when the request asks and a resolver is at hand.
+async fn resolve_pod(
+    resolver: Option<Arc<dyn PodResolver>>,
+    request: &SnapshotRequest,
+) -> Option<PodName> {
+    let query = request.pod_query.as_ref()?;
+    let resolver = resolver?;
+    Some(
+        resolver
+            .pod_of_netns(&request.paths, query.creator.as_ref())
+            .await,
+    )
 }
 
 /// Reads the state of namespace `request.cookie` from the first of its files that still is it.
@@ -518,6 +555,7 @@ mod tests {
             correlator: CorrelatorConfig::default(),
             scan_pins: false,
             cni_fallback: CniSetup::assumed(Path::new("/nonexistent/cni")),
+            pod_resolver: None,
         };
         let mut correlator = Correlator::new(opts.correlator.clone());
         let mut work = JoinSet::new();

@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use provisioner_common as common;
 
+use super::cni_env::CniEnv;
 use super::netlink_parse::{NlReply, NlRequest, parse_replies, parse_requests};
 
 /// The task that caused an event.
@@ -117,6 +118,19 @@ pub struct Exec {
     pub parent_comm: String,
 }
 
+/// The environment of a binary executed by a runtime or from a CNI plugin directory: the CNI
+/// call it was given, when it was one.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExecEnv {
+    pub parent_pid: u32,
+    pub parent_comm: String,
+    /// `None` when the environment copied holds no `CNI_COMMAND` (or could not be read).
+    pub cni: Option<CniEnv>,
+    /// Bytes of the whole environment and of its end that was copied.
+    pub env_len: u32,
+    pub copied: u32,
+}
+
 /// A bind mount was requested (namespace pinning).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BindMount {
@@ -146,6 +160,7 @@ pub enum EventKind {
     DevGone(DevChange),
     Exec(Exec),
     BindMount(BindMount),
+    ExecEnv(ExecEnv),
 }
 
 impl EventKind {
@@ -161,6 +176,7 @@ impl EventKind {
             Self::DevGone(_) => kind::DEV_GONE,
             Self::Exec(_) => kind::EXEC,
             Self::BindMount(_) => kind::BIND_MOUNT,
+            Self::ExecEnv(_) => kind::EXEC_ENV,
         }
     }
 
@@ -176,6 +192,8 @@ impl EventKind {
             Self::DevUp(d) | Self::DevGone(d) => vec![d.netns.cookie],
             Self::Exec(e) => vec![e.task_netns.cookie],
             Self::BindMount(b) => vec![b.task_netns.cookie],
+            // A plugin runs outside the namespace it is given (named by a path).
+            Self::ExecEnv(_) => Vec::new(),
         }
     }
 }
@@ -332,6 +350,17 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
                 source: comm_string(&r.source),
                 target: comm_string(&r.target),
                 flags: r.flags,
+            })
+        }
+        common::kind::EXEC_ENV => {
+            let r: common::ExecEnv = read_record(bytes, header.kind)?;
+            let copied = (r.copied as usize).min(r.env.len());
+            EventKind::ExecEnv(ExecEnv {
+                parent_pid: r.parent_pid,
+                parent_comm: comm_string(&r.parent_comm),
+                cni: CniEnv::parse(&r.env[..copied], r.copied < r.env_len),
+                env_len: r.env_len,
+                copied: r.copied,
             })
         }
         other => return Err(DecodeError::UnknownKind(other)),

@@ -1,0 +1,219 @@
+//! Which pod a namespace belongs to: named by the environment of a CNI plugin executed for it,
+//! or by a [`crate::pod::PodResolver`]'s answer; and the CNI calls that name a namespace the
+//! correlator does not know yet.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::pod::{Pod, PodName, PodSource};
+use crate::trace::cni_env::CniEnv;
+use crate::trace::events::TraceEvent;
+use crate::trace::sandbox_rules::{PinSource, parse_pin_source};
+
+/// CNI calls kept while the namespace they name is not known yet.
+const MAX_PENDING: usize = 64;
+/// How long such a call waits for its namespace to become known (pinned, created).
+pub(super) const PENDING_FOR: Duration = Duration::from_secs(2);
+
+/// The pod of one namespace, as far as it is known.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PodState {
+    /// Named by a plugin's environment, or the resolver's answer (known or why not).
+    pub named: Option<PodName>,
+    /// A CNI plugin that ran for the namespace without naming a pod.
+    pub plugin_without_pod: Option<String>,
+    /// An alarm is due and the pod is not known: the next read of the state asks a resolver.
+    pub wanted: bool,
+    /// A resolver was asked (at most once per namespace).
+    pub asked: bool,
+}
+
+impl PodState {
+    /// Takes the pod named by a CNI call's environment; the first pod named stays.
+    pub(super) fn plugin_ran(&mut self, plugin: &str, pod: Option<&Pod>) {
+        match pod {
+            Some(pod) if self.named.as_ref().and_then(PodName::known).is_none() => {
+                self.named = Some(PodName::Known {
+                    pod: pod.clone(),
+                    source: PodSource::PluginExec {
+                        plugin: plugin.to_owned(),
+                    },
+                });
+            }
+            Some(_) => {}
+            None => {
+                if self.plugin_without_pod.is_none() {
+                    self.plugin_without_pod = Some(plugin.to_owned());
+                }
+            }
+        }
+    }
+
+    /// Whether a resolver should be asked with the next read of the namespace's state.
+    pub(super) fn take_query(&mut self) -> bool {
+        let ask = self.wanted && !self.asked && self.named.as_ref().is_none_or(is_unknown);
+        if ask {
+            self.asked = true;
+        }
+        self.wanted = false;
+        ask
+    }
+
+    /// A resolver's answer: kept unless a plugin named the pod meanwhile.
+    pub(super) fn resolved(&mut self, answer: PodName) {
+        if self.named.as_ref().and_then(PodName::known).is_none() {
+            self.named = Some(answer);
+        }
+    }
+
+    /// The pod a verdict names: known, or why not.
+    pub(super) fn for_verdict(&self) -> PodName {
+        if let Some(named) = &self.named {
+            return named.clone();
+        }
+        let reason = match &self.plugin_without_pod {
+            Some(plugin) => {
+                format!("CNI plugin {plugin} ran with no K8S_POD_NAME in CNI_ARGS")
+            }
+            None => "no CNI plugin ran and no runtime was asked".to_owned(),
+        };
+        PodName::Unknown { reason }
+    }
+}
+
+fn is_unknown(name: &PodName) -> bool {
+    matches!(name, PodName::Unknown { .. })
+}
+
+/// The pod a CNI call's environment names: `CNI_ARGS`, its sandbox id completed from
+/// `CNI_CONTAINERID` when the runtime gives none.
+pub(super) fn pod_of(cni: &CniEnv) -> Option<Pod> {
+    let mut pod = Pod::from_cni_args(cni.args.as_deref()?)?;
+    if pod.sandbox_id.is_none() && !cni.container_id.is_empty() {
+        pod.sandbox_id = Some(cni.container_id.clone());
+    }
+    Some(pod)
+}
+
+/// How a CNI call names its namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum NetnsName {
+    /// A file, `/var/run` spelled `/run` (the usual link).
+    Path(PathBuf),
+    /// `/proc/<pid>[/task/<tid>]/ns/net`: the namespace of that process.
+    Process { pid: u32, path: PathBuf },
+}
+
+impl NetnsName {
+    /// How `CNI_NETNS` names the namespace; `None` when it names none (empty, or the plugin's
+    /// own `/proc/self`).
+    pub(super) fn parse(netns: &str) -> Option<Self> {
+        if netns.is_empty() {
+            return None;
+        }
+        match parse_pin_source(netns) {
+            Some(PinSource::Task { pid, .. }) => Some(Self::Process {
+                pid,
+                path: PathBuf::from(netns),
+            }),
+            Some(PinSource::Caller) => None,
+            None => Some(Self::Path(normal(Path::new(netns)))),
+        }
+    }
+}
+
+/// `path` with a leading `/var/run` spelled `/run`.
+pub(super) fn normal(path: &Path) -> PathBuf {
+    match path.strip_prefix("/var/run") {
+        Ok(rest) => Path::new("/run").join(rest),
+        Err(_) => path.to_path_buf(),
+    }
+}
+
+/// A CNI call whose namespace was not known when its plugin was executed.
+#[derive(Clone, Debug)]
+pub(super) struct PendingCall {
+    pub event: TraceEvent,
+    pub cni: CniEnv,
+    pub parent: String,
+    pub netns: NetnsName,
+}
+
+/// CNI calls waiting for their namespace, bounded in number and time.
+#[derive(Default)]
+pub(super) struct PendingCalls {
+    calls: VecDeque<PendingCall>,
+    pub dropped: u64,
+}
+
+impl PendingCalls {
+    pub(super) fn push(&mut self, call: PendingCall) {
+        if self.calls.len() >= MAX_PENDING {
+            self.calls.pop_front();
+            self.dropped += 1;
+        }
+        self.calls.push_back(call);
+    }
+
+    /// Takes the calls that `matches` (their namespace became known), and drops the ones that
+    /// waited longer than [`PENDING_FOR`] before `now`.
+    pub(super) fn take(
+        &mut self,
+        now: SystemTime,
+        matches: impl Fn(&NetnsName) -> bool,
+    ) -> Vec<PendingCall> {
+        let before = self.calls.len();
+        self.calls
+            .retain(|c| now.duration_since(c.event.at).unwrap_or_default() <= PENDING_FOR);
+        self.dropped += (before - self.calls.len()) as u64;
+        let (found, waiting): (Vec<_>, Vec<_>) =
+            self.calls.drain(..).partition(|c| matches(&c.netns));
+        self.calls = waiting.into();
+        found
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_names_are_read_as_runtimes_write_them() {
+        assert_eq!(
+            NetnsName::parse("/var/run/netns/cni-1"),
+            Some(NetnsName::Path(PathBuf::from("/run/netns/cni-1")))
+        );
+        assert_eq!(
+            NetnsName::parse("/proc/42/ns/net"),
+            Some(NetnsName::Process {
+                pid: 42,
+                path: PathBuf::from("/proc/42/ns/net")
+            })
+        );
+        assert_eq!(NetnsName::parse(""), None);
+        assert_eq!(NetnsName::parse("/proc/self/ns/net"), None);
+    }
+
+    #[test]
+    fn a_resolver_is_asked_once_and_a_plugin_wins_over_its_answer() {
+        let mut state = PodState::default();
+        assert!(!state.take_query(), "not wanted");
+        state.wanted = true;
+        assert!(state.take_query());
+        state.wanted = true;
+        assert!(!state.take_query(), "asked once");
+        state.resolved(PodName::Unknown {
+            reason: "containerd's CRI socket did not answer".into(),
+        });
+        let pod = Pod::from_cni_args("K8S_POD_NAME=web-0").expect("pod");
+        state.plugin_ran("loopback", Some(&pod));
+        assert_eq!(state.for_verdict().known(), Some(&pod));
+        state.resolved(PodName::Unknown { reason: "x".into() });
+        assert_eq!(state.for_verdict().known(), Some(&pod), "the plugin's pod stays");
+    }
+}
