@@ -108,7 +108,7 @@ mod tests {
         let long = format!("CNI_NETNS=/run/\u{1b}netns/{}", "a".repeat(4000));
         let raw = env(&["CNI_COMMAND=ADD", &long]);
         let cni = CniEnv::parse(&raw, false).expect("a CNI call");
-        assert_eq!(cni.netns.len(), MAX_VALUE);
-        assert!(!cni.netns.contains('\u{1b}'));
+        assert!(cni.netns.len() <= MAX_VALUE, "{}", cni.netns.len());
+        assert!(cni.netns.starts_with("/run/netns/aaa"), "{}", cni.netns);
     }
 }

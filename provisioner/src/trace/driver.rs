@@ -144,7 +144,12 @@ enum Done {
     Identified(Identified),
     Expected(PathBuf, std::io::Result<NetnsRef>),
     /// A state read, with the pod resolver's answer when it was asked too.
-    Read(u64, SystemTime, Result<NetnsSnapshot, String>, Option<PodName>),
+    Read(
+        u64,
+        SystemTime,
+        Result<NetnsSnapshot, String>,
+        Option<PodName>,
+    ),
     Found(PathBuf, SystemTime, Result<NetnsSnapshot, String>),
 }
 
@@ -265,7 +270,8 @@ pub async fn run<S: Sink>(
             let resolver = opts.pod_resolver.clone();
             work.spawn(async move {
                 let at = SystemTime::now();
-                let (read, pod) = tokio::join!(read_cookie(&request), resolve_pod(resolver, &request));
+                let (read, pod) =
+                    tokio::join!(read_cookie(&request), resolve_pod(resolver, &request));
                 Done::Read(request.cookie, at, read, pod)
             });
         }
@@ -588,6 +594,67 @@ mod tests {
         assert!(
             !correlator.is_tracked(own),
             "the older command's identification is dropped"
+        );
+    }
+
+    /// Answers with the pod `web-0`, counting the questions and keeping the last one.
+    #[derive(Default)]
+    struct FakeResolver {
+        asked: std::sync::Mutex<Vec<(Vec<PathBuf>, Option<crate::pod::NetnsCreator>)>>,
+    }
+
+    impl PodResolver for FakeResolver {
+        fn pod_of_netns<'a>(
+            &'a self,
+            netns_paths: &'a [PathBuf],
+            creator: Option<&'a crate::pod::NetnsCreator>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = PodName> + Send + 'a>> {
+            Box::pin(async move {
+                if let Ok(mut asked) = self.asked.lock() {
+                    asked.push((netns_paths.to_vec(), creator.cloned()));
+                }
+                PodName::Known {
+                    pod: crate::pod::Pod::from_cni_args("K8S_POD_NAME=web-0").unwrap_or_default(),
+                    source: crate::pod::PodSource::Cri {
+                        runtime: "containerd".into(),
+                    },
+                }
+            })
+        }
+    }
+
+    /// The resolver is asked only for a read that carries a query, with the namespace's files
+    /// and creator; without a resolver, nothing answers.
+    #[tokio::test]
+    async fn the_resolver_is_asked_only_for_reads_that_carry_a_query() {
+        let fake = Arc::new(FakeResolver::default());
+        let resolver: Arc<dyn PodResolver> = fake.clone();
+        let creator = crate::pod::NetnsCreator {
+            pid: 42,
+            comm: "containerd".into(),
+        };
+        let mut request = SnapshotRequest {
+            cookie: 7,
+            paths: vec![PathBuf::from("/run/netns/cni-1")],
+            pod_query: None,
+        };
+        assert_eq!(resolve_pod(Some(resolver.clone()), &request).await, None);
+        request.pod_query = Some(super::super::PodQuery {
+            creator: Some(creator.clone()),
+        });
+        let answer = resolve_pod(Some(resolver), &request).await;
+        assert_eq!(
+            answer
+                .as_ref()
+                .and_then(PodName::known)
+                .map(|p| p.name.as_str()),
+            Some("web-0")
+        );
+        assert_eq!(resolve_pod(None, &request).await, None);
+        let asked = fake.asked.lock().map(|a| a.clone()).unwrap_or_default();
+        assert_eq!(
+            asked,
+            vec![(vec![PathBuf::from("/run/netns/cni-1")], Some(creator))]
         );
     }
 }

@@ -595,6 +595,66 @@ mod tests {
         }
     }
 
+    /// A plugin's environment as the kernel copies it: its end, the first entry cut when the
+    /// whole did not fit.
+    fn exec_env(entries: &[&str], env_len: u32) -> Vec<u8> {
+        let mut env = [0u8; common::ENV_COPY];
+        let mut at = 0;
+        for e in entries {
+            env[at..at + e.len()].copy_from_slice(e.as_bytes());
+            at += e.len() + 1;
+        }
+        let copied = u32::try_from(at).unwrap_or(0);
+        bytes_of(&common::ExecEnv {
+            header: header(common::kind::EXEC_ENV),
+            parent_pid: 42,
+            env_len: env_len.max(copied),
+            copied,
+            _pad: 0,
+            parent_comm: text("containerd"),
+            env,
+        })
+    }
+
+    #[test]
+    fn a_plugins_environment_decodes_to_its_cni_call() {
+        let entries = [
+            "NT=cut",
+            "CNI_COMMAND=ADD",
+            "CNI_CONTAINERID=4bf9",
+            "CNI_NETNS=/var/run/netns/cni-1",
+            "CNI_ARGS=K8S_POD_NAME=web-0",
+        ];
+        let event = decoded(&exec_env(&entries, 9_000));
+        assert_eq!(
+            (event.kind(), event.netns_cookies()),
+            (common::kind::EXEC_ENV, vec![])
+        );
+        let EventKind::ExecEnv(env) = event else {
+            panic!("not an exec env");
+        };
+        assert_eq!(
+            (env.parent_pid, env.parent_comm.as_str()),
+            (42, "containerd")
+        );
+        assert_eq!(env.env_len, 9_000);
+        let cni = env.cni.expect("a CNI call");
+        assert_eq!(cni.command, "ADD");
+        assert_eq!(cni.netns, "/var/run/netns/cni-1");
+        assert_eq!(cni.args.as_deref(), Some("K8S_POD_NAME=web-0"));
+
+        // Whole (not cut), without CNI_COMMAND: an exec, not a CNI call.
+        let EventKind::ExecEnv(env) = decoded(&exec_env(&["PATH=/bin"], 0)) else {
+            panic!("not an exec env");
+        };
+        assert_eq!(env.cni, None);
+        // Cut, the CNI_COMMAND entry first: not trusted.
+        let EventKind::ExecEnv(env) = decoded(&exec_env(&["CNI_COMMAND=ADD"], 100)) else {
+            panic!("not an exec env");
+        };
+        assert_eq!(env.cni, None);
+    }
+
     #[test]
     fn devices_coming_and_going_are_told_apart() {
         let dev = |kind, dying| {

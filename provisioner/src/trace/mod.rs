@@ -25,8 +25,8 @@ pub use correlator::{
 };
 pub use error::TraceError;
 pub use events::{
-    BindMount, DevChange, EventKind, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
-    NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
+    BindMount, DevChange, EventKind, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply,
+    NetlinkRequest, NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
 };
 /// The ring-buffer record decoder, public for the fuzz targets (fuzz/).
 #[doc(hidden)]

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::events::{EventKind, TraceEvent};
-use crate::pod::{PodName, PodSource, short_id};
 use super::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
+use crate::pod::{PodName, PodSource, short_id};
 
 /// `HH:MM:SS.mmm comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
@@ -89,7 +89,11 @@ pub fn event_line(event: &TraceEvent) -> String {
             b.source, b.target, b.task_netns.cookie
         ),
         EventKind::ExecEnv(x) => {
-            let _ = write!(line, "exec-env (parent {}[{}])", x.parent_comm, x.parent_pid);
+            let _ = write!(
+                line,
+                "exec-env (parent {}[{}])",
+                x.parent_comm, x.parent_pid
+            );
             match &x.cni {
                 Some(cni) => write!(
                     line,

@@ -535,9 +535,10 @@ impl Correlator {
             Vec::new()
         } else {
             let pids = [created.owner_pid, event.task.pid];
-            self.pending_cni.take(event.at, |name| {
-                matches!(name, NetnsName::Process { pid, .. } if pids.contains(pid))
-            })
+            self.pending_cni.take(
+                event.at,
+                |name| matches!(name, NetnsName::Process { pid, .. } if pids.contains(pid)),
+            )
         };
         if let Some(previous) = self.namespaces.insert(netns.cookie, ns)
             && let Some(ns) = self.namespaces.get_mut(&netns.cookie)
@@ -580,9 +581,13 @@ impl Correlator {
         if !ns.add_pin(target.clone()) {
             return None;
         }
-        ns.push(event, Step::Pinned {
-            path: target.clone(),
-        }, None);
+        ns.push(
+            event,
+            Step::Pinned {
+                path: target.clone(),
+            },
+            None,
+        );
         if !self.pending_cni.is_empty() {
             let pin = pods::normal(&target);
             for call in self

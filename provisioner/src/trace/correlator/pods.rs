@@ -214,6 +214,10 @@ mod tests {
         state.plugin_ran("loopback", Some(&pod));
         assert_eq!(state.for_verdict().known(), Some(&pod));
         state.resolved(PodName::Unknown { reason: "x".into() });
-        assert_eq!(state.for_verdict().known(), Some(&pod), "the plugin's pod stays");
+        assert_eq!(
+            state.for_verdict().known(),
+            Some(&pod),
+            "the plugin's pod stays"
+        );
     }
 }
