@@ -215,7 +215,8 @@ pub struct ExecEnv {
     pub env_len: u32,
     /// Bytes copied into `env`: the last `copied` bytes of the environment.
     pub copied: u32,
-    pub _pad: u32,
+    /// The real uid of the process (in the initial user namespace).
+    pub uid: u32,
     pub parent_comm: [u8; COMM_LEN],
     /// NUL-separated `KEY=VALUE` entries; the first one is cut when `copied < env_len`.
     pub env: [u8; ENV_COPY],
@@ -267,7 +268,7 @@ pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 /// fields after the header.
 pub const fn layout_hash() -> u64 {
     use core::mem::{offset_of, size_of};
-    let values: [usize; 29] = [
+    let values: [usize; 30] = [
         ABI_VERSION as usize,
         size_of::<EventHeader>(),
         offset_of!(EventHeader, ts_ns),
@@ -295,6 +296,7 @@ pub const fn layout_hash() -> u64 {
         NETLINK_COPY,
         size_of::<ExecEnv>(),
         offset_of!(ExecEnv, copied),
+        offset_of!(ExecEnv, uid),
         offset_of!(ExecEnv, parent_comm),
         offset_of!(ExecEnv, env),
     ];

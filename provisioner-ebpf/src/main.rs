@@ -17,8 +17,9 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
-        bpf_probe_read_user, bpf_probe_read_user_str_bytes, generated,
+        bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        generated,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -984,7 +985,7 @@ fn emit_exec_env(task: *const u8, parent_pid: u32, parent_comm: [u8; COMM_LEN]) 
         } else {
             env_len as u32
         };
-        (*record)._pad = 0;
+        (*record).uid = bpf_get_current_uid_gid() as u32;
         (*record).parent_comm = parent_comm;
         let n: u32 = if env_len > ENV_COPY as u64 {
             ENV_COPY as u32

@@ -87,8 +87,8 @@ pub fn stand_in_runtime() -> &'static Path {
 
 /// A stand-in runtime running a stand-in CNI plugin: `sh` named `containerd` forks and execs
 /// `/bin/true` named `plugin` (it lives about a millisecond, as containerd's `loopback` does),
-/// with `env` as its whole environment (what containerd hands a plugin).
-pub fn runtime_runs_plugin(plugin: &str, env: &[(&str, &str)]) -> Result<()> {
+/// with `env` as its whole environment (what containerd hands a plugin); as `uid` when given.
+pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)]) -> Result<()> {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| {
         std::env::temp_dir().join(format!("stand-in-cni-runtime-{}", std::process::id()))
@@ -106,7 +106,11 @@ pub fn runtime_runs_plugin(plugin: &str, env: &[(&str, &str)]) -> Result<()> {
         }
     }
     // `&` makes the shell fork, so the plugin's parent is the shell named `containerd`.
-    let status = Command::new(dir.join("containerd"))
+    let mut cmd = Command::new(dir.join("containerd"));
+    if let Some(uid) = uid {
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+    }
+    let status = cmd
         .env_clear()
         .envs(env.iter().copied())
         .arg("-c")

@@ -397,6 +397,7 @@ async fn a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod() 
     blocking(move || {
         runtime_runs_plugin(
             "loopback",
+            None,
             &[
                 ("PATH", "/usr/bin:/bin"),
                 ("CNI_COMMAND", "ADD"),
@@ -482,5 +483,42 @@ async fn a_reference_ptp_sandbox_run_by_hand_with_cni_args_is_named() -> Result<
         "{}",
         timeline_text(&v)
     );
+    Ok(())
+}
+
+/// Any user can run a binary named like a runtime's with any environment: a plugin run by a
+/// user other than root does not name the pod, and the verdict says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_run_by_another_user_than_root_names_no_pod() -> Result<()> {
+    let mut t = tracing().await?;
+    let sb = blocking(sandbox).await?;
+    let netns = format!("/run/netns/{}", sb.name());
+    blocking(move || {
+        runtime_runs_plugin(
+            "loopback",
+            Some(65_534),
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "feedface"),
+                ("CNI_NETNS", &netns),
+                (
+                    "CNI_ARGS",
+                    "K8S_POD_NAMESPACE=default;K8S_POD_NAME=not-this-one",
+                ),
+            ],
+        )
+    })
+    .await?;
+    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let text = timeline_text(&v);
+    assert_eq!(v.verdict, Verdict::Skipped, "{}\n{text}", v.reason);
+    assert_eq!(
+        v.pod,
+        Some(PodName::Unknown {
+            reason: "only CNI plugin loopback run by uid 65534, not root, named one".into()
+        }),
+        "{text}"
+    );
+    assert!(text.contains("not taken: run by uid 65534"), "{text}");
     Ok(())
 }

@@ -124,6 +124,8 @@ pub struct Exec {
 pub struct ExecEnv {
     pub parent_pid: u32,
     pub parent_comm: String,
+    /// The process's real uid: runtimes run their plugins as root.
+    pub uid: u32,
     /// `None` when the environment copied holds no `CNI_COMMAND` (or could not be read).
     pub cni: Option<CniEnv>,
     /// Bytes of the whole environment and of its end that was copied.
@@ -358,6 +360,7 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
             EventKind::ExecEnv(ExecEnv {
                 parent_pid: r.parent_pid,
                 parent_comm: comm_string(&r.parent_comm),
+                uid: r.uid,
                 cni: CniEnv::parse(&r.env[..copied], r.copied < r.env_len),
                 env_len: r.env_len,
                 copied: r.copied,
@@ -610,7 +613,7 @@ mod tests {
             parent_pid: 42,
             env_len: env_len.max(copied),
             copied,
-            _pad: 0,
+            uid: 0,
             parent_comm: text("containerd"),
             env,
         })

@@ -166,6 +166,8 @@ pub enum Step {
         plugin: String,
         /// The process that ran it (the runtime).
         parent: String,
+        /// The plugin's real uid; only root's plugins name a pod.
+        uid: u32,
         /// The pod its `CNI_ARGS` named.
         pod: Option<Pod>,
     },
@@ -211,11 +213,13 @@ impl std::fmt::Display for Step {
                 command,
                 plugin,
                 parent,
+                uid,
                 pod,
             } => {
                 write!(f, "CNI {command} by {plugin} (run by {parent}) ")?;
                 match pod {
-                    Some(pod) => write!(f, "for pod {pod}"),
+                    Some(pod) if *uid == 0 => write!(f, "for pod {pod}"),
+                    Some(pod) => write!(f, "for pod {pod}, not taken: run by uid {uid}, not root"),
                     None => f.write_str("naming no pod (no K8S_POD_NAME in CNI_ARGS)"),
                 }
             }

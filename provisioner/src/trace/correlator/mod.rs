@@ -609,6 +609,7 @@ impl Correlator {
             event: event.clone(),
             cni: cni.clone(),
             parent: env.parent_comm.clone(),
+            uid: env.uid,
             netns,
         };
         let Some(cookie) = self.named_netns(&call.netns) else {
@@ -650,13 +651,14 @@ impl Correlator {
         };
         let pod = pods::pod_of(&call.cni);
         let plugin = call.event.task.comm.clone();
-        ns.pod.plugin_ran(&plugin, pod.as_ref());
+        ns.pod.plugin_ran(&plugin, call.uid, pod.as_ref());
         ns.push(
             &call.event,
             Step::CniCall {
                 command: call.cni.command.clone(),
                 plugin,
                 parent: call.parent.clone(),
+                uid: call.uid,
                 pod,
             },
             None,

@@ -23,6 +23,9 @@ pub(super) struct PodState {
     pub named: Option<PodName>,
     /// A CNI plugin that ran for the namespace without naming a pod.
     pub plugin_without_pod: Option<String>,
+    /// A plugin not run by root that named a pod (not taken: any user can exec a binary with
+    /// any environment), and its uid.
+    pub untrusted: Option<(String, u32)>,
     /// An alarm is due and the pod is not known: the next read of the state asks a resolver.
     pub wanted: bool,
     /// A resolver was asked (at most once per namespace).
@@ -30,8 +33,15 @@ pub(super) struct PodState {
 }
 
 impl PodState {
-    /// Takes the pod named by a CNI call's environment; the first pod named stays.
-    pub(super) fn plugin_ran(&mut self, plugin: &str, pod: Option<&Pod>) {
+    /// Takes the pod named by a CNI call's environment (of a plugin run by `uid`: only root's
+    /// are believed); the first pod named stays.
+    pub(super) fn plugin_ran(&mut self, plugin: &str, uid: u32, pod: Option<&Pod>) {
+        if uid != 0 {
+            if pod.is_some() && self.untrusted.is_none() {
+                self.untrusted = Some((plugin.to_owned(), uid));
+            }
+            return;
+        }
         match pod {
             Some(pod) if self.named.as_ref().and_then(PodName::known).is_none() => {
                 self.named = Some(PodName::Known {
@@ -72,11 +82,14 @@ impl PodState {
         if let Some(named) = &self.named {
             return named.clone();
         }
-        let reason = match &self.plugin_without_pod {
-            Some(plugin) => {
+        let reason = match (&self.plugin_without_pod, &self.untrusted) {
+            (Some(plugin), _) => {
                 format!("CNI plugin {plugin} ran with no K8S_POD_NAME in CNI_ARGS")
             }
-            None => "no CNI plugin ran and no runtime was asked".to_owned(),
+            (None, Some((plugin, uid))) => {
+                format!("only CNI plugin {plugin} run by uid {uid}, not root, named one")
+            }
+            (None, None) => "no CNI plugin ran and no runtime was asked".to_owned(),
         };
         PodName::Unknown { reason }
     }
@@ -137,6 +150,7 @@ pub(super) struct PendingCall {
     pub event: TraceEvent,
     pub cni: CniEnv,
     pub parent: String,
+    pub uid: u32,
     pub netns: NetnsName,
 }
 
@@ -211,7 +225,9 @@ mod tests {
             reason: "containerd's CRI socket did not answer".into(),
         });
         let pod = Pod::from_cni_args("K8S_POD_NAME=web-0").expect("pod");
-        state.plugin_ran("loopback", Some(&pod));
+        state.plugin_ran("loopback", 1000, Some(&pod));
+        assert_eq!(state.for_verdict().known(), None, "not root: not taken");
+        state.plugin_ran("loopback", 0, Some(&pod));
         assert_eq!(state.for_verdict().known(), Some(&pod));
         state.resolved(PodName::Unknown { reason: "x".into() });
         assert_eq!(

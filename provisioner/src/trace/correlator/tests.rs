@@ -1154,6 +1154,18 @@ fn a_namespace_found_twice_is_judged_once() {
 /// The environment of CNI plugin `plugin` (pid `pid`, run by containerd pid 42) for a call
 /// naming `netns`, with `args` as its `CNI_ARGS`.
 fn cni_exec(ms: u64, pid: u32, plugin: &str, netns: &str, args: Option<&str>) -> TraceEvent {
+    cni_exec_by(0, ms, pid, plugin, netns, args)
+}
+
+/// [`cni_exec`] of a plugin run by `uid`.
+fn cni_exec_by(
+    uid: u32,
+    ms: u64,
+    pid: u32,
+    plugin: &str,
+    netns: &str,
+    args: Option<&str>,
+) -> TraceEvent {
     ev(
         ms,
         pid,
@@ -1161,6 +1173,7 @@ fn cni_exec(ms: u64, pid: u32, plugin: &str, netns: &str, args: Option<&str>) ->
         EventKind::ExecEnv(ExecEnv {
             parent_pid: 42,
             parent_comm: "containerd".into(),
+            uid,
             cni: Some(crate::trace::cni_env::CniEnv {
                 command: "ADD".into(),
                 netns: netns.into(),
@@ -1428,4 +1441,59 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
     };
     assert!(!again.is_empty(), "the alarms are read again");
     assert!(again.iter().all(|r| r.pod_query.is_none()), "{again:?}");
+}
+
+/// Anybody can exec a binary named like a runtime's with any environment: a plugin not run by
+/// root does not name the pod (the verdict says so), and a root one after it still does.
+#[test]
+fn a_plugin_not_run_by_root_names_no_pod() {
+    let mut c = correlator();
+    c.feed(&created(0, 43, "containerd", SANDBOX));
+    c.feed(&pinned_at(1, SANDBOX, "/run/netns/cni-abc"));
+    c.feed(&created(0, 44, "containerd", SANDBOX + 1));
+    c.feed(&pinned_at(1, SANDBOX + 1, "/run/netns/cni-def"));
+    for netns in ["/run/netns/cni-abc", "/run/netns/cni-def"] {
+        c.feed(&cni_exec_by(
+            1000,
+            2,
+            600,
+            "loopback",
+            netns,
+            Some("K8S_POD_NAME=evil"),
+        ));
+    }
+    c.feed(&cni_exec(
+        3,
+        601,
+        "loopback",
+        "/run/netns/cni-def",
+        Some(SEED_ARGS),
+    ));
+    let mut v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
+    v.extend(verdicts(c.feed(&dev(
+        31,
+        SANDBOX + 1,
+        1,
+        "lo",
+        false,
+        true,
+    ))));
+    assert_eq!(v.len(), 2);
+    assert_eq!(
+        v[0].pod,
+        Some(PodName::Unknown {
+            reason: "only CNI plugin loopback run by uid 1000, not root, named one".into()
+        })
+    );
+    let text: Vec<String> = v[0].timeline.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|l| l
+                .contains("for pod evil (sandbox 4bf982a7), not taken: run by uid 1000, not root")),
+        "{text:?}"
+    );
+    assert_eq!(
+        v[1].pod.as_ref().and_then(PodName::known),
+        Some(&seed_pod())
+    );
 }
