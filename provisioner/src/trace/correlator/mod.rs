@@ -620,17 +620,19 @@ impl Correlator {
         Some(cookie)
     }
 
-    /// The tracked namespace a CNI call names.
+    /// The tracked namespace a CNI call names (the latest created, when a pin path was
+    /// reused).
     fn named_netns(&self, name: &NetnsName) -> Option<u64> {
         let has = |path: &std::path::Path| {
             self.namespaces
                 .iter()
-                .find(|(_, ns)| {
+                .filter(|(_, ns)| {
                     ns.pins
                         .iter()
                         .chain(&ns.handles)
-                        .any(|p| pods::normal(p) == path)
+                        .any(|p| pods::spelled_alike(p, path))
                 })
+                .max_by_key(|(_, ns)| ns.created_at)
                 .map(|(cookie, _)| *cookie)
         };
         match name {

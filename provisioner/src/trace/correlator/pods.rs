@@ -144,6 +144,15 @@ pub(super) fn normal(path: &Path) -> PathBuf {
     }
 }
 
+/// Whether `path` is `normal` (a [`normal`] path), `/var/run` spelled `/run`; without
+/// allocating (it is asked of every file of every tracked namespace).
+pub(super) fn spelled_alike(path: &Path, normal: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = path.as_os_str().as_bytes();
+    let normal = normal.as_os_str().as_bytes();
+    path == normal || path.strip_prefix(b"/var".as_slice()) == Some(normal)
+}
+
 /// A CNI call whose namespace was not known when its plugin was executed.
 #[derive(Clone, Debug)]
 pub(super) struct PendingCall {
@@ -210,6 +219,11 @@ mod tests {
             })
         );
         assert_eq!(NetnsName::parse(""), None);
+        let pin = Path::new("/run/netns/cni-1");
+        assert!(spelled_alike(Path::new("/var/run/netns/cni-1"), pin));
+        assert!(spelled_alike(pin, pin));
+        assert!(!spelled_alike(Path::new("/var/run/netns/cni-2"), pin));
+        assert!(!spelled_alike(Path::new("/var/lib/netns/cni-1"), pin));
         assert_eq!(NetnsName::parse("/proc/self/ns/net"), None);
     }
 
