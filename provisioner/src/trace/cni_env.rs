@@ -1,7 +1,9 @@
 //! The `CNI_*` variables of a CNI plugin's environment, as the kernel watch copied it at exec.
 
-/// Longest value kept for a variable (a netns path, a container id, `CNI_ARGS`).
-const MAX_VALUE: usize = 1024;
+/// Longest value kept for a variable: as much as the kernel copies, so that a value is never
+/// cut here (a cut `CNI_ARGS` could name a wrong pod); only the copy's first entry can be cut,
+/// and it is skipped.
+const MAX_VALUE: usize = provisioner_common::ENV_COPY;
 
 /// What a runtime told a CNI plugin it executed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -105,7 +107,7 @@ mod tests {
 
     #[test]
     fn values_are_bounded_and_cleaned() {
-        let long = format!("CNI_NETNS=/run/\u{1b}netns/{}", "a".repeat(4000));
+        let long = format!("CNI_NETNS=/run/\u{1b}netns/{}", "a".repeat(MAX_VALUE));
         let raw = env(&["CNI_COMMAND=ADD", &long]);
         let cni = CniEnv::parse(&raw, false).expect("a CNI call");
         assert!(cni.netns.len() <= MAX_VALUE, "{}", cni.netns.len());
