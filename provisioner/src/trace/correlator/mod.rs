@@ -1039,7 +1039,9 @@ impl Correlator {
             None,
         );
         let mut verdict = NetnsVerdict {
-            pod: sandbox.is_some().then(|| ns.pod.for_verdict()),
+            pod: sandbox
+                .is_some()
+                .then(|| ns.pod.for_verdict(!ns.attributed_pids.is_empty())),
             netns: ns.netns,
             verdict: judgement.verdict,
             sandbox,

@@ -77,8 +77,10 @@ impl PodState {
         }
     }
 
-    /// The pod a verdict names: known, or why not.
-    pub(super) fn for_verdict(&self) -> PodName {
+    /// The pod a verdict names: known, or why not. `configured`: some process was seen
+    /// changing the namespace (a plugin may have run whose environment was not read: one not
+    /// run by a runtime nor from a CNI plugin directory).
+    pub(super) fn for_verdict(&self, configured: bool) -> PodName {
         if let Some(named) = &self.named {
             return named.clone();
         }
@@ -88,6 +90,9 @@ impl PodState {
             }
             (None, Some((plugin, uid))) => {
                 format!("only CNI plugin {plugin} run by uid {uid}, not root, named one")
+            }
+            (None, None) if configured => {
+                "no CNI call naming it was seen and no runtime was asked".to_owned()
             }
             (None, None) => "no CNI plugin ran and no runtime was asked".to_owned(),
         };
@@ -228,6 +233,20 @@ mod tests {
     }
 
     #[test]
+    fn the_reason_never_says_no_plugin_ran_where_something_configured_the_namespace() {
+        let state = PodState::default();
+        let reason = |configured| match state.for_verdict(configured) {
+            PodName::Unknown { reason } => reason,
+            known => panic!("{known:?}"),
+        };
+        assert_eq!(reason(false), "no CNI plugin ran and no runtime was asked");
+        assert_eq!(
+            reason(true),
+            "no CNI call naming it was seen and no runtime was asked"
+        );
+    }
+
+    #[test]
     fn a_resolver_is_asked_once_and_a_plugin_wins_over_its_answer() {
         let mut state = PodState::default();
         assert!(!state.take_query(), "not wanted");
@@ -240,12 +259,16 @@ mod tests {
         });
         let pod = Pod::from_cni_args("K8S_POD_NAME=web-0").expect("pod");
         state.plugin_ran("loopback", 1000, Some(&pod));
-        assert_eq!(state.for_verdict().known(), None, "not root: not taken");
+        assert_eq!(
+            state.for_verdict(false).known(),
+            None,
+            "not root: not taken"
+        );
         state.plugin_ran("loopback", 0, Some(&pod));
-        assert_eq!(state.for_verdict().known(), Some(&pod));
+        assert_eq!(state.for_verdict(false).known(), Some(&pod));
         state.resolved(PodName::Unknown { reason: "x".into() });
         assert_eq!(
-            state.for_verdict().known(),
+            state.for_verdict(false).known(),
             Some(&pod),
             "the plugin's pod stays"
         );
