@@ -14,7 +14,8 @@
 //! Parts: `timeline` (entries of one namespace, bounded), `effects` (what a request does),
 //! `state` (the timeline folded), `requests` (request/answer pairing), `execs` (binaries
 //! that led to a change), `judge` (sandbox or not, and the verdict), `intents` (the
-//! daemon's intents and drift).
+//! daemon's intents and drift), `pods` (the pod a CNI plugin's environment or a resolver
+//! named).
 
 mod effects;
 mod execs;
@@ -601,7 +602,9 @@ impl Correlator {
     }
 
     /// A binary's environment at exec: when it is a CNI call, its step and its pod go to the
-    /// namespace `CNI_NETNS` names (kept a while when that one is not known yet).
+    /// namespace `CNI_NETNS` names. An ADD naming one not known yet is kept a while (its pin
+    /// may come later); other calls name namespaces that existed before (a DEL's may be judged
+    /// and no longer followed).
     fn on_exec_env(&mut self, event: &TraceEvent, env: &ExecEnv) -> Option<u64> {
         let cni = env.cni.as_ref()?;
         let netns = NetnsName::parse(&cni.netns)?;
@@ -613,7 +616,9 @@ impl Correlator {
             netns,
         };
         let Some(cookie) = self.named_netns(&call.netns) else {
-            self.pending_cni.push(call);
+            if call.cni.command == "ADD" {
+                self.pending_cni.push(call);
+            }
             return None;
         };
         self.cni_call(cookie, &call);

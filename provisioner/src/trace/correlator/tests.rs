@@ -1298,8 +1298,14 @@ fn a_netns_named_by_its_process_or_pinned_after_the_call_is_found() {
         };
         assert_eq!(pod.as_deref(), Some(want), "{v:?}");
     }
-    // The call for a namespace never seen is dropped once it waited long enough.
-    c.feed(&pinned_at(3_000, SANDBOX + 1, "/run/netns/cni-other"));
+    // The ADD for a namespace never seen is dropped once it waited long enough; a DEL for a
+    // namespace no longer followed is not kept at all.
+    let mut del = cni_exec(2_000, 603, "loopback", "/run/netns/cni-gone", None);
+    if let EventKind::ExecEnv(ExecEnv { cni: Some(cni), .. }) = &mut del.kind {
+        cni.command = "DEL".into();
+    }
+    c.feed(&del);
+    c.feed(&pinned_at(5_000, SANDBOX + 1, "/run/netns/cni-other"));
     assert_eq!(c.metrics().unmatched_cni_calls, 1);
 }
 
