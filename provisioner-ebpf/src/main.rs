@@ -997,7 +997,7 @@ fn emit_exec_env(task: *const u8, parent_pid: u32, parent_comm: [u8; COMM_LEN]) 
             n,
             (end - u64::from(n)) as *const c_void,
         );
-        // An unreadable environment is sent empty: userspace counts it.
+        // An unreadable environment is sent empty (`provisioner trace` shows it so).
         (*record).copied = if rc == 0 { n } else { 0 };
     }
     entry.submit(wakeup_flags());
