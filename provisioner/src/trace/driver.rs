@@ -476,10 +476,18 @@ async fn resolve_pod(
 ) -> Option<PodName> {
     let query = request.pod_query.as_ref()?;
     let resolver = resolver?;
+    // The read waits for the answer: a resolver that does not bound itself is cut off at the
+    // read's own bound.
+    let asked = resolver.pod_of_netns(&request.paths, query.creator.as_ref());
     Some(
-        resolver
-            .pod_of_netns(&request.paths, query.creator.as_ref())
-            .await,
+        tokio::time::timeout(SNAPSHOT_WAIT, asked)
+            .await
+            .unwrap_or_else(|_| PodName::Unknown {
+                reason: format!(
+                    "the runtime was asked and did not answer within {} ms",
+                    SNAPSHOT_WAIT.as_millis()
+                ),
+            }),
     )
 }
 
@@ -621,6 +629,39 @@ mod tests {
                 }
             })
         }
+    }
+
+    /// Never answers.
+    struct SilentResolver;
+
+    impl PodResolver for SilentResolver {
+        fn pod_of_netns<'a>(
+            &'a self,
+            _netns_paths: &'a [PathBuf],
+            _creator: Option<&'a crate::pod::NetnsCreator>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = PodName> + Send + 'a>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A resolver that does not answer does not hold the read beyond its own bound.
+    #[tokio::test]
+    async fn a_silent_resolver_is_cut_off_at_the_reads_bound() {
+        let request = SnapshotRequest {
+            cookie: 7,
+            paths: Vec::new(),
+            pod_query: Some(super::super::PodQuery { creator: None }),
+        };
+        let answer = resolve_pod(Some(Arc::new(SilentResolver)), &request).await;
+        assert_eq!(
+            answer,
+            Some(PodName::Unknown {
+                reason: format!(
+                    "the runtime was asked and did not answer within {} ms",
+                    SNAPSHOT_WAIT.as_millis()
+                )
+            })
+        );
     }
 
     /// The resolver is asked only for a read that carries a query, with the namespace's files
