@@ -631,6 +631,69 @@ mod tests {
         }
     }
 
+    /// A finished read that carries the resolver's answer gives it to the correlator before
+    /// the state: the alarm it leads to names the pod.
+    #[test]
+    fn the_resolvers_answer_is_taken_before_the_read_is_judged() {
+        use crate::trace::events::{EventKind, NetnsCreated, NetnsOrigin, TaskInfo, TraceEvent};
+        let config = CorrelatorConfig {
+            deadline: Duration::from_millis(100),
+            ..CorrelatorConfig::default()
+        };
+        let mut correlator = Correlator::new(config.clone());
+        let created_at = SystemTime::now() - Duration::from_secs(1);
+        correlator.feed(&TraceEvent {
+            at: created_at,
+            task: TaskInfo {
+                pid: 42,
+                tid: 42,
+                comm: "containerd".into(),
+                cgroup_id: 1,
+            },
+            kind: EventKind::NetnsCreated(NetnsCreated {
+                netns_cookie: 9,
+                netns_inode: 4_026_532_009,
+                origin: NetnsOrigin::Unshare,
+                flags: 0x4000_0000,
+                owner_pid: 42,
+                parent_pid: 1,
+                parent_comm: "init".into(),
+            }),
+        });
+        let now = SystemTime::now();
+        assert!(correlator.tick(now).is_empty(), "no alarm before a read");
+        let requests = correlator.take_snapshot_requests(now);
+        assert_eq!(requests.len(), 1);
+        assert!(requests[0].pod_query.is_some(), "{requests:?}");
+        let pod = PodName::Known {
+            pod: crate::pod::Pod::from_cni_args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0")
+                .unwrap_or_default(),
+            source: crate::pod::PodSource::Cri {
+                runtime: "containerd".into(),
+            },
+        };
+        let lo_only = NetnsSnapshot {
+            cookie: 9,
+            inode: 4_026_532_009,
+            links: Vec::new(),
+            addresses: Vec::new(),
+            routes: Vec::new(),
+        };
+        let (reports, was_read) = finish(
+            &mut correlator,
+            &mut HashMap::new(),
+            Done::Read(9, now, Ok(lo_only), Some(pod.clone())),
+            &config.rules,
+        );
+        assert!(was_read);
+        let verdict = reports.iter().find_map(|r| match r {
+            Report::Verdict(v) => Some(v),
+            _ => None,
+        });
+        assert_eq!(verdict.map(|v| v.verdict), Some(Verdict::Skipped));
+        assert_eq!(verdict.and_then(|v| v.pod.clone()), Some(pod));
+    }
+
     /// Never answers.
     struct SilentResolver;
 
