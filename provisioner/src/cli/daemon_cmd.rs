@@ -86,18 +86,16 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         _ => None,
     };
-    // MERGE: the kernel watch's `DriverOptions::pod_resolver` (trace/driver.rs), through
-    // `TraceOptions`.
-    #[allow(unused_variables)]
-    let pod_resolver: Option<Arc<dyn PodResolver>> = (!args.no_trace)
-        .then(|| Arc::new(CriResolver::new(args.cri_socket.clone())) as Arc<dyn PodResolver>);
     let trace = if args.no_trace {
         None
     } else {
+        let pod_resolver: Arc<dyn PodResolver> =
+            Arc::new(CriResolver::new(args.cri_socket.clone()));
         Some(TraceOptions {
             deadline: Duration::try_from_secs_f64(args.trace_deadline)
                 .context("--trace-deadline")?,
             rules: SandboxRules::default(),
+            pod_resolver: Some(pod_resolver),
         })
     };
     let seconds = |flag: &str, value: f64| {

@@ -61,9 +61,6 @@ pub fn run(args: TraceArgs) -> Result<()> {
     if !args.pin_prefixes.is_empty() {
         rules.pin_prefixes = args.pin_prefixes;
     }
-    // MERGE: the session's `DriverOptions::pod_resolver` (trace/driver.rs), through
-    // `SessionOptions`.
-    #[allow(unused_variables)]
     let pod_resolver: Option<Arc<dyn PodResolver>> =
         Some(Arc::new(CriResolver::new(args.cri_socket.clone())));
     let opts = SessionOptions {
@@ -78,6 +75,7 @@ pub fn run(args: TraceArgs) -> Result<()> {
         rules,
         verdicts_only: args.verdicts_only,
         cni_conf_dir: args.cni_conf_dir,
+        pod_resolver,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

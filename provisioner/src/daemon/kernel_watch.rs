@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
+use crate::pod::PodResolver;
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
 use crate::trace::diagnosis::CniSetup;
 use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
@@ -344,6 +345,7 @@ struct Settings {
     deadline: Duration,
     rules: SandboxRules,
     cni_fallback: CniSetup,
+    pod_resolver: Option<Arc<dyn PodResolver>>,
 }
 
 /// One run of the tracer, from loading the programs to their detachment.
@@ -357,12 +359,18 @@ struct Run {
 impl KernelWatch {
     /// Starts the tracer on a thread of its own; never fails (see [`SandboxesAnswer`]). Intents
     /// sent before the programs are attached wait for them.
-    pub fn start(deadline: Duration, rules: SandboxRules, cni_conf_dir: &Path) -> Self {
+    pub fn start(
+        deadline: Duration,
+        rules: SandboxRules,
+        cni_conf_dir: &Path,
+        pod_resolver: Option<Arc<dyn PodResolver>>,
+    ) -> Self {
         let watch = Self {
             settings: Arc::new(Settings {
                 deadline,
                 rules,
                 cni_fallback: CniSetup::assumed(cni_conf_dir),
+                pod_resolver,
             }),
             run: Arc::new(Mutex::new(None)),
             shared: Arc::new(Mutex::new(Shared::default())),
@@ -392,7 +400,7 @@ impl KernelWatch {
                 },
                 scan_pins: true,
                 cni_fallback: settings.cni_fallback.clone(),
-                pod_resolver: None,
+                pod_resolver: settings.pod_resolver.clone(),
             };
             let stopped = async {
                 let _ = stop_rx.await;

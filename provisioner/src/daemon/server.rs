@@ -82,6 +82,8 @@ pub struct TraceOptions {
     /// Time a sandbox namespace has to get its network.
     pub deadline: std::time::Duration,
     pub rules: crate::trace::SandboxRules,
+    /// Asked for the pod of an alarmed sandbox no CNI call named (the node's CRI runtime).
+    pub pod_resolver: Option<Arc<dyn crate::pod::PodResolver>>,
 }
 
 pub struct RenderAtStart {
@@ -115,10 +117,14 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             .parent()
             .map_or_else(|| opts.config_source.clone(), Path::to_path_buf)
     };
-    let kernel = opts
-        .trace
-        .as_ref()
-        .map(|t| KernelWatch::start(t.deadline, t.rules.clone(), &cni_conf_dir));
+    let kernel = opts.trace.as_ref().map(|t| {
+        KernelWatch::start(
+            t.deadline,
+            t.rules.clone(),
+            &cni_conf_dir,
+            t.pod_resolver.clone(),
+        )
+    });
     let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
         .with_context(|| format!("watch {}", opts.config_source.display()))?;
     let state = Arc::new(DaemonState::new(

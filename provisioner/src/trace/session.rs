@@ -20,7 +20,7 @@ use super::sandbox_rules::SandboxRules;
 use super::verdict::Report;
 
 /// What to trace and how to print it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SessionOptions {
     /// JSON lines instead of human-readable lines.
     pub json: bool,
@@ -37,6 +37,8 @@ pub struct SessionOptions {
     pub verdicts_only: bool,
     /// The CNI conf dir assumed for a runtime whose own cannot be read (skip diagnoses).
     pub cni_conf_dir: PathBuf,
+    /// Asked for the pod of an alarmed sandbox no CNI call named (the node's CRI runtime).
+    pub pod_resolver: Option<std::sync::Arc<dyn crate::pod::PodResolver>>,
 }
 
 impl Default for SessionOptions {
@@ -50,6 +52,7 @@ impl Default for SessionOptions {
             rules: SandboxRules::default(),
             verdicts_only: false,
             cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
+            pod_resolver: None,
         }
     }
 }
@@ -202,7 +205,7 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
         },
         scan_pins: true,
         cni_fallback: CniSetup::assumed(&opts.cni_conf_dir),
-        pod_resolver: None,
+        pod_resolver: opts.pod_resolver.clone(),
     };
     let run = driver::run(driver_opts, rx, &mut printer, stop).await?;
     drop(commands);
