@@ -39,6 +39,9 @@ pub struct TraceArgs {
     /// CNI conf dir assumed when a runtime's own cannot be read (to explain its skips).
     #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
     cni_conf_dir: PathBuf,
+    /// Log lines as text or as one JSON object per line.
+    #[arg(long, value_enum, default_value_t = super::LogFormat::Text)]
+    pub log_format: super::LogFormat,
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration> {

@@ -7,7 +7,7 @@ use super::events::{EventKind, TraceEvent};
 use super::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
 
-/// `HH:MM:SS.mmm comm[pid] <what>`
+/// `<RFC 3339 time> comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
     let mut line = format!(
         "{} {}[{}] ",
