@@ -72,7 +72,7 @@ pub struct Metrics {
     pub ready: Gauge,
     trace: Arc<Mutex<TraceExport>>,
     ranges: Arc<Mutex<Vec<RangeUsage>>>,
-    alarms: Arc<Mutex<Vec<(AlarmSeries, u64)>>>,
+    alarms: Arc<Mutex<Vec<AlarmSeries>>>,
 }
 
 impl Default for Metrics {
@@ -168,7 +168,7 @@ impl Metrics {
     }
 
     /// The current sandbox alarms ([`alarms::SandboxAlarms::current`]).
-    pub fn set_alarms(&self, alarms: Vec<(AlarmSeries, u64)>) {
+    pub fn set_alarms(&self, alarms: Vec<AlarmSeries>) {
         *self.alarms.lock().unwrap_or_else(PoisonError::into_inner) = alarms;
     }
 
@@ -503,20 +503,18 @@ mod tests {
             allocated: 12,
             capacity: 13,
         }]);
-        metrics.set_alarms(vec![(
-            AlarmSeries {
-                verdict: "skipped",
-                pod_namespace: "default".into(),
-                pod_name: "web-0".into(),
-            },
-            1,
-        )]);
+        metrics.set_alarms(vec![AlarmSeries {
+            verdict: "skipped",
+            pod_namespace: "default".into(),
+            pod_name: "web-0".into(),
+            netns_cookie: 4097,
+        }]);
         let text = metrics.encode();
         let labels = r#"network="pods",range="10.9.0.2-10.9.0.14",subnet="10.9.0.0/28""#;
         for line in [
             format!("provisioner_ipam_addresses_allocated{{{labels}}} 12.0"),
             format!("provisioner_ipam_addresses_capacity{{{labels}}} 13.0"),
-            r#"provisioner_sandbox_alarm{verdict="skipped",pod_namespace="default",pod_name="web-0"} 1"#.to_owned(),
+            r#"provisioner_sandbox_alarm{verdict="skipped",pod_namespace="default",pod_name="web-0",netns_cookie="4097"} 1"#.to_owned(),
             format!(
                 r#"provisioner_build_info{{version="{}",revision="{}",ebpf_abi="{}"}} 1"#,
                 env!("CARGO_PKG_VERSION"),

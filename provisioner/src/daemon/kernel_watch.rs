@@ -493,7 +493,7 @@ impl KernelWatch {
     }
 
     /// The sandboxes whose latest verdict is an alarm, by verdict and pod.
-    pub fn alarms(&self) -> Vec<(AlarmSeries, u64)> {
+    pub fn alarms(&self) -> Vec<AlarmSeries> {
         lock(&self.shared).alarms.current(Instant::now())
     }
 }

@@ -1,7 +1,7 @@
 //! The sandboxes whose latest verdict is an alarm (skipped, partial, failed), kept for a window
 //! so that an alert can name each one's pod: `provisioner_sandbox_alarm`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
@@ -17,13 +17,14 @@ pub const ALARM_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// Most sandboxes kept; the oldest alarm goes first.
 pub const MAX_ALARMS: usize = 1024;
 
-/// One series of the gauge: how many sandboxes with this verdict the pod has (1 for a named
-/// pod; sandboxes whose pod is not known share the series with empty pod labels).
+/// One series of the gauge, one sandbox: its verdict, its pod (empty when not known) and its
+/// network namespace's cookie (as `provisioner sandboxes` shows it).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AlarmSeries {
     pub verdict: &'static str,
     pub pod_namespace: String,
     pub pod_name: String,
+    pub netns_cookie: u64,
 }
 
 #[derive(Debug)]
@@ -56,20 +57,20 @@ impl SandboxAlarms {
             verdict: verdict.as_str(),
             pod_namespace: pod.map(|p| p.namespace.clone()).unwrap_or_default(),
             pod_name: pod.map(|p| p.name.clone()).unwrap_or_default(),
+            netns_cookie,
         };
         self.by_netns
             .insert(netns_cookie, Alarm { series, at: now });
     }
 
-    /// The alarms younger than [`ALARM_WINDOW`], counted by series; older ones are forgotten.
-    pub fn current(&mut self, now: Instant) -> Vec<(AlarmSeries, u64)> {
+    /// The alarms younger than [`ALARM_WINDOW`], in order; older ones are forgotten.
+    pub fn current(&mut self, now: Instant) -> Vec<AlarmSeries> {
         self.by_netns
             .retain(|_, alarm| now.saturating_duration_since(alarm.at) < ALARM_WINDOW);
-        let mut counts = BTreeMap::new();
-        for alarm in self.by_netns.values() {
-            *counts.entry(alarm.series.clone()).or_insert(0) += 1;
-        }
-        counts.into_iter().collect()
+        let mut current: Vec<AlarmSeries> =
+            self.by_netns.values().map(|a| a.series.clone()).collect();
+        current.sort();
+        current
     }
 
     fn drop_oldest(&mut self) {
@@ -87,29 +88,30 @@ impl SandboxAlarms {
 /// Encodes the alarms copied in before the scrape.
 pub fn encode(
     encoder: &mut DescriptorEncoder,
-    alarms: &[(AlarmSeries, u64)],
+    alarms: &[AlarmSeries],
 ) -> Result<(), std::fmt::Error> {
     let mut metric = encoder.encode_descriptor(
         "sandbox_alarm",
-        "Sandboxes whose latest verdict, within the last 15 minutes, is skipped, partial or \
-         failed, by verdict and pod (empty pod labels: the pod is not known)",
+        "1 for each sandbox whose latest verdict, within the last 15 minutes, is skipped, \
+         partial or failed, by verdict, pod (empty when not known) and netns cookie",
         None,
         MetricType::Gauge,
     )?;
-    for (series, n) in alarms {
+    for series in alarms {
+        let cookie = series.netns_cookie.to_string();
         let labels = [
             ("verdict", series.verdict),
             ("pod_namespace", series.pod_namespace.as_str()),
             ("pod_name", series.pod_name.as_str()),
+            ("netns_cookie", cookie.as_str()),
         ];
-        ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX))
-            .encode(metric.encode_family(&labels)?)?;
+        ConstGauge::new(1).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
 #[derive(Debug)]
-pub struct AlarmCollector(pub std::sync::Arc<std::sync::Mutex<Vec<(AlarmSeries, u64)>>>);
+pub struct AlarmCollector(pub std::sync::Arc<std::sync::Mutex<Vec<AlarmSeries>>>);
 
 impl Collector for AlarmCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -133,11 +135,12 @@ mod tests {
         }
     }
 
-    fn series(verdict: &'static str, name: &str) -> AlarmSeries {
+    fn series(verdict: &'static str, name: &str, netns_cookie: u64) -> AlarmSeries {
         AlarmSeries {
             verdict,
             pod_namespace: if name.is_empty() { "" } else { "default" }.into(),
             pod_name: name.into(),
+            netns_cookie,
         }
     }
 
@@ -154,23 +157,23 @@ mod tests {
         assert_eq!(
             alarms.current(now),
             vec![
-                (series("failed", ""), 1),
-                (series("partial", "b"), 1),
-                (series("skipped", ""), 2),
-                (series("skipped", "a"), 1),
+                series("failed", "", 4),
+                series("partial", "b", 2),
+                series("skipped", "", 5),
+                series("skipped", "", 6),
+                series("skipped", "a", 1),
             ]
         );
         alarms.record(1, Verdict::Networked, Some(&pod("a")), now);
         alarms.record(2, Verdict::Failed, Some(&pod("b")), now);
-        let current = alarms.current(now);
-        assert!(
-            !current.contains(&(series("skipped", "a"), 1)),
-            "{current:?}"
-        );
-        assert!(current.contains(&(series("failed", "b"), 1)), "{current:?}");
-        assert!(
-            !current.contains(&(series("partial", "b"), 1)),
-            "{current:?}"
+        assert_eq!(
+            alarms.current(now),
+            vec![
+                series("failed", "", 4),
+                series("failed", "b", 2),
+                series("skipped", "", 5),
+                series("skipped", "", 6),
+            ]
         );
     }
 
@@ -182,7 +185,7 @@ mod tests {
         let later = start + ALARM_WINDOW / 2;
         alarms.record(2, Verdict::Skipped, Some(&pod("new")), later);
         let after = start + ALARM_WINDOW + Duration::from_secs(1);
-        assert_eq!(alarms.current(after), vec![(series("skipped", "new"), 1)]);
+        assert_eq!(alarms.current(after), vec![series("skipped", "new", 2)]);
 
         let mut alarms = SandboxAlarms::default();
         for cookie in 0..MAX_ALARMS as u64 + 10 {
