@@ -23,7 +23,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::trace::TraceMetrics;
+use crate::trace::{TraceMetrics, Verdict};
 
 use alarms::{AlarmCollector, AlarmSeries};
 use ipam::{RangeCollector, RangeUsage};
@@ -224,6 +224,17 @@ fn single(
     }
 }
 
+/// Revisions by the alarm revised, every alarm verdict present (0 until one is revised): a
+/// series that appears only at its first revision has no increase Prometheus can see.
+fn revised_by_alarm<'a>(
+    revised: &'a std::collections::BTreeMap<&'static str, u64>,
+) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+    Verdict::ALL
+        .into_iter()
+        .filter(|v| !matches!(v, Verdict::Networked | Verdict::Gone))
+        .map(|v| (v.as_str(), revised.get(v.as_str()).copied().unwrap_or(0)))
+}
+
 impl Collector for TraceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let export = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -254,7 +265,7 @@ impl Collector for TraceCollector {
             "Alarms revised to networked because the network arrived after the deadline",
             c,
             "alarm",
-            m.revised.iter().map(|(k, v)| (*k, *v)),
+            revised_by_alarm(&m.revised),
         )?;
         family(
             &mut encoder,
@@ -426,6 +437,8 @@ mod tests {
             r#"provisioner_trace_events_total{kind="netns_created"} 7"#,
             r#"provisioner_sandbox_intents_total{status="confirmed"} 2"#,
             "provisioner_tracing_up 1",
+            r#"provisioner_sandbox_verdicts_revised_total{alarm="skipped"} 0"#,
+            r#"provisioner_sandbox_verdicts_revised_total{alarm="failed"} 0"#,
             "# TYPE provisioner_trace_events_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
