@@ -517,3 +517,147 @@ fn promtool_checks_and_tests_the_rules() -> Result<()> {
     }
     Ok(())
 }
+
+/// Rust crates of the workspace, as code spells them: not metric names.
+const CRATE_NAMES: &[&str] = &[
+    "provisioner_tests",
+    "provisioner_common",
+    "provisioner_ebpf",
+];
+
+/// Every `provisioner_*` / `process_*` name written in `text` (a name ending in `_`, a prefix
+/// written as `provisioner_trace_*`, is no metric name).
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut names = BTreeSet::new();
+    for prefix in ["provisioner_", "process_"] {
+        for (at, _) in text.match_indices(prefix) {
+            if text[..at].chars().next_back().is_some_and(word) {
+                continue;
+            }
+            let name: String = text[at..].chars().take_while(|c| word(*c)).collect();
+            if !name.ends_with('_') && !CRATE_NAMES.contains(&name.as_str()) {
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+/// The files whose metric names an operator reads.
+fn documents() -> Result<Vec<PathBuf>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "deploy/monitoring"] {
+        for entry in std::fs::read_dir(root.join(dir))? {
+            let path = entry?.path();
+            if path
+                .extension()
+                .is_some_and(|e| e == "md" || e == "yaml" || e == "json")
+            {
+                files.push(path);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The metric names a scrape serves: each sample's, each family's, and a histogram's base name.
+fn served_names(exposition: &str) -> BTreeSet<String> {
+    let mut served = BTreeSet::new();
+    for line in exposition.lines() {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            let mut parts = family.split_whitespace();
+            if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                served.insert(name.to_owned());
+                if kind == "histogram" {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        served.insert(format!("{name}{suffix}"));
+                    }
+                }
+            }
+        } else if !line.starts_with('#') {
+            let name: String = line
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                served.insert(name);
+            }
+        }
+    }
+    served
+}
+
+#[test]
+fn every_metric_name_in_the_docs_is_served() -> Result<()> {
+    let node = Netns::new("node")?;
+    let metrics_addr = format!("127.0.0.1:{METRICS_PORT}");
+    let daemon =
+        Daemon::start_in_node_with_conflist(&node, &["--metrics-addr", &metrics_addr], |socket| {
+            conflist("docnet", "1.0.0", socket, "10.254.39.0/24", None)
+        })?;
+    // The operations' families are served once an operation was, the kernel watch's while it
+    // runs.
+    let config = conflist("docnet", "1.0.0", &daemon.socket, "10.254.39.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    let pod = Netns::new("dpod")?;
+    add("doc-1", pod.path(), &stdin)?;
+    del("doc-1", pod.path(), &stdin)?;
+    daemon.wait_tracing(PATIENCE)?;
+    let exposition = wait_until("a scrape with the kernel watch up", PATIENCE, || {
+        let Ok((200, body)) = http_get(&node, METRICS_PORT, "/metrics") else {
+            return Ok(None);
+        };
+        Ok(body
+            .lines()
+            .any(|l| l == "provisioner_tracing_up 1")
+            .then_some(body))
+    })?;
+    let served = served_names(&exposition);
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for file in documents()? {
+        let text = std::fs::read_to_string(&file)?;
+        for name in metric_names(&text) {
+            checked += 1;
+            if !served.contains(&name) {
+                missing.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        checked >= 20,
+        "only {checked} metric names found in the docs"
+    );
+    assert!(
+        missing.is_empty(),
+        "metric names in the docs that /metrics does not serve:\n{}\n\nserved:\n{exposition}",
+        missing.join("\n")
+    );
+    Ok(())
+}
+
+#[test]
+fn names_are_read_from_text_as_written() {
+    let text = "`provisioner_ready` and provisioner_trace_events_total{kind}; \
+                provisioner_trace_* families; the provisioner_tests crate; \
+                rate(process_cpu_seconds_total[5m]); my_provisioner_x";
+    assert_eq!(
+        metric_names(text),
+        BTreeSet::from([
+            "process_cpu_seconds_total".to_owned(),
+            "provisioner_ready".to_owned(),
+            "provisioner_trace_events_total".to_owned(),
+        ])
+    );
+    let served = served_names(
+        "# TYPE provisioner_operation_duration_seconds histogram\n\
+         provisioner_operation_duration_seconds_sum{op=\"add\"} 1\n\
+         # TYPE provisioner_ready gauge\nprovisioner_ready 1\n",
+    );
+    assert!(served.contains("provisioner_operation_duration_seconds"));
+    assert!(served.contains("provisioner_operation_duration_seconds_bucket"));
+    assert!(served.contains("provisioner_ready"));
+    assert!(!served.contains("provisioner_sandboxes"));
+}
