@@ -397,6 +397,17 @@ fn a_real_prometheus_fires_the_alerts_and_evaluates_every_rule_and_panel() -> Re
         v["verdict"]["verdict"] == "skipped"
     })?;
     let verdict_at = verdict_time(&skipped_view, "skipped")?;
+    // Its text, as `provisioner sandboxes` prints it, gives times in RFC 3339 UTC.
+    let text = skipped_view["text"].to_string();
+    let printed: Vec<f64> = text
+        .split(|c: char| c.is_whitespace() || c == '"' || c == '\\')
+        .filter(|w| w.ends_with('Z') && w.contains('T'))
+        .filter_map(|w| rfc3339_seconds(w).ok())
+        .collect();
+    assert!(
+        printed.iter().any(|t| (t - verdict_at).abs() < 60.0),
+        "no RFC 3339 time near the verdict ({verdict_at}) in {text}"
+    );
     let alert = wait_until("the skipped sandbox's alert", PATIENCE, || {
         let firing = prometheus.firing("ProvisionerSandboxNotNetworked")?;
         Ok(alert_of(&firing, skipped_cookie).cloned())
