@@ -73,6 +73,42 @@ fn build_object(workspace: &Path) -> PathBuf {
     out_dir.join(EBPF_PACKAGE)
 }
 
+/// Output of `git <args>` run in `dir`, trimmed; `None` outside a checkout or without git.
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+/// `PROVISIONER_REVISION` for `provisioner_build_info`: the variable when set (a build outside
+/// the checkout), else the checkout's commit, else `unknown`.
+fn emit_revision(dir: &Path) {
+    println!("cargo:rerun-if-env-changed=PROVISIONER_REVISION");
+    let revision = std::env::var("PROVISIONER_REVISION")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .or_else(|| {
+            let commit = git(dir, &["rev-parse", "--short=12", "HEAD"])?;
+            // Rerun when HEAD moves: a commit or checkout appends to HEAD's reflog.
+            for path in ["HEAD", "logs/HEAD"] {
+                if let Some(file) = git(dir, &["rev-parse", "--git-path", path]) {
+                    let file = dir.join(file);
+                    if file.exists() {
+                        println!("cargo:rerun-if-changed={}", file.display());
+                    }
+                }
+            }
+            Some(commit)
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=PROVISIONER_REVISION={revision}");
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=PROVISIONER_EBPF_OBJECT");
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
@@ -83,6 +119,7 @@ fn main() {
             workspace.display()
         ))
     });
+    emit_revision(&manifest_dir);
     for file in files {
         println!("cargo:rerun-if-changed={}", file.display());
     }

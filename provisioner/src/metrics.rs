@@ -1,7 +1,13 @@
 //! Prometheus metrics and their text exposition on a loopback HTTP endpoint.
 //!
 //! Names follow Prometheus's conventions: counters end in `_total`, label names say what they
-//! hold, label values are lower case.
+//! hold, label values are lower case. The daemon's own metrics are prefixed `provisioner_`, the
+//! standard process metrics are `process_*`.
+
+pub mod alarms;
+pub mod build_info;
+pub mod ipam;
+pub mod process;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,13 +17,21 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::trace::TraceMetrics;
+use crate::trace::{TraceMetrics, Verdict};
+
+use alarms::{AlarmCollector, AlarmSeries};
+use ipam::{RangeCollector, RangeUsage};
+
+/// The operation deadline the histogram reaches when none is given (the daemon's default).
+pub const DEFAULT_OPERATION_DEADLINE: Duration = Duration::from_secs(30);
+/// The smallest bucket of the operation histogram; each next one doubles it.
+const FIRST_BUCKET_SECONDS: f64 = 0.000_25;
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Operation {
@@ -54,9 +68,11 @@ struct OpKindLabels {
 pub struct Metrics {
     registry: Registry,
     operations: Family<OpLabels, Counter>,
-    durations: Family<OpKindLabels, Histogram>,
+    durations: Family<OpKindLabels, Histogram, DurationBuckets>,
     pub ready: Gauge,
     trace: Arc<Mutex<TraceExport>>,
+    ranges: Arc<Mutex<Vec<RangeUsage>>>,
+    alarms: Arc<Mutex<Vec<AlarmSeries>>>,
 }
 
 impl Default for Metrics {
@@ -65,13 +81,39 @@ impl Default for Metrics {
     }
 }
 
+/// Buckets doubling from 0.25 ms until one reaches past `deadline`: an operation that ran into
+/// its deadline still lands in a bucket of its own, not only in `+Inf`.
+fn duration_buckets(deadline: Duration) -> Vec<f64> {
+    let deadline = deadline.as_secs_f64();
+    let mut buckets = vec![FIRST_BUCKET_SECONDS];
+    while buckets.last().is_some_and(|b| *b <= deadline) && buckets.len() < 64 {
+        buckets.push(buckets.last().copied().unwrap_or(FIRST_BUCKET_SECONDS) * 2.0);
+    }
+    buckets
+}
+
+/// Makes each operation's histogram with the buckets of [`duration_buckets`].
+#[derive(Clone, Debug)]
+struct DurationBuckets(Vec<f64>);
+
+impl MetricConstructor<Histogram> for DurationBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("provisioner");
+        Self::with_operation_deadline(DEFAULT_OPERATION_DEADLINE)
+    }
+
+    /// Metrics whose operation histogram reaches past `deadline` (`--operation-timeout`).
+    pub fn with_operation_deadline(deadline: Duration) -> Self {
+        let mut root = Registry::default();
+        root.register_collector(Box::new(process::ProcessCollector));
+        let registry = root.sub_registry_with_prefix("provisioner");
         let operations = Family::<OpLabels, Counter>::default();
-        let durations = Family::<OpKindLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.000_25, 2.0, 14))
-        });
+        let durations = Family::new_with_constructor(DurationBuckets(duration_buckets(deadline)));
         let ready = Gauge::default();
         registry.register(
             "operations",
@@ -86,12 +128,19 @@ impl Metrics {
         registry.register("ready", "1 when the daemon is ready", ready.clone());
         let trace = Arc::new(Mutex::new(TraceExport::default()));
         registry.register_collector(Box::new(TraceCollector(Arc::clone(&trace))));
+        let ranges = Arc::new(Mutex::new(Vec::new()));
+        registry.register_collector(Box::new(RangeCollector(Arc::clone(&ranges))));
+        let alarms = Arc::new(Mutex::new(Vec::new()));
+        registry.register_collector(Box::new(AlarmCollector(Arc::clone(&alarms))));
+        registry.register_collector(Box::new(build_info::BuildInfo::default()));
         Self {
-            registry,
+            registry: root,
             operations,
             durations,
             ready,
             trace,
+            ranges,
+            alarms,
         }
     }
 
@@ -111,6 +160,16 @@ impl Metrics {
     /// The kernel tracer's counters as of now; `None` when tracing does not run.
     pub fn set_trace(&self, trace: Option<TraceMetrics>) {
         *self.trace.lock().unwrap_or_else(PoisonError::into_inner) = TraceExport(trace);
+    }
+
+    /// The address usage of the network in force; empty when there is none.
+    pub fn set_ranges(&self, ranges: Vec<RangeUsage>) {
+        *self.ranges.lock().unwrap_or_else(PoisonError::into_inner) = ranges;
+    }
+
+    /// The current sandbox alarms ([`alarms::SandboxAlarms::current`]).
+    pub fn set_alarms(&self, alarms: Vec<AlarmSeries>) {
+        *self.alarms.lock().unwrap_or_else(PoisonError::into_inner) = alarms;
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
@@ -165,6 +224,17 @@ fn single(
     }
 }
 
+/// Revisions by the alarm revised, every alarm verdict present (0 until one is revised): a
+/// series that appears only at its first revision has no increase Prometheus can see.
+fn revised_by_alarm<'a>(
+    revised: &'a std::collections::BTreeMap<&'static str, u64>,
+) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+    Verdict::ALL
+        .into_iter()
+        .filter(|v| !matches!(v, Verdict::Networked | Verdict::Gone))
+        .map(|v| (v.as_str(), revised.get(v.as_str()).copied().unwrap_or(0)))
+}
+
 impl Collector for TraceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let export = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -195,7 +265,7 @@ impl Collector for TraceCollector {
             "Alarms revised to networked because the network arrived after the deadline",
             c,
             "alarm",
-            m.revised.iter().map(|(k, v)| (*k, *v)),
+            revised_by_alarm(&m.revised),
         )?;
         family(
             &mut encoder,
@@ -367,6 +437,8 @@ mod tests {
             r#"provisioner_trace_events_total{kind="netns_created"} 7"#,
             r#"provisioner_sandbox_intents_total{status="confirmed"} 2"#,
             "provisioner_tracing_up 1",
+            r#"provisioner_sandbox_verdicts_revised_total{alarm="skipped"} 0"#,
+            r#"provisioner_sandbox_verdicts_revised_total{alarm="failed"} 0"#,
             "# TYPE provisioner_trace_events_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
@@ -408,6 +480,81 @@ mod tests {
                 _ => 2,
             };
             assert_eq!(*count, want, "bucket le={le}: {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn duration_buckets_reach_past_the_deadline() {
+        for deadline in [Duration::from_secs(30), Duration::from_millis(100)] {
+            let buckets = duration_buckets(deadline);
+            let last = buckets.last().copied().unwrap_or_default();
+            assert!(last > deadline.as_secs_f64(), "{deadline:?}: {buckets:?}");
+            assert!(
+                last <= 2.0 * deadline.as_secs_f64(),
+                "{deadline:?}: {buckets:?}"
+            );
+            assert_eq!(buckets.first(), Some(&FIRST_BUCKET_SECONDS));
+        }
+        let metrics = Metrics::with_operation_deadline(Duration::from_secs(30));
+        metrics.observe(Operation::Del, "ok", Duration::from_secs(29));
+        let text = metrics.encode();
+        assert!(
+            text.lines().any(|l| l.starts_with(
+                r#"provisioner_operation_duration_seconds_bucket{op="del",le="32.768"} 1"#
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn operator_metrics_are_served() {
+        let metrics = Metrics::new();
+        metrics.set_ranges(vec![RangeUsage {
+            network: "pods".into(),
+            range: "10.9.0.2-10.9.0.14".into(),
+            subnet: "10.9.0.0/28".into(),
+            allocated: 12,
+            capacity: 13,
+        }]);
+        metrics.set_alarms(vec![AlarmSeries {
+            verdict: "skipped",
+            pod_namespace: "default".into(),
+            pod_name: "web-0".into(),
+            netns_cookie: 4097,
+        }]);
+        let text = metrics.encode();
+        let labels = r#"network="pods",range="10.9.0.2-10.9.0.14",subnet="10.9.0.0/28""#;
+        for line in [
+            format!("provisioner_ipam_addresses_allocated{{{labels}}} 12.0"),
+            format!("provisioner_ipam_addresses_capacity{{{labels}}} 13.0"),
+            r#"provisioner_sandbox_alarm{verdict="skipped",pod_namespace="default",pod_name="web-0",netns_cookie="4097"} 1"#.to_owned(),
+            format!(
+                r#"provisioner_build_info{{version="{}",revision="{}",ebpf_abi="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION"),
+                build_info::REVISION,
+                build_info::ebpf_abi()
+            ),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert_eq!(
+            build_info::ebpf_abi().len(),
+            16,
+            "{}",
+            build_info::ebpf_abi()
+        );
+        for name in [
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_cpu_seconds_total",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.lines().any(|l| l.split(' ').next() == Some(name)),
+                "{name} missing in\n{text}"
+            );
         }
     }
 

@@ -47,6 +47,8 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("protobuf-compiler", "/usr/bin/protoc"),
     // musl-gcc, which compiles mimalloc's C for the musl release build (bench::RELEASE_TARGET).
     ("musl-tools", "/usr/bin/musl-gcc"),
+    // The real Prometheus and promtool of tests/tests/monitoring.rs (deploy/monitoring).
+    ("prometheus", "/usr/bin/prometheus"),
 ];
 
 /// Installs the Debian packages the tests need (root only).

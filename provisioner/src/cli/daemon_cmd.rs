@@ -63,6 +63,9 @@ pub struct DaemonArgs {
     /// Connections served at once; more are answered "try again later" and closed.
     #[arg(long, value_name = "N", default_value_t = 4096)]
     max_connections: usize,
+    /// Log lines as text or as one JSON object per line.
+    #[arg(long, value_enum, default_value_t = super::LogFormat::Text)]
+    pub log_format: super::LogFormat,
 }
 
 pub fn run(args: DaemonArgs) -> Result<()> {

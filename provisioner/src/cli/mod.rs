@@ -101,7 +101,12 @@ pub fn main() -> ExitCode {
         return plugin::main();
     }
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    let log_format = match &cli.command {
+        Command::Daemon(args) => args.log_format,
+        Command::Trace(args) => args.log_format,
+        _ => LogFormat::Text,
+    };
+    init_logging(&cli.log, log_format);
     let result = match cli.command {
         Command::Daemon(args) => daemon_cmd::run(args),
         Command::Add(args) => sandbox_op(local_ops::Op::Add, &args),
@@ -154,14 +159,32 @@ fn sandbox_op(op: local_ops::Op, args: &SandboxArgs) -> anyhow::Result<()> {
     }
 }
 
-fn init_logging(filter: &str) {
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the event's
+    /// fields as keys.
+    Json,
+}
+
+fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(colored_log())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(colored_log()).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 /// Colours only on a terminal, and not with `NO_COLOR` set: a log read from journald or a file

@@ -46,6 +46,9 @@ pub struct TraceArgs {
     /// the runtime that created its namespace, from its command line and config).
     #[arg(long, value_name = "PATH")]
     cri_socket: Option<PathBuf>,
+    /// Log lines as text or as one JSON object per line.
+    #[arg(long, value_enum, default_value_t = super::LogFormat::Text)]
+    pub log_format: super::LogFormat,
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration> {

@@ -8,13 +8,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
+use crate::metrics::alarms::{AlarmSeries, SandboxAlarms};
 use crate::pod::PodResolver;
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
 use crate::trace::diagnosis::CniSetup;
@@ -135,6 +136,7 @@ struct Shared {
     by_sandbox: HashMap<(String, String), Vec<u64>>,
     absent: VecDeque<AbsentSandbox>,
     metrics: TraceMetrics,
+    alarms: SandboxAlarms,
 }
 
 impl Shared {
@@ -319,11 +321,19 @@ impl Sink for WatchSink {
         }
         // Namespaces that are not sandboxes (a verdict without a reason to be one: `gone`) are
         // counted, not kept: a node creates thousands and they would crowd the sandboxes out.
-        let sandboxes = reports
+        let sandboxes: Vec<Report> = reports
             .into_iter()
             .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
             .collect();
-        lock(&self.shared).record(sandboxes);
+        let mut shared = lock(&self.shared);
+        let now = Instant::now();
+        for report in &sandboxes {
+            if let Report::Verdict(v) = report {
+                let pod = v.pod.as_ref().and_then(crate::pod::PodName::known);
+                shared.alarms.record(v.netns.cookie, v.verdict, pod, now);
+            }
+        }
+        shared.record(sandboxes);
     }
 
     fn metrics(&mut self, metrics: TraceMetrics) {
@@ -489,6 +499,11 @@ impl KernelWatch {
     pub fn metrics(&self) -> (Option<String>, TraceMetrics) {
         let shared = lock(&self.shared);
         (shared.unavailable.clone(), shared.metrics.clone())
+    }
+
+    /// The sandboxes whose latest verdict is an alarm, by verdict and pod.
+    pub fn alarms(&self) -> Vec<AlarmSeries> {
+        lock(&self.shared).alarms.current(Instant::now())
     }
 }
 

@@ -127,7 +127,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     });
     let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
         .with_context(|| format!("watch {}", opts.config_source.display()))?;
-    let state = Arc::new(DaemonState::new(
+    let mut state = DaemonState::new(
         Paths {
             socket: opts.socket.clone(),
             data_dir: opts.data_dir.clone(),
@@ -135,7 +135,12 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         },
         dataplane,
         kernel,
+    );
+    // The operation histogram's buckets reach past this daemon's operation deadline.
+    state.metrics = Arc::new(crate::metrics::Metrics::with_operation_deadline(
+        opts.limits.operation_deadline,
     ));
+    let state = Arc::new(state);
     let initial = config_rx.borrow_and_update().clone();
     state.apply_config(initial).await;
 
@@ -160,9 +165,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
 
     let metrics_server = opts.metrics_addr.map(|addr| {
         let metrics = Arc::clone(&state.metrics);
-        let kernel = state.kernel.clone();
+        let state = Arc::clone(&state);
         let refresh = Arc::new(move |m: &crate::metrics::Metrics| {
-            refresh_trace_metrics(m, kernel.as_ref());
+            refresh_trace_metrics(m, state.kernel.as_ref());
+            refresh_ipam_metrics(m, state.active().as_deref());
         });
         tokio::spawn(async move {
             if let Err(err) = crate::metrics::serve(addr, metrics, refresh).await {
@@ -513,6 +519,21 @@ fn refresh_trace_metrics(metrics: &crate::metrics::Metrics, kernel: Option<&Kern
         (Some(_), _) => None,
     });
     metrics.set_trace(trace);
+    metrics.set_alarms(kernel.map(KernelWatch::alarms).unwrap_or_default());
+}
+
+/// The address usage of the network in force; a store that cannot be read leaves the ranges
+/// out of the scrape (and says why in the log), as no network in force does.
+fn refresh_ipam_metrics(metrics: &crate::metrics::Metrics, active: Option<&Active>) {
+    let usage = active.map(|active| crate::metrics::ipam::usage(active.service.allocator()));
+    metrics.set_ranges(match usage {
+        Some(Ok(usage)) => usage,
+        Some(Err(err)) => {
+            tracing::warn!(error = %err, "address usage for metrics could not be read");
+            Vec::new()
+        }
+        None => Vec::new(),
+    });
 }
 
 #[derive(Clone, Copy)]

@@ -64,7 +64,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::allocation::{AllocatedIp, Allocation, AllocationKey};
 use super::error::IpamError;
-use super::range::{RangeSet, RangeSets, from_u128, to_u128};
+use super::range::{IpRange, RangeSet, RangeSets, from_u128, to_u128};
 use super::store::{AddrT, Store, Tables, addr_from_key, addr_key, decode, encode};
 use super::withdrawal::HeldAddresses;
 
@@ -584,6 +584,30 @@ impl Allocator {
         s.read_alloc(&txn)?
             .len()
             .map_err(s.err("count allocations"))
+    }
+}
+
+impl Allocator {
+    /// How many addresses of `range` are held (allocated, adopted, or reserved from an earlier
+    /// range config). O(k log n) for k held in the range.
+    pub fn held_in(&self, range: &IpRange) -> Result<u64, IpamError> {
+        let s = &self.core.store;
+        let txn = s.begin_read()?;
+        let family = addr_key(range.start()).0;
+        let (start, end) = range.bounds();
+        let gateway = to_u128(range.gateway());
+        let mut held = 0;
+        for entry in s
+            .read_addr(&txn)?
+            .range((family, start)..=(family, end))
+            .map_err(s.err("count addresses"))?
+        {
+            let (addr, _) = entry.map_err(s.err("count addresses"))?;
+            if addr.value().1 != gateway {
+                held += 1;
+            }
+        }
+        Ok(held)
     }
 }
 
@@ -1220,6 +1244,31 @@ pub(super) mod tests {
     }
 
     const V4_28: &str = r#"{"subnet":"10.244.1.0/28"}"#; // .2 ..= .14: 13 addresses
+
+    #[test]
+    fn held_in_counts_each_range_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = open(
+            dir.path(),
+            r#"{"ranges":[[{"subnet":"10.244.1.0/28"},{"subnet":"10.244.2.0/30"}],[{"subnet":"fd00::/120"}]]}"#,
+        );
+        let count = |a: &Allocator| -> Vec<u64> {
+            a.ranges()
+                .sets()
+                .iter()
+                .flat_map(|set| set.ranges())
+                .map(|r| a.held_in(r).unwrap())
+                .collect()
+        };
+        assert_eq!(count(&a), vec![0, 0, 0]);
+        for i in 0..14 {
+            a.allocate(&key(i)).unwrap();
+        }
+        // 13 in the /28 (gateway .1 excluded), the 14th in the /30; each takes one v6 address.
+        assert_eq!(count(&a), vec![13, 1, 14]);
+        a.release(&key(0)).unwrap();
+        assert_eq!(count(&a), vec![12, 1, 13]);
+    }
 
     #[test]
     fn same_key_twice_in_a_batch_is_one_allocation() {

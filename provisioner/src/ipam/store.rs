@@ -223,6 +223,14 @@ impl Store {
         txn.open_table(TableDefinition::new(&self.names.alloc))
             .map_err(self.err("open table"))
     }
+
+    pub fn read_addr(
+        &self,
+        txn: &ReadTransaction,
+    ) -> Result<ReadOnlyTable<AddrT, KeyT>, IpamError> {
+        txn.open_table(TableDefinition::new(&self.names.addr))
+            .map_err(self.err("open table"))
+    }
 }
 
 /// Whether the store file at `path` is missing or empty while the marker in `dir` says it had

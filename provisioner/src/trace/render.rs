@@ -8,7 +8,7 @@ use super::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
 use crate::pod::{PodName, PodSource, short_id};
 
-/// `HH:MM:SS.mmm comm[pid] <what>`
+/// `<RFC 3339 time> comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
     let mut line = format!(
         "{} {}[{}] ",

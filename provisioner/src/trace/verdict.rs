@@ -387,16 +387,33 @@ pub enum Report {
     Drift(Drift),
 }
 
+/// RFC 3339 in UTC with milliseconds, e.g. `2026-12-04T05:23:18.123Z`.
 pub fn format_time(t: SystemTime) -> String {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
+    let (year, month, day) = civil_date(secs / 86_400);
     format!(
-        "{:02}:{:02}:{:02}.{:03}",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
         (secs / 3600) % 24,
         (secs / 60) % 60,
         secs % 60,
         d.subsec_millis()
     )
+}
+
+/// The proleptic Gregorian (year, month, day) of a count of days since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`).
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 fn serialize_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
@@ -454,12 +471,24 @@ mod tests {
     }
 
     #[test]
+    fn times_are_rfc3339_in_utc() {
+        let at = |ms: u64| format_time(UNIX_EPOCH + Duration::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        // 2026-12-04T05:23:18.123Z, 2000-02-29 (a leap day of a year divisible by 400),
+        // 2100-03-01 (2100 has no leap day).
+        assert_eq!(at(1_796_361_798_123), "2026-12-04T05:23:18.123Z");
+        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
+        assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+    }
+
+    #[test]
     fn evidence_and_creator_read_as_operators_see_them() {
         let at = UNIX_EPOCH + Duration::from_millis(3_661_500);
         assert_eq!(Evidence::Trace.to_string(), "the kernel trace");
         assert_eq!(
             Evidence::Snapshot { at }.to_string(),
-            "its state read at 01:01:01.500"
+            "its state read at 1970-01-01T01:01:01.500Z"
         );
         assert_eq!(
             Evidence::Nothing.to_string(),
@@ -563,7 +592,7 @@ mod tests {
         };
         assert_eq!(
             entry.to_string(),
-            "02:03:04.002 ptp[4242] exec /usr/lib/cni/ptp"
+            "1970-01-01T02:03:04.002Z ptp[4242] exec /usr/lib/cni/ptp"
         );
         let key = IntentKey {
             container_id: "c1".into(),

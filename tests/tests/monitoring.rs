@@ -1,0 +1,674 @@
+//! What an operator watches, evaluated by a real Prometheus (Debian's `prometheus`): the alert
+//! rules and the dashboard of deploy/monitoring/ against a daemon in its node netns, the
+//! health endpoints, the JSON log, and `promtool` on the rules.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
+use provisioner_tests::{Netns, RuntimeNetns, wait_until};
+use serde_json::Value;
+use testkit::daemon::write_conflist;
+
+/// Bound on the waits for the daemon, the kernel watch and Prometheus (a loaded machine).
+const PATIENCE: Duration = Duration::from_secs(40);
+/// Prometheus' scrape and rule evaluation interval in the test.
+const INTERVAL: Duration = Duration::from_secs(1);
+const METRICS_PORT: u16 = 9640;
+const PROMETHEUS_PORT: u16 = 9090;
+/// The job name the dashboard's `$job` variable defaults to.
+const JOB: &str = "provisioner";
+/// What the test gives the dashboard's `$__rate_interval`: covers the whole scenario.
+const RATE_INTERVAL: &str = "3m";
+/// The test's pod range: 13 addresses (.2 to .14, gateway .1).
+const SUBNET: &str = "10.254.38.0/28";
+const CAPACITY: usize = 13;
+
+fn monitoring_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")
+}
+
+/// `GET path` on a loopback port inside `netns`; the status code and the body.
+fn http_get(netns: &Netns, port: u16, path: &str) -> Result<(u16, String)> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<(u16, String)> {
+                netns.enter_thread()?;
+                let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+                    .with_context(|| format!("connect to 127.0.0.1:{port} in {}", netns.name()))?;
+                stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+                write!(
+                    stream,
+                    "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                )?;
+                let mut response = Vec::new();
+                stream.read_to_end(&mut response)?;
+                let response = String::from_utf8_lossy(&response);
+                let (head, body) = response
+                    .split_once("\r\n\r\n")
+                    .with_context(|| format!("no HTTP body for {path}: {response}"))?;
+                let status = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .with_context(|| format!("no HTTP status for {path}: {head}"))?;
+                let body = if head
+                    .to_ascii_lowercase()
+                    .contains("transfer-encoding: chunked")
+                {
+                    dechunk(body)
+                } else {
+                    body.to_owned()
+                };
+                Ok((status, body))
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("HTTP thread for {path} panicked"))?
+    })
+}
+
+/// The body of a chunked HTTP/1.1 response.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A Prometheus server inside a netns, killed (by pid) and its directory removed on drop.
+struct Prometheus<'n> {
+    child: Child,
+    netns: &'n Netns,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus<'_> {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl<'n> Prometheus<'n> {
+    /// Starts Prometheus in `netns` scraping the daemon's loopback metrics port with the rules
+    /// of deploy/monitoring, and waits until it is ready.
+    fn start(netns: &'n Netns) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let rules = monitoring_dir().join("rules.yaml").canonicalize()?;
+        let config = format!(
+            "global:\n  scrape_interval: {i}s\n  evaluation_interval: {i}s\n\
+             rule_files:\n  - {rules}\n\
+             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      \
+             - targets: ['127.0.0.1:{METRICS_PORT}']\n",
+            i = INTERVAL.as_secs(),
+            rules = rules.display(),
+        );
+        let config_file = dir.path().join("prometheus.yml");
+        std::fs::write(&config_file, config)?;
+        let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
+        let mut cmd = Command::new("prometheus");
+        cmd.arg(format!("--config.file={}", config_file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        netns.enter(&mut cmd)?;
+        let child = cmd
+            .spawn()
+            .context("start prometheus (apt-get install prometheus)")?;
+        let prometheus = Self { child, netns, dir };
+        wait_until("prometheus ready", PATIENCE, || {
+            Ok(matches!(prometheus.get("/-/ready"), Ok((200, _))).then_some(()))
+        })
+        .with_context(|| prometheus.log())?;
+        Ok(prometheus)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> Result<(u16, String)> {
+        http_get(self.netns, PROMETHEUS_PORT, path)
+    }
+
+    /// The `data` of a successful API answer.
+    fn api(&self, path: &str) -> Result<Value> {
+        let (status, body) = self.get(path)?;
+        let answer: Value =
+            serde_json::from_str(&body).with_context(|| format!("{path}: {status} {body}"))?;
+        ensure!(
+            status == 200 && answer["status"] == "success",
+            "{path}: {status} {body}"
+        );
+        Ok(answer["data"].clone())
+    }
+
+    /// The instant vector (or scalar) `expr` evaluates to now; an error if it does not parse.
+    fn query(&self, expr: &str) -> Result<Vec<Value>> {
+        let data = self
+            .api(&format!("/api/v1/query?query={}", url_encode(expr)))
+            .with_context(|| format!("query {expr}"))?;
+        Ok(match data["resultType"].as_str() {
+            Some("vector" | "matrix") => data["result"].as_array().cloned().unwrap_or_default(),
+            _ => vec![data["result"].clone()],
+        })
+    }
+
+    fn firing(&self, alertname: &str) -> Result<Vec<Value>> {
+        let data = self.api("/api/v1/alerts")?;
+        Ok(data["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["labels"]["alertname"] == alertname && a["state"] == "firing")
+            .cloned()
+            .collect())
+    }
+}
+
+/// Every (alert name, expression) of rules.yaml.
+fn rule_expressions() -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(monitoring_dir().join("rules.yaml"))?;
+    let rules: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let mut out = Vec::new();
+    for group in rules["groups"].as_sequence().into_iter().flatten() {
+        for rule in group["rules"].as_sequence().into_iter().flatten() {
+            let name = rule["alert"]
+                .as_str()
+                .context("a rule without alert name")?;
+            let expr = rule["expr"].as_str().context("a rule without expr")?;
+            out.push((name.to_owned(), expr.trim().to_owned()));
+        }
+    }
+    ensure!(!out.is_empty(), "no rule in rules.yaml");
+    Ok(out)
+}
+
+/// The quantity an alert expression compares (`<quantity> <op> <threshold>`).
+fn quantity(expr: &str) -> &str {
+    [" == ", " < ", " > "]
+        .iter()
+        .filter_map(|op| expr.rfind(op))
+        .max()
+        .map_or(expr, |at| &expr[..at])
+}
+
+/// Every expression of the dashboard, its variables given the test's values.
+fn dashboard_expressions() -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(monitoring_dir().join("dashboard.json"))?;
+    let dashboard: Value = serde_json::from_str(&text)?;
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().context("a target without expr")?;
+            let expr = expr
+                .replace("$__rate_interval", RATE_INTERVAL)
+                .replace("$job", JOB);
+            ensure!(
+                !expr.contains('$'),
+                "a variable the test does not give: {expr}"
+            );
+            out.push((panel["title"].as_str().unwrap_or("?").to_owned(), expr));
+        }
+    }
+    ensure!(!out.is_empty(), "no panel expression in dashboard.json");
+    Ok(out)
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC time (`2026-12-04T05:23:18.123456Z`).
+fn rfc3339_seconds(text: &str) -> Result<f64> {
+    let bad = || format!("not an RFC 3339 UTC time: {text}");
+    let (date, time) = text.split_once('T').with_context(bad)?;
+    let mut ymd = date.split('-').map(str::parse::<i64>);
+    let (Some(Ok(y)), Some(Ok(m)), Some(Ok(d))) = (ymd.next(), ymd.next(), ymd.next()) else {
+        bail!(bad());
+    };
+    let time = time.strip_suffix('Z').with_context(bad)?;
+    let mut hms = time.splitn(3, ':');
+    let (Some(h), Some(min), Some(s)) = (hms.next(), hms.next(), hms.next()) else {
+        bail!(bad());
+    };
+    // Days from the civil date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok(days as f64 * 86_400.0
+        + h.parse::<f64>().with_context(bad)? * 3600.0
+        + min.parse::<f64>().with_context(bad)? * 60.0
+        + s.parse::<f64>().with_context(bad)?)
+}
+
+fn add(container: &str, netns: &Path, stdin: &[u8]) -> Result<()> {
+    let out = run_plugin("ADD", container, Some(netns), "eth0", stdin)?;
+    ensure!(out.code == 0, "ADD {container}: {out:?}");
+    Ok(())
+}
+
+fn del(container: &str, netns: &Path, stdin: &[u8]) -> Result<()> {
+    let out = run_plugin("DEL", container, Some(netns), "eth0", stdin)?;
+    ensure!(out.code == 0, "DEL {container}: {out:?}");
+    Ok(())
+}
+
+/// The daemon's view of the namespace `cookie`, once `done` holds for it.
+fn wait_view(
+    daemon: &Daemon,
+    cookie: u64,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<Value> {
+    wait_until(what, PATIENCE, || {
+        let answer = daemon.sandboxes()?;
+        Ok(answer["sandboxes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["verdict"]["netns"]["cookie"].as_u64() == Some(cookie) && done(v))
+            .cloned())
+    })
+    .with_context(|| format!("log:\n{}", daemon.log()))
+}
+
+/// The time (seconds since the epoch) of the view's `verdict` in its timeline.
+fn verdict_time(view: &Value, verdict: &str) -> Result<f64> {
+    view["verdict"]["timeline"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["verdict"] == verdict)
+        .and_then(|e| e["at"].as_f64())
+        .with_context(|| format!("no {verdict} in the timeline: {view:#}"))
+}
+
+/// The alarm series of `cookie`: the alert names it by its netns cookie (and pod, once known).
+fn alert_of(alerts: &[Value], cookie: u64) -> Option<&Value> {
+    alerts
+        .iter()
+        .find(|a| a["labels"]["netns_cookie"] == cookie.to_string().as_str())
+}
+
+fn assert_non_empty(prometheus: &Prometheus<'_>, what: &str, expr: &str) -> Result<()> {
+    let result = prometheus.query(expr)?;
+    ensure!(!result.is_empty(), "{what}: `{expr}` returned nothing");
+    Ok(())
+}
+
+#[test]
+fn a_real_prometheus_fires_the_alerts_and_evaluates_every_rule_and_panel() -> Result<()> {
+    let node = Netns::new("node")?;
+    let metrics_addr = format!("127.0.0.1:{METRICS_PORT}");
+    // Not ready first: the conf dir holds a config the daemon refuses.
+    let daemon = Daemon::start_in_node_with_conflist(
+        &node,
+        &[
+            "--metrics-addr",
+            &metrics_addr,
+            "--trace-deadline",
+            "1",
+            "--log-format",
+            "json",
+        ],
+        |_| serde_json::json!({"cniVersion": "1.0.0", "name": "monnet", "plugins": []}),
+    )?;
+    let config = conflist("monnet", "1.0.0", &daemon.socket, SUBNET, None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+
+    // The metrics listener starts next to the socket: the first connection may come first.
+    let health = wait_until("the metrics listener", PATIENCE, || {
+        Ok(http_get(&node, METRICS_PORT, "/healthz")
+            .ok()
+            .map(|(status, _)| status))
+    })?;
+    let (ready, body) = http_get(&node, METRICS_PORT, "/readyz")?;
+    assert_eq!(health, 200, "alive while not ready");
+    assert_eq!(ready, 503, "not ready: {body}");
+
+    let prometheus = Prometheus::start(&node)?;
+    let rules = rule_expressions()?;
+    let expr_of = |alert: &str| -> Result<String> {
+        rules
+            .iter()
+            .find(|(name, _)| name == alert)
+            .map(|(_, expr)| expr.clone())
+            .with_context(|| format!("no rule {alert} in rules.yaml"))
+    };
+    let not_ready = expr_of("ProvisionerNotReady")?;
+    wait_until("the not-ready expression", PATIENCE, || {
+        Ok((!prometheus.query(&not_ready)?.is_empty()).then_some(()))
+    })
+    .with_context(|| prometheus.log())?;
+
+    let files = daemon.conf_dir.parent().context("the daemon's files")?;
+    write_conflist(files, &config)?;
+    wait_until("ready", PATIENCE, || {
+        let status = daemon.request(&serde_json::json!({"op": "status"}))?;
+        Ok((status["ready"] == true).then_some(()))
+    })
+    .with_context(|| daemon.log())?;
+    assert_eq!(http_get(&node, METRICS_PORT, "/readyz")?.0, 200);
+    assert_eq!(http_get(&node, METRICS_PORT, "/healthz")?.0, 200);
+    daemon.wait_tracing(PATIENCE)?;
+
+    // One sandbox the runtime leaves unwired (skipped), one it wires after the deadline
+    // (skipped, then revised to networked), and networked ones until the range is full.
+    let skipped = RuntimeNetns::new("cni-mon")?;
+    let late = RuntimeNetns::new("cni-mla")?;
+    let pods: Vec<Netns> = (0..CAPACITY - 1)
+        .map(|_| Netns::new("mpod"))
+        .collect::<Result<_>>()?;
+    for (i, pod) in pods.iter().enumerate() {
+        add(&format!("mon-{i}"), pod.path(), &stdin)?;
+    }
+    let skipped_cookie = skipped.cookie()?;
+    let skipped_view = wait_view(&daemon, skipped_cookie, "the skip", |v| {
+        v["verdict"]["verdict"] == "skipped"
+    })?;
+    let verdict_at = verdict_time(&skipped_view, "skipped")?;
+    // Its text, as `provisioner sandboxes` prints it, gives times in RFC 3339 UTC.
+    let text = skipped_view["text"].to_string();
+    let printed: Vec<f64> = text
+        .split(|c: char| c.is_whitespace() || c == '"' || c == '\\')
+        .filter(|w| w.ends_with('Z') && w.contains('T'))
+        .filter_map(|w| rfc3339_seconds(w).ok())
+        .collect();
+    assert!(
+        printed.iter().any(|t| (t - verdict_at).abs() < 60.0),
+        "no RFC 3339 time near the verdict ({verdict_at}) in {text}"
+    );
+    let alert = wait_until("the skipped sandbox's alert", PATIENCE, || {
+        let firing = prometheus.firing("ProvisionerSandboxNotNetworked")?;
+        Ok(alert_of(&firing, skipped_cookie).cloned())
+    })
+    .with_context(|| prometheus.log())?;
+    assert_eq!(alert["labels"]["verdict"], "skipped", "{alert:#}");
+    let active_at = rfc3339_seconds(alert["activeAt"].as_str().unwrap_or_default())?;
+    // Prometheus' own evaluation time against the kernel watch's verdict time: a scrape and
+    // then a rule evaluation, each at most one interval away.
+    assert!(
+        active_at - verdict_at <= 2.0 * INTERVAL.as_secs_f64(),
+        "alert active at {active_at}, verdict at {verdict_at}: more than 2 intervals"
+    );
+
+    let late_cookie = late.cookie()?;
+    wait_view(&daemon, late_cookie, "the late one's skip", |v| {
+        v["verdict"]["verdict"] == "skipped"
+    })?;
+    add("mon-late", &late.path(), &stdin)?;
+    wait_view(&daemon, late_cookie, "the late network", |v| {
+        v["verdict"]["verdict"] == "networked" && v["verdict"]["revises"] == "skipped"
+    })?;
+    // Full, then one released: 12 of 13 held, under 10 % free.
+    let last = pods.last().context("no pod")?;
+    del(&format!("mon-{}", CAPACITY - 2), last.path(), &stdin)?;
+    wait_until("the exhaustion alert", PATIENCE, || {
+        let firing = prometheus.firing("ProvisionerAddressesNearlyExhausted")?;
+        Ok(firing
+            .iter()
+            .any(|a| a["labels"]["subnet"] == SUBNET && a["labels"]["network"] == "monnet")
+            .then_some(()))
+    })
+    .with_context(|| prometheus.log())?;
+    wait_until("the revised sandbox's alert gone", PATIENCE, || {
+        let firing = prometheus.firing("ProvisionerSandboxNotNetworked")?;
+        Ok(alert_of(&firing, late_cookie).is_none().then_some(()))
+    })?;
+    let usage = prometheus.query(&format!(
+        "provisioner_ipam_addresses_allocated{{subnet=\"{SUBNET}\"}}"
+    ))?;
+    assert_eq!(usage.len(), 1, "{usage:?}");
+    assert_eq!(usage[0]["value"][1], "12", "{usage:?}");
+
+    // Every expression parses and has data: each rule's quantity, each dashboard panel's.
+    for (alert, expr) in &rules {
+        assert_non_empty(&prometheus, alert, quantity(expr))?;
+    }
+    for (panel, expr) in dashboard_expressions()? {
+        assert_non_empty(&prometheus, &panel, &expr)?;
+    }
+    // The kernel watch paused: its alert's expression holds.
+    let out = daemon.cli(&["kernel-watch", "off"])?;
+    ensure!(out.status.success(), "kernel-watch off: {out:?}");
+    let watch_down = expr_of("ProvisionerKernelWatchDown")?;
+    wait_until("the kernel-watch-down expression", PATIENCE, || {
+        Ok((!prometheus.query(&watch_down)?.is_empty()).then_some(()))
+    })?;
+    // What the scenario cannot make (lost kernel events) is checked by rules_test.yaml.
+    let exercised: BTreeSet<&str> = [
+        "ProvisionerSandboxNotNetworked",
+        "ProvisionerAddressesNearlyExhausted",
+        "ProvisionerNotReady",
+        "ProvisionerKernelWatchDown",
+        "ProvisionerKernelWatchLosingEvents",
+    ]
+    .into();
+    for (alert, _) in &rules {
+        assert!(
+            exercised.contains(alert.as_str()),
+            "{alert}: a rule this scenario does not exercise"
+        );
+    }
+
+    // The JSON log: one object per line; the skip's line carries the sandbox's fields as keys.
+    let log = daemon.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect::<Result<_>>()?;
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["level"].is_string() && l["message"].is_string())
+    );
+    assert!(
+        lines.iter().any(|l| l["netns_cookie"] == skipped_cookie
+            && l["message"].as_str().is_some_and(|m| m.contains("SKIPPED"))),
+        "no JSON line for the skip with its netns_cookie:\n{log}"
+    );
+
+    for (i, pod) in pods.iter().enumerate().take(CAPACITY - 2) {
+        del(&format!("mon-{i}"), pod.path(), &stdin)?;
+    }
+    del("mon-late", &late.path(), &stdin)?;
+    Ok(())
+}
+
+#[test]
+fn promtool_checks_and_tests_the_rules() -> Result<()> {
+    let dir = monitoring_dir();
+    for args in [
+        &["check", "rules", "rules.yaml"][..],
+        &["test", "rules", "rules_test.yaml"][..],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .context("run promtool (apt-get install prometheus)")?;
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Rust crates of the workspace, as code spells them: not metric names.
+const CRATE_NAMES: &[&str] = &[
+    "provisioner_tests",
+    "provisioner_common",
+    "provisioner_ebpf",
+];
+
+/// Every `provisioner_*` / `process_*` name written in `text` (a name ending in `_`, a prefix
+/// written as `provisioner_trace_*`, is no metric name).
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut names = BTreeSet::new();
+    for prefix in ["provisioner_", "process_"] {
+        for (at, _) in text.match_indices(prefix) {
+            if text[..at].chars().next_back().is_some_and(word) {
+                continue;
+            }
+            let name: String = text[at..].chars().take_while(|c| word(*c)).collect();
+            if !name.ends_with('_') && !CRATE_NAMES.contains(&name.as_str()) {
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+/// The files whose metric names an operator reads.
+fn documents() -> Result<Vec<PathBuf>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "deploy/monitoring"] {
+        for entry in std::fs::read_dir(root.join(dir))? {
+            let path = entry?.path();
+            if path
+                .extension()
+                .is_some_and(|e| e == "md" || e == "yaml" || e == "json")
+            {
+                files.push(path);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The metric names a scrape serves: each sample's, each family's, and a histogram's base name.
+fn served_names(exposition: &str) -> BTreeSet<String> {
+    let mut served = BTreeSet::new();
+    for line in exposition.lines() {
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            let mut parts = family.split_whitespace();
+            if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                served.insert(name.to_owned());
+                if kind == "histogram" {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        served.insert(format!("{name}{suffix}"));
+                    }
+                }
+            }
+        } else if !line.starts_with('#') {
+            let name: String = line
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                served.insert(name);
+            }
+        }
+    }
+    served
+}
+
+#[test]
+fn every_metric_name_in_the_docs_is_served() -> Result<()> {
+    let node = Netns::new("node")?;
+    let metrics_addr = format!("127.0.0.1:{METRICS_PORT}");
+    let daemon =
+        Daemon::start_in_node_with_conflist(&node, &["--metrics-addr", &metrics_addr], |socket| {
+            conflist("docnet", "1.0.0", socket, "10.254.39.0/24", None)
+        })?;
+    // The operations' families are served once an operation was, the kernel watch's while it
+    // runs.
+    let config = conflist("docnet", "1.0.0", &daemon.socket, "10.254.39.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    let pod = Netns::new("dpod")?;
+    add("doc-1", pod.path(), &stdin)?;
+    del("doc-1", pod.path(), &stdin)?;
+    daemon.wait_tracing(PATIENCE)?;
+    let exposition = wait_until("a scrape with the kernel watch up", PATIENCE, || {
+        let Ok((200, body)) = http_get(&node, METRICS_PORT, "/metrics") else {
+            return Ok(None);
+        };
+        Ok(body
+            .lines()
+            .any(|l| l == "provisioner_tracing_up 1")
+            .then_some(body))
+    })?;
+    let served = served_names(&exposition);
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for file in documents()? {
+        let text = std::fs::read_to_string(&file)?;
+        for name in metric_names(&text) {
+            checked += 1;
+            if !served.contains(&name) {
+                missing.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        checked >= 20,
+        "only {checked} metric names found in the docs"
+    );
+    assert!(
+        missing.is_empty(),
+        "metric names in the docs that /metrics does not serve:\n{}\n\nserved:\n{exposition}",
+        missing.join("\n")
+    );
+    Ok(())
+}
+
+#[test]
+fn names_are_read_from_text_as_written() {
+    let text = "`provisioner_ready` and provisioner_trace_events_total{kind}; \
+                provisioner_trace_* families; the provisioner_tests crate; \
+                rate(process_cpu_seconds_total[5m]); my_provisioner_x";
+    assert_eq!(
+        metric_names(text),
+        BTreeSet::from([
+            "process_cpu_seconds_total".to_owned(),
+            "provisioner_ready".to_owned(),
+            "provisioner_trace_events_total".to_owned(),
+        ])
+    );
+    let served = served_names(
+        "# TYPE provisioner_operation_duration_seconds histogram\n\
+         provisioner_operation_duration_seconds_sum{op=\"add\"} 1\n\
+         # TYPE provisioner_ready gauge\nprovisioner_ready 1\n",
+    );
+    assert!(served.contains("provisioner_operation_duration_seconds"));
+    assert!(served.contains("provisioner_operation_duration_seconds_bucket"));
+    assert!(served.contains("provisioner_ready"));
+    assert!(!served.contains("provisioner_sandboxes"));
+}
