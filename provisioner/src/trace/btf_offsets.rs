@@ -170,11 +170,31 @@ mod tests {
         assert_eq!(offsets.values.len(), WANTED.len());
         // `comm` and `nsproxy` are far into task_struct; 0 would mean a wrong lookup.
         assert!(offsets.values.iter().all(|(name, off)| *off > 0
-            || matches!(
-                *name,
-                "OFF_NSPROXY_NET_NS" | "OFF_FDT_MAX_FDS" | "OFF_NETDEV_QUEUE_DEV"
-            )));
+            || matches!(*name, "OFF_NSPROXY_NET_NS" | "OFF_NETDEV_QUEUE_DEV")));
         Ok(())
+    }
+
+    /// Every `OFF_*` global of the embedded eBPF object is resolved here, and nothing else:
+    /// a global left at 0 would read the wrong member, a name here without its global would
+    /// make the loader's override fail.
+    #[test]
+    fn wanted_offsets_are_the_objects_globals() {
+        let object = super::super::loader::EBPF_OBJECT;
+        let mut in_object: Vec<&str> = object
+            .split(|b| *b == 0)
+            .filter_map(|name| std::str::from_utf8(name).ok())
+            .filter(|name| {
+                name.starts_with("OFF_")
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            })
+            .collect();
+        in_object.sort_unstable();
+        in_object.dedup();
+        let mut wanted: Vec<&str> = WANTED.iter().map(|(global, _, _)| *global).collect();
+        wanted.sort_unstable();
+        assert_eq!(wanted, in_object);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use super::btf_offsets::KernelOffsets;
 use super::events::{Clock, TraceEvent, decode};
 use super::kernel_fs;
 
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PROVISIONER_EBPF_OBJECT"));
+pub(super) static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PROVISIONER_EBPF_OBJECT"));
 
 /// Syscall tracepoints: (program, category, name). Any of them puts every syscall of the node
 /// on the slow path, so they are attached only where `cap_capable` is missing (kernels before
