@@ -177,6 +177,56 @@ pub struct NetnsCreator {
     pub comm: String,
 }
 
+/// The log fields naming a sandbox's pod (`pod_namespace`, `pod_name`, `pod_uid`,
+/// `sandbox_id`), each absent from the event when unknown. See [`crate::pod_event`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogFields<'a> {
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub uid: Option<&'a str>,
+    pub sandbox_id: Option<&'a str>,
+}
+
+impl<'a> LogFields<'a> {
+    /// The fields of `pod`; the sandbox id is the pod's, else `container_id` (a runtime's
+    /// `CNI_CONTAINERID` is the pod sandbox's id).
+    pub fn of(pod: Option<&'a Pod>, container_id: Option<&'a str>) -> Self {
+        Self {
+            namespace: pod.map(|p| p.namespace.as_str()).filter(|n| !n.is_empty()),
+            name: pod.map(|p| p.name.as_str()),
+            uid: pod.and_then(|p| p.uid.as_deref()),
+            sandbox_id: pod.and_then(|p| p.sandbox_id.as_deref()).or(container_id),
+        }
+    }
+}
+
+/// `pod default/web-0 (uid .., sandbox ..)`, or `pod unknown` when no pod was named: how a
+/// message about a sandbox starts.
+pub fn describe(pod: Option<&Pod>) -> String {
+    match pod {
+        Some(pod) => format!("pod {pod}"),
+        None => "pod unknown".to_owned(),
+    }
+}
+
+/// A `tracing` event about a sandbox, with its pod's [`LogFields`] (`pod_namespace`,
+/// `pod_name`, `pod_uid`, `sandbox_id`) before the event's own fields and message:
+/// `pod_event!(Level::INFO, pod, container_id, key = value, "message")`.
+#[macro_export]
+macro_rules! pod_event {
+    ($level:expr, $pod:expr, $container_id:expr, $($rest:tt)+) => {{
+        let fields = $crate::pod::LogFields::of($pod, $container_id);
+        tracing::event!(
+            $level,
+            pod_namespace = fields.namespace,
+            pod_name = fields.name,
+            pod_uid = fields.uid,
+            sandbox_id = fields.sandbox_id,
+            $($rest)+
+        )
+    }};
+}
+
 /// A sandbox or container id as `crictl` shows it: its first 8 characters.
 pub fn short_id(id: &str) -> &str {
     id.get(..8).unwrap_or(id)

@@ -77,6 +77,19 @@ pub struct SandboxArgs {
     /// Print JSON (CNI result shape for add).
     #[arg(long)]
     json: bool,
+    /// The pod the sandbox belongs to, as a runtime passes it in CNI_ARGS
+    /// (`K8S_POD_NAMESPACE=ns;K8S_POD_NAME=name;K8S_POD_UID=uid;K8S_POD_INFRA_CONTAINER_ID=id`).
+    #[arg(long, value_name = "CNI_ARGS")]
+    cni_args: Option<String>,
+}
+
+impl SandboxArgs {
+    /// The pod `--cni-args` names.
+    fn pod(&self) -> Option<provisioner::pod::Pod> {
+        self.cni_args
+            .as_deref()
+            .and_then(provisioner::pod::Pod::from_cni_args)
+    }
 }
 
 #[derive(Args, Clone, Debug)]

@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use provisioner::cni::{CniResult, CniVersion};
 use provisioner::daemon::api::{AllocationInfo, Request, Response, SandboxRequest, Status};
 use provisioner::daemon::client;
+use provisioner::pod::Pod;
 
 use super::SandboxArgs;
 use super::local_ops::Op;
@@ -28,6 +29,7 @@ pub fn sandbox(op: Op, args: &SandboxArgs) -> Result<()> {
         netns: args.netns.clone(),
         network: None,
         prev_result: None,
+        pod: args.pod(),
     };
     let (request, verb) = match op {
         Op::Add => (Request::Add(req), "added"),
@@ -109,9 +111,13 @@ pub fn list(socket: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     let allocations: Vec<AllocationInfo> = serde_json::from_value(result)?;
+    println!("POD\tCONTAINER\tIFNAME\tADDRESSES");
     for a in &allocations {
         println!(
-            "{}\t{}\t{}",
+            "{}\t{}\t{}\t{}",
+            a.pod
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), Pod::qualified_name),
             a.container_id,
             a.ifname,
             a.addresses.join(",")

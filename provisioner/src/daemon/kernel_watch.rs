@@ -676,6 +676,7 @@ mod tests {
             container_id: container_id.to_owned(),
             ifname: "eth0".to_owned(),
             netns: None,
+            pod: None,
         }
     }
 

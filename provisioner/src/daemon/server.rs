@@ -683,29 +683,45 @@ async fn sandbox_op_inner(active: &Active, req: SandboxRequest, op: Op) -> Respo
         container_id: req.container_id.clone(),
         ifname: req.ifname.clone(),
         netns: req.netns.clone(),
+        pod: req.pod.clone(),
     };
+    let pod = req.pod.as_ref();
+    let container = Some(req.container_id.as_str());
+    let who = crate::pod::describe(pod);
     match op {
         Op::Add => match service.add(&sandbox).await {
             Ok(outcome) => {
-                tracing::info!(container = %req.container_id, ifname = %req.ifname, addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "added");
+                crate::pod_event!(tracing::Level::INFO, pod, container,
+                    container = %req.container_id, ifname = %req.ifname,
+                    addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(),
+                    "ADD {who}: added");
                 Response::Ok {
                     result: cni_result(&outcome).to_json(CniVersion::LATEST),
                 }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "ADD failed");
+                crate::pod_event!(tracing::Level::WARN, pod, container,
+                    container = %req.container_id, ifname = %req.ifname, error = %err,
+                    "ADD {who}: failed");
                 cni_error(&err).into()
             }
         },
         Op::Del => match service.del(&sandbox).await {
             Ok(outcome) => {
-                tracing::info!(container = %req.container_id, ifname = %req.ifname, released = outcome.released.is_some(), "deleted");
+                // A DEL without CNI_ARGS names the pod its ADD recorded.
+                let pod = pod.or_else(|| outcome.released.as_ref()?.pod.as_ref());
+                let who = crate::pod::describe(pod);
+                crate::pod_event!(tracing::Level::INFO, pod, container,
+                    container = %req.container_id, ifname = %req.ifname,
+                    released = outcome.released.is_some(), "DEL {who}: deleted");
                 Response::Ok {
                     result: serde_json::Value::Null,
                 }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "DEL failed");
+                crate::pod_event!(tracing::Level::WARN, pod, container,
+                    container = %req.container_id, ifname = %req.ifname, error = %err,
+                    "DEL {who}: failed");
                 cni_error(&err).into()
             }
         },
@@ -725,10 +741,21 @@ async fn sandbox_op_inner(active: &Active, req: SandboxRequest, op: Op) -> Respo
                 Err(err) => return err.into(),
             };
             match service.check(&sandbox, claimed.as_deref()).await {
-                Ok(_) => Response::Ok {
-                    result: serde_json::Value::Null,
-                },
-                Err(err) => cni_error(&err).into(),
+                Ok(allocation) => {
+                    let pod = pod.or(allocation.pod.as_ref());
+                    let who = crate::pod::describe(pod);
+                    crate::pod_event!(tracing::Level::DEBUG, pod, container,
+                        container = %req.container_id, ifname = %req.ifname, "CHECK {who}: ok");
+                    Response::Ok {
+                        result: serde_json::Value::Null,
+                    }
+                }
+                Err(err) => {
+                    crate::pod_event!(tracing::Level::WARN, pod, container,
+                        container = %req.container_id, ifname = %req.ifname, error = %err,
+                        "CHECK {who}: failed");
+                    cni_error(&err).into()
+                }
             }
         }
     }
@@ -769,6 +796,7 @@ async fn list(active: &Active) -> Response {
                 container_id: a.key.container_id.clone(),
                 ifname: a.key.ifname.clone(),
                 addresses: a.ips.iter().map(|ip| ip.address.to_string()).collect(),
+                pod: a.pod.clone(),
             })
             .collect::<Vec<_>>()),
         Err(err) => cni_error(&err).into(),
