@@ -23,8 +23,20 @@ pub enum Request {
     },
     Status,
     List,
-    /// Every sandbox namespace the kernel watch saw, with verdicts and timelines.
-    Sandboxes,
+    /// Every sandbox namespace the kernel watch saw, with verdicts and timelines; only those
+    /// of `pod` (`namespace/name` or a bare name) and/or whose latest verdict is `verdict`
+    /// (`skipped`, `networked`, ...) when given.
+    Sandboxes {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verdict: Option<String>,
+    },
+    /// For one pod (`namespace/name` or a bare name): its sandboxes' verdict, timeline and
+    /// the diagnosis, in words ([`WhyAnswer`]).
+    Why {
+        pod: String,
+    },
     /// Pause (`on: false`: the eBPF programs are detached when the answer comes) or resume
     /// kernel tracing.
     KernelWatch {
@@ -106,6 +118,18 @@ pub struct LoadInfo {
     pub error: Option<String>,
 }
 
+/// `provisioner why`: what the daemon knows of one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhyAnswer {
+    /// The pod asked about, as asked.
+    pub pod: String,
+    /// One explanation per sandbox of the pod the daemon knows, oldest first (a pod whose
+    /// sandbox was recreated has several); empty when it knows none.
+    pub sandboxes: Vec<String>,
+    /// `None` when kernel tracing runs; else why it does not.
+    pub tracing_unavailable: Option<String>,
+}
+
 /// One line of `provisioner list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationInfo {
@@ -150,6 +174,22 @@ mod tests {
                 pod.uid.as_deref()
             ),
             ("default", "web-0", Some("u-1"))
+        );
+    }
+
+    #[test]
+    fn sandboxes_without_a_filter_is_the_request_of_old() {
+        let old: Request = serde_json::from_str(r#"{"op":"sandboxes"}"#).expect("parse");
+        assert_eq!(
+            old,
+            Request::Sandboxes {
+                pod: None,
+                verdict: None
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&old).expect("serialise"),
+            r#"{"op":"sandboxes"}"#
         );
     }
 

@@ -19,10 +19,13 @@ use crate::ipam::{AllocationKey, IpamConfig};
 use crate::metrics::Operation;
 use crate::sandbox::{Network, SandboxRef, validate};
 
-use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
+use super::api::{
+    AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest, WhyAnswer,
+};
 use super::errors::{cni_error, dataplane_refusal};
 use super::kernel_watch::{self, KernelWatch};
 use super::result::cni_result;
+use super::sandbox_filter::SandboxFilter;
 use super::state::{Active, DaemonState, Paths};
 
 /// Largest request line accepted.
@@ -412,14 +415,37 @@ async fn handle(state: &Arc<DaemonState>, limits: &Limits, request: Request) -> 
             })
             .await
         }
-        Request::Sandboxes => match &state.kernel {
-            Some(kernel) => ok(&kernel.sandboxes()),
+        Request::Sandboxes { pod, verdict } => match &state.kernel {
+            Some(kernel) => match SandboxFilter::parse(pod, verdict.as_deref()) {
+                Ok(filter) => ok(&kernel.sandboxes(&filter)),
+                Err(reason) => CniError::invalid_env(format!("sandboxes: {reason}")).into(),
+            },
+            None => tracing_off(),
+        },
+        Request::Why { pod } => match &state.kernel {
+            Some(kernel) => ok(&why(kernel, pod)),
             None => tracing_off(),
         },
         Request::KernelWatch { on } => match &state.kernel {
             Some(kernel) => switch_kernel_watch(state, kernel, on).await,
             None => tracing_off(),
         },
+    }
+}
+
+/// What the kernel watch knows of `pod`'s sandboxes, explained.
+fn why(kernel: &KernelWatch, pod: String) -> WhyAnswer {
+    let filter = SandboxFilter {
+        pod: Some(pod.clone()),
+        verdict: None,
+    };
+    let answer = kernel.sandboxes(&filter);
+    let mut sandboxes: Vec<String> = answer.sandboxes.iter().map(super::why::explain).collect();
+    sandboxes.extend(answer.absent.iter().map(super::why::explain_absent));
+    WhyAnswer {
+        pod,
+        sandboxes,
+        tracing_unavailable: answer.tracing_unavailable,
     }
 }
 
