@@ -72,7 +72,7 @@ fn plugin(
 #[test]
 fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
+    let mut daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
         conflist("podid", "1.0.0", socket, "10.254.30.0/24", None)
     })?;
     let config = conflist("podid", "1.0.0", &daemon.socket, "10.254.30.0/24", None);
@@ -230,6 +230,22 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
     );
     assert!(verdict_line.contains(" reason="), "{verdict_line}");
     eprintln!("provisioner why shop/web-0:\n{said}\nthe verdict's log line:\n{verdict_line}");
+
+    // Restarted, the daemon's audit names the pod its store recorded.
+    daemon.stop()?;
+    daemon.restart(&node, &["--trace-deadline", "1"])?;
+    let web_cookie: HashSet<u64> = [web_ns.cookie()?].into();
+    let audited = wait_until("web-0 audited after the restart", PATIENCE, || {
+        let views = sandboxes_json(&daemon, &[])?;
+        Ok(views.into_iter().find(|v| {
+            cookie_of(v).is_some_and(|c| web_cookie.contains(&c))
+                && v["intent"]["intent"]["origin"] == "audit"
+        }))
+    })
+    .with_context(|| daemon.log())?;
+    assert_eq!(pod_of_view(&audited).as_ref(), Some(&web), "{audited:#}");
+    let why = daemon.cli(&["why", "web-0"])?;
+    assert!(why.status.success(), "{why:?}");
 
     // DEL without CNI_ARGS (a runtime after its restart): the pod its ADD recorded is named.
     plugin("DEL", &sandbox_id, Some(web_ns.path()), None, &stdin)?;
