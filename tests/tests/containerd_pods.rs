@@ -32,7 +32,12 @@ struct RunningPod {
 /// Pod `i` as the kubelet names it: two namespaces, a UUID for a uid.
 fn kubelet_pod(i: usize) -> NamedPod {
     NamedPod {
-        namespace: if i % 2 == 0 { "shop" } else { "team-b" }.to_owned(),
+        namespace: if i.is_multiple_of(2) {
+            "shop"
+        } else {
+            "team-b"
+        }
+        .to_owned(),
         name: format!("web-{i}"),
         uid: Some(format!("6f0c2b8e-4d7e-4c1b-9a51-{i:012x}")),
         sandbox_id: None,

@@ -12,7 +12,8 @@ use provisioner_tests::daemon_harness::{
     Daemon, conflist, plugin_stdin, run_plugin, run_plugin_with_args,
 };
 use provisioner_tests::daemon_queries::{
-    allocations, cookie_of, names_pod_in_fields, pod_of_view, verdict_and_intent, wait_views_of,
+    allocations, cookie_of, log_field, names_pod_in_fields, pod_of_view, verdict_and_intent,
+    wait_views_of,
 };
 use provisioner_tests::{Netns, wait_until};
 use serde_json::Value;
@@ -219,16 +220,19 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
         .find(|l| l.contains("VERDICT NETWORKED pod shop/web-0"))
         .context("the verdict line")?;
     assert!(names_pod_in_fields(verdict_line, &web), "{verdict_line}");
-    assert!(
-        verdict_line.contains(" verdict=\"networked\"")
-            || verdict_line.contains(" verdict=networked"),
+    assert_eq!(
+        log_field(verdict_line, "verdict"),
+        Some("networked"),
         "{verdict_line}"
     );
     assert!(
-        verdict_line.contains(&format!("netns=net:[")),
+        log_field(verdict_line, "netns").is_some_and(|n| n.starts_with("net:[")),
         "{verdict_line}"
     );
-    assert!(verdict_line.contains(" reason="), "{verdict_line}");
+    assert!(
+        log_field(verdict_line, "reason").is_some(),
+        "{verdict_line}"
+    );
     eprintln!("provisioner why shop/web-0:\n{said}\nthe verdict's log line:\n{verdict_line}");
 
     // Restarted, the daemon's audit names the pod its store recorded.
