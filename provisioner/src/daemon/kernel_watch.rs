@@ -27,7 +27,7 @@ use crate::trace::{
 };
 
 use super::sandbox_filter::SandboxFilter;
-use super::watch_log::log;
+use super::watch_log::{Reported, log};
 
 /// Sandboxes kept for `provisioner sandboxes` (oldest dropped first).
 const KEPT_VIEWS: usize = 4096;
@@ -257,12 +257,13 @@ impl Shared {
             .get(&(key.container_id.clone(), key.ifname.clone()))
     }
 
-    /// The pod a report is about: its view's, else its sandbox's.
-    pub(super) fn pod_of_report(&self, report: &Report) -> Option<PodName> {
+    /// The pod a recorded report is about: its sandbox's (an intent's, a drift's), else its
+    /// view's (which holds the report).
+    fn pod_of_report(&self, report: &Reported) -> Option<PodName> {
         let (cookie, key) = match report {
-            Report::Verdict(v) => (v.netns.cookie, None),
-            Report::Intent(i) => (i.intent.netns_cookie, Some(&i.intent.key)),
-            Report::Drift(d) => (d.netns_cookie, Some(&d.key)),
+            Reported::Verdict(v) => (v.netns.cookie, None),
+            Reported::Intent(i) => (i.intent.netns_cookie, Some(&i.intent.key)),
+            Reported::Drift(d) => (d.netns_cookie, Some(&d.key)),
         };
         key.and_then(|key| self.pod_of(key))
             .map(cni_call)
@@ -298,51 +299,59 @@ impl Shared {
 
     fn record(&mut self, reports: Vec<Report>) {
         for report in reports {
-            let cookie = match &report {
-                Report::Verdict(v) => v.netns.cookie,
-                Report::Intent(i) => i.intent.netns_cookie,
-                Report::Drift(d) => d.netns_cookie,
-            };
-            // A verdict's or an intent's text is rendered from it when asked for.
-            let line = match &report {
-                Report::Verdict(_) | Report::Intent(_) => None,
-                other => Some(ViewText::Line(report_lines(other))),
-            };
-            let view = self.view(cookie);
-            if let Some(line) = line {
-                Self::push_text(view, line);
+            self.record_one(report);
+        }
+    }
+
+    /// Files `report` in its view; what was filed, for the log.
+    fn record_one(&mut self, report: Report) -> Reported {
+        let cookie = match &report {
+            Report::Verdict(v) => v.netns.cookie,
+            Report::Intent(i) => i.intent.netns_cookie,
+            Report::Drift(d) => d.netns_cookie,
+        };
+        // A verdict's or an intent's text is rendered from it when asked for.
+        let line = match &report {
+            Report::Verdict(_) | Report::Intent(_) => None,
+            other => Some(ViewText::Line(report_lines(other))),
+        };
+        let view = self.view(cookie);
+        if let Some(line) = line {
+            Self::push_text(view, line);
+        }
+        match report {
+            Report::Verdict(v) => {
+                let verdict = Arc::new(v);
+                Self::push_text(view, ViewText::Verdict(Arc::clone(&verdict)));
+                view.verdict = Some(Arc::clone(&verdict));
+                Reported::Verdict(verdict)
             }
-            match report {
-                Report::Verdict(v) => {
-                    let verdict = Arc::new(v);
-                    Self::push_text(view, ViewText::Verdict(Arc::clone(&verdict)));
-                    view.verdict = Some(verdict);
+            Report::Intent(i) => {
+                let key_of = |i: &IntentVerdict| {
+                    (
+                        i.intent.key.container_id.clone(),
+                        i.intent.key.ifname.clone(),
+                    )
+                };
+                let previous = view.intent.as_deref().map(key_of);
+                let key = key_of(&i);
+                view.container_id = Some(i.intent.key.container_id.clone());
+                let pod = self.pods.get(&key).cloned();
+                let view = self.view(cookie);
+                if let Some(pod) = &pod {
+                    view.pod = Some(cni_call(pod));
                 }
-                Report::Intent(i) => {
-                    let key_of = |i: &IntentVerdict| {
-                        (
-                            i.intent.key.container_id.clone(),
-                            i.intent.key.ifname.clone(),
-                        )
-                    };
-                    let previous = view.intent.as_deref().map(key_of);
-                    let key = key_of(&i);
-                    view.container_id = Some(i.intent.key.container_id.clone());
-                    let pod = self.pods.get(&key).cloned();
-                    let view = self.view(cookie);
-                    if let Some(pod) = &pod {
-                        view.pod = Some(cni_call(pod));
-                    }
-                    let intent = Arc::new(i);
-                    Self::push_text(view, ViewText::Intent(Arc::clone(&intent), pod));
-                    view.intent = Some(intent);
-                    self.index(previous, key, cookie);
+                let intent = Arc::new(i);
+                Self::push_text(view, ViewText::Intent(Arc::clone(&intent), pod));
+                view.intent = Some(Arc::clone(&intent));
+                self.index(previous, key, cookie);
+                Reported::Intent(intent)
+            }
+            Report::Drift(d) => {
+                if view.drifts.len() < KEPT_TEXTS {
+                    view.drifts.push(d.clone());
                 }
-                Report::Drift(d) => {
-                    if view.drifts.len() < KEPT_TEXTS {
-                        view.drifts.push(d);
-                    }
-                }
+                Reported::Drift(d)
             }
         }
     }
@@ -376,20 +385,24 @@ impl Sink for WatchSink {
     }
 
     fn reports(&mut self, reports: Vec<Report>) {
-        let pods: Vec<Option<PodName>> = {
-            let shared = lock(&self.shared);
-            reports.iter().map(|r| shared.pod_of_report(r)).collect()
-        };
-        for (report, pod) in reports.iter().zip(&pods) {
-            log(report, pod.as_ref());
-        }
         // Namespaces that are not sandboxes (a verdict without a reason to be one: `gone`) are
         // counted, not kept: a node creates thousands and they would crowd the sandboxes out.
-        let sandboxes = reports
-            .into_iter()
-            .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
-            .collect();
-        lock(&self.shared).record(sandboxes);
+        // Each report is logged once filed, naming the pod its view names then.
+        let filed: Vec<(Reported, Option<PodName>)> = {
+            let mut shared = lock(&self.shared);
+            reports
+                .into_iter()
+                .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
+                .map(|report| {
+                    let filed = shared.record_one(report);
+                    let pod = shared.pod_of_report(&filed);
+                    (filed, pod)
+                })
+                .collect()
+        };
+        for (report, pod) in &filed {
+            log(report, pod.as_ref());
+        }
     }
 
     fn metrics(&mut self, metrics: TraceMetrics) {
@@ -766,15 +779,16 @@ mod tests {
         );
         // The ADD of c2 names no pod; its intent (netns 2) and c1's (netns 1) come later.
         shared.name_pod(&sandbox("c2"), Some(2));
-        let report = intent(1, "c1");
+        let filed = shared.record_one(intent(1, "c1"));
         assert_eq!(
             shared
-                .pod_of_report(&report)
+                .pod_of_report(&filed)
                 .as_ref()
                 .and_then(PodName::known),
             Some(&web0())
         );
-        shared.record(vec![report, intent(2, "c2")]);
+        let filed = shared.record_one(intent(2, "c2"));
+        assert_eq!(shared.pod_of_report(&filed), None);
         let text = shared.views[&1].text[0].render().into_owned();
         assert!(
             text.starts_with(
@@ -811,7 +825,8 @@ mod tests {
         assert!(why.contains("verdict: none yet"), "{why}");
         // Removed: its next intents name no pod until an ADD names it again.
         shared.removed(&named, "del", Vec::new());
-        assert_eq!(shared.pod_of_report(&intent(3, "c1")), None);
+        let filed = shared.record_one(intent(3, "c1"));
+        assert_eq!(shared.pod_of_report(&filed), None);
     }
 
     #[test]

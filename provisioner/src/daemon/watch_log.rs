@@ -3,10 +3,19 @@
 //! fields (`pod_namespace`, `pod_name`, `pod_uid`, `sandbox_id`, `netns`, `verdict`, `reason`)
 //! for a log pipeline to alert on.
 
+use std::sync::Arc;
+
 use tracing::Level;
 
 use crate::pod::{Pod, PodName};
-use crate::trace::{Drift, IntentStatus, IntentVerdict, NetnsVerdict, Report, Verdict};
+use crate::trace::{Drift, IntentStatus, IntentVerdict, NetnsVerdict, Verdict};
+
+/// A report of the kernel watch as its sandbox view holds it.
+pub(super) enum Reported {
+    Verdict(Arc<NetnsVerdict>),
+    Intent(Arc<IntentVerdict>),
+    Drift(Drift),
+}
 
 /// `pod default/web-0 (uid .., sandbox ..)`, `pod unknown (why)` or `pod unknown`.
 fn describe(pod: Option<&PodName>) -> String {
@@ -16,11 +25,11 @@ fn describe(pod: Option<&PodName>) -> String {
 /// Logs `report` about the sandbox of `pod` when an operator should see it: alarms and their
 /// revisions as warnings, a sandbox networked as info; repeated skips from one creator at the
 /// 1st, 2nd, 4th, 8th... (each line says how many so far).
-pub(super) fn log(report: &Report, pod: Option<&PodName>) {
+pub(super) fn log(report: &Reported, pod: Option<&PodName>) {
     match report {
-        Report::Verdict(v) => verdict(v, pod),
-        Report::Intent(i) => intent(i, pod),
-        Report::Drift(d) => drift(d, pod),
+        Reported::Verdict(v) => verdict(v, pod),
+        Reported::Intent(i) => intent(i, pod),
+        Reported::Drift(d) => drift(d, pod),
     }
 }
 
