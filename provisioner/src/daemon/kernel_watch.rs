@@ -297,6 +297,7 @@ impl Shared {
         });
     }
 
+    #[cfg(test)]
     fn record(&mut self, reports: Vec<Report>) {
         for report in reports {
             self.record_one(report);
