@@ -62,6 +62,20 @@ impl Pod {
         Pod::from_pairs(args.split(';').filter_map(|seg| seg.split_once('=')))
     }
 
+    /// This pod with every field cleaned as [`Pod::from_pairs`] cleans it (control characters
+    /// dropped, length bounded), or `None` without a name left: for a pod that came by another
+    /// road than `CNI_ARGS` (a socket caller's request).
+    pub fn sanitized(self) -> Option<Pod> {
+        let opt = |v: Option<String>| v.map(|v| clean(&v)).filter(|v| !v.is_empty());
+        let pod = Pod {
+            namespace: clean(&self.namespace),
+            name: clean(&self.name),
+            uid: opt(self.uid),
+            sandbox_id: opt(self.sandbox_id),
+        };
+        (!pod.name.is_empty()).then_some(pod)
+    }
+
     /// `namespace/name`, or `name` alone where there is no namespace.
     pub fn qualified_name(&self) -> String {
         if self.namespace.is_empty() {
@@ -287,6 +301,26 @@ mod tests {
         let pod = Pod::from_cni_args(&format!("K8S_POD_NAME={long}")).expect("pod");
         assert!(pod.name.len() <= MAX_FIELD);
         assert!(pod.name.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn a_pod_from_elsewhere_is_cleaned_like_cni_args() {
+        let sent = Pod {
+            namespace: "default\n".to_owned(),
+            name: format!("web-0\r\nforged log line{}", "x".repeat(400)),
+            uid: Some("\u{1b}[31m".to_owned()),
+            sandbox_id: Some("4bf982a7".to_owned()),
+        };
+        let pod = sent.sanitized().expect("a name is left");
+        assert_eq!(pod.namespace, "default");
+        assert!(pod.name.starts_with("web-0forged log line"), "{}", pod.name);
+        assert!(pod.name.len() <= MAX_FIELD);
+        assert_eq!(pod.uid.as_deref(), Some("[31m"));
+        let nameless = Pod {
+            name: "\u{7}".to_owned(),
+            ..Pod::default()
+        };
+        assert_eq!(nameless.sanitized(), None);
     }
 
     #[test]

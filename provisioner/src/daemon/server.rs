@@ -591,10 +591,12 @@ impl Op {
 async fn sandbox_op(
     state: &Arc<DaemonState>,
     limits: &Limits,
-    req: SandboxRequest,
+    mut req: SandboxRequest,
     op: Op,
 ) -> Response {
     let started = std::time::Instant::now();
+    // Stored and logged: held to what the plugin's own parsing of CNI_ARGS lets through.
+    req.pod = req.pod.and_then(crate::pod::Pod::sanitized);
     let response = match admit(state, limits, &req, op).await {
         Err(refused) => refused,
         Ok(()) => {
