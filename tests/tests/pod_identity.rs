@@ -262,3 +262,44 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
     plugin("DEL", "plain-1", Some(plain_ns.path()), None, &stdin)?;
     Ok(())
 }
+
+/// A socket caller's pod fields are cleaned as the plugin cleans CNI_ARGS: a newline in a pod
+/// name cannot start a forged log line, nor reach `list`.
+#[test]
+fn a_pod_name_cannot_forge_a_log_line() -> Result<()> {
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
+        conflist("podforge", "1.0.0", socket, "10.254.31.0/24", None)
+    })?;
+    daemon.wait_ready(PATIENCE)?;
+    let sandbox = Netns::new("podforge")?;
+    let mut add = testkit::daemon::sandbox_request("add", "forge-1", sandbox.path());
+    add["pod"] = serde_json::json!({
+        "namespace": "shop",
+        "name": "web-0\nERROR FORGED by the caller",
+        "uid": "u\r-1",
+    });
+    daemon.request(&add)?;
+    let log = daemon.log();
+    assert!(
+        !log.lines().any(|l| l.starts_with("ERROR FORGED")),
+        "a forged line:\n{log}"
+    );
+    assert!(
+        log.contains("ADD pod shop/web-0ERROR FORGED by the caller (uid u-1)"),
+        "{log}"
+    );
+    let listed = allocations(&daemon)?;
+    let pod = listed
+        .iter()
+        .find(|a| a.container_id == "forge-1")
+        .and_then(|a| a.pod.as_ref())
+        .context("forge-1's pod listed")?;
+    assert_eq!(pod.name, "web-0ERROR FORGED by the caller");
+    daemon.request(&testkit::daemon::sandbox_request(
+        "del",
+        "forge-1",
+        sandbox.path(),
+    ))?;
+    Ok(())
+}
