@@ -9,6 +9,11 @@
 //! | `free`   | (set index, release seq)    | (family, ip) released     |
 //! | `meta`   | name                        | bytes (`ranges`, `seq`, `boot`, `format`) |
 //!
+//! The `alloc` record names the pod of the allocation's latest ADD, when one was named. `meta`'s
+//! `format` is the store's format: 2 since records name pods; a store without it is format 1
+//! (records without a pod), stamped 2 when an allocator opens it: its records read as naming no
+//! pod until their next ADD. A store of a newer format is refused.
+//!
 //! Every table is a B-tree, so each access is O(log n). A process keeps one `Database` per file
 //! (redb locks the file), shared by all allocators of that data dir through a small registry.
 //!
