@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use provisioner::dataplane::host_ifname;
 use provisioner::pod::Pod;
 use provisioner_tests::daemon_harness::{
     Daemon, conflist, plugin_stdin, run_plugin, run_plugin_with_args,
@@ -235,8 +236,30 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
     );
     eprintln!("provisioner why shop/web-0:\n{said}\nthe verdict's log line:\n{verdict_line}");
 
-    // Restarted, the daemon's audit names the pod its store recorded.
+    // Restarted, the daemon's audit names the pod its store recorded: of a live sandbox, and of
+    // one whose namespace went while the daemon was down.
+    let mut gone_ns = Netns::new("podid")?;
+    let gone = Pod {
+        name: "gone-0".to_owned(),
+        uid: Some("0d5e7a11-9c3b-4f0e-8a2d-6b1c5e9f4a30".to_owned()),
+        sandbox_id: Some("gone-0-sandbox".to_owned()),
+        ..web.clone()
+    };
+    plugin(
+        "ADD",
+        "gone-0-sandbox",
+        Some(gone_ns.path()),
+        Some(&kubelet_args(&gone)),
+        &stdin,
+    )?;
     daemon.stop()?;
+    gone_ns.delete()?;
+    let gone_veth = host_ifname("gone-0-sandbox", "eth0");
+    wait_until(
+        &format!("{gone_veth} gone with its namespace"),
+        PATIENCE,
+        || Ok((!node.links()?.contains(&gone_veth)).then_some(())),
+    )?;
     daemon.restart(&node, &["--trace-deadline", "1"])?;
     let web_cookie: HashSet<u64> = [web_ns.cookie()?].into();
     let audited = wait_until("web-0 audited after the restart", PATIENCE, || {
@@ -250,6 +273,31 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
     assert_eq!(pod_of_view(&audited).as_ref(), Some(&web), "{audited:#}");
     let why = daemon.cli(&["why", "web-0"])?;
     assert!(why.status.success(), "{why:?}");
+    let answer: Value = serde_json::from_slice(
+        &daemon
+            .cli(&["sandboxes", "--json", "--pod", "shop/gone-0"])?
+            .stdout,
+    )?;
+    let absent = answer["absent"].as_array().cloned().unwrap_or_default();
+    assert_eq!(absent.len(), 1, "{answer:#}");
+    assert_eq!(absent[0]["container_id"], "gone-0-sandbox", "{answer:#}");
+    assert_eq!(
+        serde_json::from_value::<Option<Pod>>(absent[0]["pod"].clone())?.as_ref(),
+        Some(&gone)
+    );
+    let log = daemon.log();
+    let released = log
+        .lines()
+        .find(|l| l.contains("sandbox of pod shop/gone-0") && l.contains("gone (no host veth)"))
+        .with_context(|| format!("the release of gone-0 names no pod:\n{log}"))?;
+    assert!(names_pod_in_fields(released, &gone), "{released}");
+    let why = daemon.cli(&["why", "shop/gone-0"])?;
+    let said = String::from_utf8_lossy(&why.stdout);
+    assert!(why.status.success(), "{why:?}");
+    assert!(
+        said.contains("netns gone while the daemon was down"),
+        "{said}"
+    );
 
     // DEL without CNI_ARGS (a runtime after its restart): the pod its ADD recorded is named.
     plugin("DEL", &sandbox_id, Some(web_ns.path()), None, &stdin)?;

@@ -357,14 +357,20 @@ impl Shared {
         }
     }
 
-    fn absent(&mut self, sandbox: &SandboxRef, addresses: Vec<String>, what: String) {
+    fn absent(
+        &mut self,
+        sandbox: &SandboxRef,
+        pod: Option<Pod>,
+        addresses: Vec<String>,
+        what: String,
+    ) {
         if self.absent.len() >= KEPT_VIEWS {
             self.absent.pop_front();
         }
         self.absent.push_back(AbsentSandbox {
             container_id: sandbox.container_id.clone(),
             ifname: sandbox.ifname.clone(),
-            pod: sandbox.pod.clone(),
+            pod,
             addresses,
             what,
             at: format_time(SystemTime::now()),
@@ -634,8 +640,13 @@ impl SandboxObserver for KernelWatch {
             Removal::NetnsGone => {}
         }
         if cause == Removal::NetnsGone {
+            // Reconciliation knows the sandbox by its key: its pod is the one its store recorded.
+            let pod = released
+                .and_then(|a| a.pod.clone())
+                .or_else(|| sandbox.pod.clone());
             lock(&self.shared).absent(
                 sandbox,
+                pod,
                 addresses_of(released),
                 "netns gone while the daemon was down (no host veth); its addresses were \
                  released by reconciliation"
@@ -662,6 +673,7 @@ impl SandboxObserver for KernelWatch {
                     "sandbox of {who} found at start: its namespace could not be found (no pin, no process in it)");
                 lock(&self.shared).absent(
                     sandbox,
+                    sandbox.pod.clone(),
                     expected
                         .sandbox_addresses()
                         .map(|a| a.to_string())
