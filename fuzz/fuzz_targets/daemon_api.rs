@@ -65,7 +65,11 @@ fuzz_target!(|data: &[u8]| {
                     claim(n);
                 }
             }
-            Request::Status | Request::List | Request::Sandboxes | Request::KernelWatch { .. } => {}
+            Request::Status
+            | Request::List
+            | Request::Sandboxes { .. }
+            | Request::Why { .. }
+            | Request::KernelWatch { .. } => {}
         }
     }
     if let Ok(response) = serde_json::from_slice::<Response>(data) {

@@ -62,6 +62,20 @@ impl Pod {
         Pod::from_pairs(args.split(';').filter_map(|seg| seg.split_once('=')))
     }
 
+    /// This pod with every field cleaned as [`Pod::from_pairs`] cleans it (control characters
+    /// dropped, length bounded), or `None` without a name left: for a pod that came by another
+    /// road than `CNI_ARGS` (a socket caller's request).
+    pub fn sanitized(self) -> Option<Pod> {
+        let opt = |v: Option<String>| v.map(|v| clean(&v)).filter(|v| !v.is_empty());
+        let pod = Pod {
+            namespace: clean(&self.namespace),
+            name: clean(&self.name),
+            uid: opt(self.uid),
+            sandbox_id: opt(self.sandbox_id),
+        };
+        (!pod.name.is_empty()).then_some(pod)
+    }
+
     /// `namespace/name`, or `name` alone where there is no namespace.
     pub fn qualified_name(&self) -> String {
         if self.namespace.is_empty() {
@@ -177,6 +191,56 @@ pub struct NetnsCreator {
     pub comm: String,
 }
 
+/// The log fields naming a sandbox's pod (`pod_namespace`, `pod_name`, `pod_uid`,
+/// `sandbox_id`), each absent from the event when unknown. See [`crate::pod_event`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogFields<'a> {
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub uid: Option<&'a str>,
+    pub sandbox_id: Option<&'a str>,
+}
+
+impl<'a> LogFields<'a> {
+    /// The fields of `pod`; the sandbox id is the pod's, else `container_id` (a runtime's
+    /// `CNI_CONTAINERID` is the pod sandbox's id).
+    pub fn of(pod: Option<&'a Pod>, container_id: Option<&'a str>) -> Self {
+        Self {
+            namespace: pod.map(|p| p.namespace.as_str()).filter(|n| !n.is_empty()),
+            name: pod.map(|p| p.name.as_str()),
+            uid: pod.and_then(|p| p.uid.as_deref()),
+            sandbox_id: pod.and_then(|p| p.sandbox_id.as_deref()).or(container_id),
+        }
+    }
+}
+
+/// `pod default/web-0 (uid .., sandbox ..)`, or `pod unknown` when no pod was named: how a
+/// message about a sandbox starts.
+pub fn describe(pod: Option<&Pod>) -> String {
+    match pod {
+        Some(pod) => format!("pod {pod}"),
+        None => "pod unknown".to_owned(),
+    }
+}
+
+/// A `tracing` event about a sandbox, with its pod's [`LogFields`] (`pod_namespace`,
+/// `pod_name`, `pod_uid`, `sandbox_id`) before the event's own fields and message:
+/// `pod_event!(Level::INFO, pod, container_id, key = value, "message")`.
+#[macro_export]
+macro_rules! pod_event {
+    ($level:expr, $pod:expr, $container_id:expr, $($rest:tt)+) => {{
+        let fields = $crate::pod::LogFields::of($pod, $container_id);
+        tracing::event!(
+            $level,
+            pod_namespace = fields.namespace,
+            pod_name = fields.name,
+            pod_uid = fields.uid,
+            sandbox_id = fields.sandbox_id,
+            $($rest)+
+        )
+    }};
+}
+
 /// A sandbox or container id as `crictl` shows it: its first 8 characters.
 pub fn short_id(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
@@ -237,6 +301,26 @@ mod tests {
         let pod = Pod::from_cni_args(&format!("K8S_POD_NAME={long}")).expect("pod");
         assert!(pod.name.len() <= MAX_FIELD);
         assert!(pod.name.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn a_pod_from_elsewhere_is_cleaned_like_cni_args() {
+        let sent = Pod {
+            namespace: "default\n".to_owned(),
+            name: format!("web-0\r\nforged log line{}", "x".repeat(400)),
+            uid: Some("\u{1b}[31m".to_owned()),
+            sandbox_id: Some("4bf982a7".to_owned()),
+        };
+        let pod = sent.sanitized().expect("a name is left");
+        assert_eq!(pod.namespace, "default");
+        assert!(pod.name.starts_with("web-0forged log line"), "{}", pod.name);
+        assert!(pod.name.len() <= MAX_FIELD);
+        assert_eq!(pod.uid.as_deref(), Some("[31m"));
+        let nameless = Pod {
+            name: "\u{7}".to_owned(),
+            ..Pod::default()
+        };
+        assert_eq!(nameless.sanitized(), None);
     }
 
     #[test]

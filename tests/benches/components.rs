@@ -50,7 +50,7 @@ fn ipam(n: usize) -> Result<Value> {
         rel.push(t.elapsed());
         let k = AllocationKey::new(format!("res{i}"), "eth0");
         let t = Instant::now();
-        let r = a.reserve(&k)?;
+        let r = a.reserve(&k, None)?;
         reserve.push(t.elapsed());
         r.wait_durable()?;
         durable.push(t.elapsed());

@@ -147,15 +147,35 @@ impl Cri {
     /// The config the kubelet would send for pod `name` in namespace `default`; container logs
     /// go under `log_dir`.
     pub fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
+        Self::kubelet_pod_config("default", name, &format!("uid-{name}"), log_dir)
+    }
+
+    /// The config the kubelet sends for pod `namespace/name` of uid `uid`: the metadata and
+    /// the labels it sets on every sandbox; container logs go under `log_dir`.
+    pub fn kubelet_pod_config(
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        log_dir: &Path,
+    ) -> PodSandboxConfig {
+        let labels = HashMap::from([
+            ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
+            (
+                "io.kubernetes.pod.namespace".to_owned(),
+                namespace.to_owned(),
+            ),
+            ("io.kubernetes.pod.uid".to_owned(), uid.to_owned()),
+        ]);
         PodSandboxConfig {
             metadata: Some(cri::PodSandboxMetadata {
                 name: name.to_owned(),
-                uid: format!("uid-{name}"),
-                namespace: "default".to_owned(),
+                uid: uid.to_owned(),
+                namespace: namespace.to_owned(),
                 attempt: 0,
             }),
             hostname: name.to_owned(),
             log_directory: log_dir.join(name).display().to_string(),
+            labels,
             linux: Some(cri::LinuxPodSandboxConfig::default()),
             ..PodSandboxConfig::default()
         }
@@ -181,9 +201,17 @@ impl Cri {
     /// RunPodSandbox `name` (logs under `log_dir`), then its status: it must be SANDBOX_READY
     /// with an address. The pod, its addresses (the primary one first) and its netns.
     pub fn run_ready_pod(&mut self, name: &str, log_dir: &Path) -> Result<ReadyPod> {
-        let config = Self::pod_config(name, log_dir);
+        self.run_ready_pod_of(&Self::pod_config(name, log_dir))
+    }
+
+    /// [`Self::run_ready_pod`] of the pod `config` describes.
+    pub fn run_ready_pod_of(&mut self, config: &PodSandboxConfig) -> Result<ReadyPod> {
+        let name = config
+            .metadata
+            .as_ref()
+            .map_or_else(String::new, |m| format!("{}/{}", m.namespace, m.name));
         let pod = self
-            .run_pod(&config)
+            .run_pod(config)
             .map_err(|s| anyhow::anyhow!("RunPodSandbox {name}: {s}"))?;
         let (status, _) = self.pod_status(&pod.id)?;
         if status.state != PodSandboxState::SandboxReady as i32 {

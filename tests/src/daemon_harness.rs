@@ -222,3 +222,23 @@ pub fn run_plugin(
     );
     run_with_stdin(cmd, stdin)
 }
+
+/// [`run_plugin`] with `CNI_ARGS` set, as a runtime passes the pod (`K8S_POD_NAMESPACE=..;..`).
+pub fn run_plugin_with_args(
+    command: &str,
+    container_id: &str,
+    netns: Option<&Path>,
+    cni_args: &str,
+    stdin: &[u8],
+) -> Result<PluginRun> {
+    let mut cmd = testkit::cni::command(
+        &provisioner_bin(),
+        command,
+        container_id,
+        netns,
+        "eth0",
+        "/opt/cni/bin",
+    );
+    cmd.env("CNI_ARGS", cni_args);
+    run_with_stdin(cmd, stdin)
+}

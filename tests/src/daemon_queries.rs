@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner::daemon::api::AllocationInfo;
+use provisioner::pod::{Pod, PodName};
 use serde_json::Value;
 
 use crate::daemon_harness::Daemon;
@@ -86,4 +87,27 @@ fn wait_views(
         Ok((views.len() >= count).then(|| views.clone()))
     })
     .with_context(|| format!("judged so far: {views:#?}\n{}", daemon.log()))
+}
+
+/// `key=value` of a plain-text log line: the value up to the next space, without the quotes
+/// a string field is written with.
+pub fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    line[at..].split(' ').next().map(|v| v.trim_matches('"'))
+}
+
+/// Whether a log line carries the pod fields of `pod`: namespace, name, uid and sandbox id.
+pub fn names_pod_in_fields(line: &str, pod: &Pod) -> bool {
+    log_field(line, "pod_namespace") == Some(pod.namespace.as_str())
+        && log_field(line, "pod_name") == Some(pod.name.as_str())
+        && log_field(line, "pod_uid") == pod.uid.as_deref()
+        && log_field(line, "sandbox_id") == pod.sandbox_id.as_deref()
+}
+
+/// The pod a sandbox view (of `provisioner sandboxes --json`) names, when it names one.
+pub fn pod_of_view(view: &Value) -> Option<Pod> {
+    serde_json::from_value::<Option<PodName>>(view["pod"].clone())
+        .ok()
+        .flatten()
+        .and_then(|name| name.known().cloned())
 }

@@ -55,7 +55,11 @@ fn in_process_add_check_del() -> Result<()> {
         netns,
     ];
 
-    let add = in_node(&node, &[&["add", "--json"][..], &common[..]].concat())?;
+    let pod_args = "K8S_POD_NAMESPACE=cli;K8S_POD_NAME=web-0;K8S_POD_UID=u-cli-0";
+    let add = in_node(
+        &node,
+        &[&["add", "--json", "--cni-args", pod_args][..], &common[..]].concat(),
+    )?;
     ensure!(
         add.status.success(),
         "add: {}",
@@ -74,7 +78,13 @@ fn in_process_add_check_del() -> Result<()> {
         "check: {}",
         String::from_utf8_lossy(&check.stderr)
     );
-    assert!(String::from_utf8_lossy(&check.stdout).contains(&v4));
+    let checked = String::from_utf8_lossy(&check.stdout);
+    assert!(checked.contains(&v4), "{checked}");
+    // The pod its ADD named is in the store: CHECK, another process, names it.
+    assert!(
+        checked.starts_with("ok: pod cli/web-0 (uid u-cli-0) c1 (eth0)"),
+        "{checked}"
+    );
 
     let del = in_node(&node, &[&["del"][..], &common[..]].concat())?;
     ensure!(

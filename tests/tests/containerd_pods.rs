@@ -1,4 +1,5 @@
-//! containerd 1.6 with its CRI plugin runs pods through provisioner, as a kubelet drives it.
+//! containerd 1.6 with its CRI plugin runs pods through provisioner, as a kubelet drives it;
+//! `list`, `sandboxes`, `why` and the daemon's log name each pod as the kubelet named it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -6,21 +7,41 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ipnetwork::Ipv4Network;
+use provisioner::pod::Pod as NamedPod;
 use provisioner_tests::containerd::{CniSetup, Containerd};
-use provisioner_tests::cri;
+use provisioner_tests::cri::{self, Cri};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
-use provisioner_tests::daemon_queries::{allocations, verdict_and_intent, wait_views_of};
+use provisioner_tests::daemon_queries::{
+    allocations, cookie_of, names_pod_in_fields, pod_of_view, verdict_and_intent, wait_views_of,
+};
 use provisioner_tests::oci_image::BUSYBOX_IMAGE;
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
-use provisioner_tests::{Netns, netns_cookie};
+use provisioner_tests::{Netns, netns_cookie, wait_until};
 
 const PODS: usize = 20;
 const SUBNET: &str = "10.251.0.0/24";
 
 struct RunningPod {
     pod: cri::Pod,
+    /// The pod as the kubelet named it (and its sandbox id, once run).
+    named: NamedPod,
     ip: String,
     netns: PathBuf,
+}
+
+/// Pod `i` as the kubelet names it: two namespaces, a UUID for a uid.
+fn kubelet_pod(i: usize) -> NamedPod {
+    NamedPod {
+        namespace: if i.is_multiple_of(2) {
+            "shop"
+        } else {
+            "team-b"
+        }
+        .to_owned(),
+        name: format!("web-{i}"),
+        uid: Some(format!("6f0c2b8e-4d7e-4c1b-9a51-{i:012x}")),
+        sandbox_id: None,
+    }
 }
 
 #[test]
@@ -41,11 +62,18 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
 
     let mut pods = Vec::new();
     for i in 0..PODS {
-        let log_dir = containerd.log_dir.clone();
+        let mut named = kubelet_pod(i);
+        let config = Cri::kubelet_pod_config(
+            &named.namespace,
+            &named.name,
+            named.uid.as_deref().unwrap_or_default(),
+            &containerd.log_dir,
+        );
         let ready = containerd
             .cri()
-            .run_ready_pod(&format!("pod-{i}"), &log_dir)
+            .run_ready_pod_of(&config)
             .with_context(|| daemon.log())?;
+        named.sandbox_id = Some(ready.pod.id.clone());
         let ip = ready.ips[0].clone();
         assert!(
             subnet.contains(ip.parse()?),
@@ -55,6 +83,7 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
         node.ping(&ip)?;
         pods.push(RunningPod {
             pod: ready.pod,
+            named,
             ip,
             netns: ready.netns,
         });
@@ -71,6 +100,25 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
         .collect();
     assert_eq!(held, expected);
 
+    // `list` names each pod as the kubelet did: namespace, name, uid, sandbox id.
+    let listed: HashMap<String, Option<NamedPod>> = allocations(&daemon)?
+        .into_iter()
+        .map(|a| (a.container_id, a.pod))
+        .collect();
+    for p in &pods {
+        assert_eq!(listed[&p.pod.id].as_ref(), Some(&p.named), "{listed:#?}");
+    }
+    let text = String::from_utf8_lossy(&daemon.cli(&["list"])?.stdout).into_owned();
+    for p in &pods {
+        let line = format!(
+            "{}\t{}\teth0\t{}/24",
+            p.named.qualified_name(),
+            p.pod.id,
+            p.ip
+        );
+        assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+    }
+
     // The kernel watch saw each pod namespace get its network from our ADD.
     let cookies: HashSet<u64> = pods
         .iter()
@@ -86,6 +134,64 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
         BTreeMap::from([("networked+confirmed".to_owned(), PODS)]),
         "{views:#?}"
     );
+    for p in &pods {
+        let cookie = netns_cookie(&p.netns)?;
+        let view = views
+            .iter()
+            .find(|v| cookie_of(v) == Some(cookie))
+            .with_context(|| format!("{}'s view", p.named.qualified_name()))?;
+        assert_eq!(pod_of_view(view).as_ref(), Some(&p.named), "{view:#}");
+    }
+    let text = String::from_utf8_lossy(&daemon.cli(&["sandboxes"])?.stdout).into_owned();
+    for p in &pods {
+        let who = format!("pod {} container {}: ", p.named.qualified_name(), p.pod.id);
+        assert!(
+            text.lines().any(|l| l.starts_with(&who)),
+            "{who:?} not in:\n{text}"
+        );
+    }
+
+    // `why NAMESPACE/NAME`: networked, and the daemon's ADD confirmed by the kernel.
+    for p in &pods {
+        let who = p.named.qualified_name();
+        let out = daemon.cli(&["why", &who])?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "why {who}: {out:?}");
+        assert!(
+            said.starts_with(&format!("pod {}, named by its CNI call", p.named)),
+            "{said}"
+        );
+        assert!(said.contains("verdict: NETWORKED"), "{said}");
+        assert!(said.contains("INTENT CONFIRMED"), "{said}");
+    }
+
+    // The daemon's log: each pod's ADD line and verdict line carry its namespace, name, uid and
+    // sandbox id as fields, and name it in the message.
+    let log = wait_until(
+        "every pod's verdict logged",
+        Duration::from_secs(30),
+        || {
+            let log = daemon.log();
+            let all = pods.iter().all(|p| {
+                let verdict = format!("VERDICT NETWORKED pod {}", p.named);
+                log.lines().any(|l| l.contains(&verdict))
+            });
+            Ok(all.then_some(log))
+        },
+    )
+    .with_context(|| daemon.log())?;
+    for p in &pods {
+        for message in [
+            format!("ADD pod {}: added", p.named),
+            format!("VERDICT NETWORKED pod {}", p.named),
+        ] {
+            let line = log
+                .lines()
+                .find(|l| l.contains(&message))
+                .with_context(|| format!("{message:?} not logged:\n{log}"))?;
+            assert!(names_pod_in_fields(line, &p.named), "{line}");
+        }
+    }
 
     // A container in the first pod checks its own eth0 and address.
     let first = &pods[0];

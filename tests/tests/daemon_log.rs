@@ -48,7 +48,7 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
         let log = daemon.log();
         ours = log
             .lines()
-            .filter(|l| l.contains("sandbox network setup SKIPPED"))
+            .filter(|l| l.contains("VERDICT SKIPPED"))
             .filter(|l| {
                 field(l, "netns_cookie")
                     .and_then(|c| c.parse::<u64>().ok())
@@ -80,7 +80,7 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
     }
     let counts: Vec<u64> = log
         .lines()
-        .filter(|l| l.contains("sandbox network setup SKIPPED") && l.contains("containerd"))
+        .filter(|l| l.contains("VERDICT SKIPPED") && l.contains("containerd"))
         .filter_map(|l| field(l, "skips_from_creator")?.parse().ok())
         .collect();
     assert!(

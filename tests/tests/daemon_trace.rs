@@ -460,7 +460,7 @@ fn network_after_the_deadline_revises_the_skip_in_the_timeline_and_the_log() -> 
         "both verdicts in the timeline: {view:#}"
     );
     let log = daemon.log();
-    assert!(log.contains("sandbox network setup SKIPPED"), "{log}");
+    assert!(log.contains("VERDICT SKIPPED"), "{log}");
     assert!(
         log.contains("resolving the earlier SKIPPED warning"),
         "{log}"

@@ -37,6 +37,7 @@ fn sandbox_request(container_id: &str, ifname: &str, netns: Option<&Path>) -> Sa
         netns: netns.map(Path::to_path_buf),
         network: None,
         prev_result: None,
+        pod: None,
     }
 }
 

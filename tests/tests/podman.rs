@@ -51,6 +51,12 @@ fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0].container_id, id);
     assert_eq!(held[0].addresses, [format!("{ip}/24")]);
+    // podman names the container as the pod in CNI_ARGS (K8S_POD_NAME), with no namespace.
+    let pod = held[0]
+        .pod
+        .as_ref()
+        .context("podman's CNI_ARGS name the pod")?;
+    assert_eq!((pod.namespace.as_str(), pod.name.as_str()), ("", "web"));
     check_pod_network(&netns, &ip)?;
     // The container sees it on its own eth0.
     let seen = podman.run(&[
@@ -76,6 +82,11 @@ fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
         views[0]["verdict"]["pod"]["pod"]["name"], "web",
         "{views:#?}"
     );
+    let why = daemon.cli(&["why", "web"])?;
+    let said = String::from_utf8_lossy(&why.stdout);
+    assert!(why.status.success(), "{why:?}");
+    assert!(said.starts_with("pod web, named by its CNI call"), "{said}");
+    assert!(said.contains("verdict: NETWORKED"), "{said}");
 
     podman.run(&["rm", "--force", "--time", "0", "web"])?;
     let started = Instant::now();

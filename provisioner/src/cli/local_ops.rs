@@ -34,12 +34,17 @@ async fn run_async(op: Op, args: &SandboxArgs, config: &Path) -> Result<()> {
     let (allocator, report) = Allocator::open(&args.data_dir, &network.name, &network.ranges)
         .with_context(|| format!("open the allocation store in {}", args.data_dir.display()))?;
     warn_about(&report);
+    if let Some(from) = report.migrated_from {
+        tracing::info!(store = %report.path.display(), from,
+            "allocation store migrated to the format that records pods");
+    }
     let dataplane = Dataplane::new().context("open netlink in this network namespace")?;
     let service = SandboxService::new(network, Arc::new(allocator), dataplane);
     let sandbox = SandboxRef {
         container_id: args.container_id.clone(),
         ifname: args.ifname.clone(),
         netns: args.netns.clone(),
+        pod: args.pod(),
     };
     match op {
         Op::Add => {

@@ -42,8 +42,11 @@ enum Command {
     Status(DaemonClientArgs),
     /// List allocations.
     List(DaemonClientArgs),
-    /// Every sandbox namespace the daemon's kernel watch saw: verdict, creator, timeline.
-    Sandboxes(DaemonClientArgs),
+    /// Every sandbox namespace the daemon's kernel watch saw: pod, verdict, creator, timeline.
+    Sandboxes(SandboxesArgs),
+    /// For one pod: its sandbox's verdict, timeline and the diagnosis (after `kubectl describe
+    /// pod` showed "failed to find network info for sandbox").
+    Why(WhyArgs),
     /// Pause (off: the eBPF programs are detached when it returns) or resume (on) the daemon's
     /// kernel watch; a resumed watch audits the live sandboxes, as at start.
     KernelWatch(KernelWatchArgs),
@@ -77,6 +80,19 @@ pub struct SandboxArgs {
     /// Print JSON (CNI result shape for add).
     #[arg(long)]
     json: bool,
+    /// The pod the sandbox belongs to, as a runtime passes it in CNI_ARGS
+    /// (`K8S_POD_NAMESPACE=ns;K8S_POD_NAME=name;K8S_POD_UID=uid;K8S_POD_INFRA_CONTAINER_ID=id`).
+    #[arg(long, value_name = "CNI_ARGS")]
+    cni_args: Option<String>,
+}
+
+impl SandboxArgs {
+    /// The pod `--cni-args` names.
+    fn pod(&self) -> Option<provisioner::pod::Pod> {
+        self.cni_args
+            .as_deref()
+            .and_then(provisioner::pod::Pod::from_cni_args)
+    }
 }
 
 #[derive(Args, Clone, Debug)]
@@ -86,6 +102,33 @@ pub struct DaemonClientArgs {
     socket: PathBuf,
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SandboxesArgs {
+    /// Only the sandboxes of this pod: NAMESPACE/NAME (or a bare NAME).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pod: Option<String>,
+    /// Only the sandboxes whose latest verdict is this one.
+    #[arg(long, value_parser = verdict_names())]
+    verdict: Option<String>,
+    #[command(flatten)]
+    daemon: DaemonClientArgs,
+}
+
+fn verdict_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        provisioner::trace::Verdict::ALL.map(provisioner::trace::Verdict::as_str),
+    )
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct WhyArgs {
+    /// The pod: NAMESPACE/NAME (or a bare NAME), as `kubectl get pods -A` shows it.
+    #[arg(value_name = "NAMESPACE/NAME")]
+    pod: String,
+    #[command(flatten)]
+    daemon: DaemonClientArgs,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -118,7 +161,19 @@ pub fn main() -> ExitCode {
             Err(err) => Err(err),
         },
         Command::List(args) => remote_ops::list(&args.socket, args.json),
-        Command::Sandboxes(args) => remote_ops::sandboxes(&args.socket, args.json),
+        Command::Sandboxes(args) => remote_ops::sandboxes(
+            &args.daemon.socket,
+            args.daemon.json,
+            args.pod,
+            args.verdict,
+        ),
+        Command::Why(args) => {
+            match remote_ops::why(&args.daemon.socket, &args.pod, args.daemon.json) {
+                Ok(true) => Ok(()),
+                Ok(false) => return ExitCode::from(2),
+                Err(err) => Err(err),
+            }
+        }
         Command::KernelWatch(args) => {
             remote_ops::kernel_watch(&args.daemon.socket, args.state, args.daemon.json)
         }

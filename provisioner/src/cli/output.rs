@@ -68,10 +68,12 @@ pub fn print_check(allocation: &Allocation, json: bool) -> Result<()> {
             "ifname": allocation.key.ifname,
             "ok": true,
             "addresses": allocation.ips.iter().map(|ip| ip.address.to_string()).collect::<Vec<_>>(),
+            "pod": allocation.pod,
         }));
     }
     println!(
-        "ok: {} ({}) has {}",
+        "ok: {} {} ({}) has {}",
+        provisioner::pod::describe(allocation.pod.as_ref()),
         allocation.key.container_id,
         allocation.key.ifname,
         addresses(allocation)

@@ -77,6 +77,7 @@ fn sandbox_request(req: &Request) -> SandboxRequest {
         netns: req.env.netns.clone(),
         network: claim_of(&req.conf),
         prev_result: req.conf.prev_result.clone(),
+        pod: req.env.args.pod(),
     }
 }
 

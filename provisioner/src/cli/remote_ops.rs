@@ -6,8 +6,10 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use provisioner::cni::{CniResult, CniVersion};
+use provisioner::daemon::api::WhyAnswer;
 use provisioner::daemon::api::{AllocationInfo, Request, Response, SandboxRequest, Status};
 use provisioner::daemon::client;
+use provisioner::pod::{Pod, PodName};
 
 use super::SandboxArgs;
 use super::local_ops::Op;
@@ -28,6 +30,7 @@ pub fn sandbox(op: Op, args: &SandboxArgs) -> Result<()> {
         netns: args.netns.clone(),
         network: None,
         prev_result: None,
+        pod: args.pod(),
     };
     let (request, verb) = match op {
         Op::Add => (Request::Add(req), "added"),
@@ -109,9 +112,13 @@ pub fn list(socket: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     let allocations: Vec<AllocationInfo> = serde_json::from_value(result)?;
+    println!("POD\tCONTAINER\tIFNAME\tADDRESSES");
     for a in &allocations {
         println!(
-            "{}\t{}\t{}",
+            "{}\t{}\t{}\t{}",
+            a.pod
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), Pod::qualified_name),
             a.container_id,
             a.ifname,
             a.addresses.join(",")
@@ -142,8 +149,13 @@ pub fn kernel_watch(socket: &Path, state: Switch, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn sandboxes(socket: &Path, json: bool) -> Result<()> {
-    let result = call(socket, &Request::Sandboxes)?;
+pub fn sandboxes(
+    socket: &Path,
+    json: bool,
+    pod: Option<String>,
+    verdict: Option<String>,
+) -> Result<()> {
+    let result = call(socket, &Request::Sandboxes { pod, verdict })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
         return Ok(());
@@ -153,18 +165,34 @@ pub fn sandboxes(socket: &Path, json: bool) -> Result<()> {
     }
     let sandboxes = result["sandboxes"].as_array().cloned().unwrap_or_default();
     for view in &sandboxes {
-        let container = view["container_id"]
-            .as_str()
-            .map(|c| format!("container {c}: "))
-            .unwrap_or_default();
+        let pod = serde_json::from_value::<Option<PodName>>(view["pod"].clone())
+            .ok()
+            .flatten();
+        let mut who = Vec::new();
+        if let Some(pod) = pod.as_ref().and_then(PodName::known) {
+            who.push(format!("pod {}", pod.qualified_name()));
+        }
+        if let Some(c) = view["container_id"].as_str() {
+            who.push(format!("container {c}"));
+        }
+        let who = if who.is_empty() {
+            String::new()
+        } else {
+            format!("{}: ", who.join(" "))
+        };
         for line in view["text"].as_array().into_iter().flatten() {
-            println!("{container}{}", line.as_str().unwrap_or_default());
+            println!("{who}{}", line.as_str().unwrap_or_default());
         }
     }
     let absent = result["absent"].as_array().cloned().unwrap_or_default();
     for gone in &absent {
+        let pod = serde_json::from_value::<Option<Pod>>(gone["pod"].clone())
+            .ok()
+            .flatten()
+            .map(|p| format!("pod {} ", p.qualified_name()))
+            .unwrap_or_default();
         println!(
-            "ABSENT container {} ({}) [{}]: {} ({})",
+            "ABSENT {pod}container {} ({}) [{}]: {} ({})",
             gone["container_id"].as_str().unwrap_or("?"),
             gone["ifname"].as_str().unwrap_or("?"),
             gone["addresses"]
@@ -180,4 +208,33 @@ pub fn sandboxes(socket: &Path, json: bool) -> Result<()> {
     }
     eprintln!("{} sandbox namespace(s)", sandboxes.len());
     Ok(())
+}
+
+/// `provisioner why NAMESPACE/NAME`; `false` when the daemon knows no sandbox of that pod.
+pub fn why(socket: &Path, pod: &str, json: bool) -> Result<bool> {
+    let answer: WhyAnswer = serde_json::from_value(call(
+        socket,
+        &Request::Why {
+            pod: pod.to_owned(),
+        },
+    )?)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+    } else {
+        for explanation in &answer.sandboxes {
+            println!("{explanation}");
+        }
+    }
+    if answer.sandboxes.is_empty() {
+        let tracing = answer
+            .tracing_unavailable
+            .map(|why| format!(" (kernel tracing is not running: {why})"))
+            .unwrap_or_default();
+        eprintln!(
+            "provisioner: the daemon knows no sandbox of pod {pod}{tracing}: no ADD named it and \
+             the kernel watch has not seen its namespace (check the name with `kubectl get pods \
+             -A`; `provisioner sandboxes` lists what the daemon saw)"
+        );
+    }
+    Ok(!answer.sandboxes.is_empty())
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::pod::Pod;
+
 /// Default path of the daemon's socket.
 pub const DEFAULT_SOCKET: &str = "/run/provisioner/provisioner.sock";
 
@@ -21,8 +23,20 @@ pub enum Request {
     },
     Status,
     List,
-    /// Every sandbox namespace the kernel watch saw, with verdicts and timelines.
-    Sandboxes,
+    /// Every sandbox namespace the kernel watch saw, with verdicts and timelines; only those
+    /// of `pod` (`namespace/name` or a bare name) and/or whose latest verdict is `verdict`
+    /// (`skipped`, `networked`, ...) when given.
+    Sandboxes {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verdict: Option<String>,
+    },
+    /// For one pod (`namespace/name` or a bare name): its sandboxes' verdict, timeline and
+    /// the diagnosis, in words ([`WhyAnswer`]).
+    Why {
+        pod: String,
+    },
     /// Pause (`on: false`: the eBPF programs are detached when the answer comes) or resume
     /// kernel tracing.
     KernelWatch {
@@ -41,6 +55,9 @@ pub struct SandboxRequest {
     /// CNI prevResult (CHECK).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev_result: Option<Value>,
+    /// The pod the runtime named in `CNI_ARGS` (absent from an older plugin's request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<Pod>,
 }
 
 /// Name and IPAM section of the caller's network config.
@@ -101,10 +118,87 @@ pub struct LoadInfo {
     pub error: Option<String>,
 }
 
+/// `provisioner why`: what the daemon knows of one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhyAnswer {
+    /// The pod asked about, as asked.
+    pub pod: String,
+    /// One explanation per sandbox of the pod the daemon knows, oldest first (a pod whose
+    /// sandbox was recreated has several); empty when it knows none.
+    pub sandboxes: Vec<String>,
+    /// `None` when kernel tracing runs; else why it does not.
+    pub tracing_unavailable: Option<String>,
+}
+
 /// One line of `provisioner list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationInfo {
     pub container_id: String,
     pub ifname: String,
     pub addresses: Vec<String>,
+    /// The pod its latest ADD named; `None` when none did (or before a store migration).
+    #[serde(default)]
+    pub pod: Option<Pod>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_without_a_pod_still_parses_and_a_pod_round_trips() {
+        // What a plugin that predates pods sends.
+        let old = r#"{"op":"add","container_id":"c1","ifname":"eth0","netns":"/run/netns/c1","network":null}"#;
+        let Ok(Request::Add(req)) = serde_json::from_str::<Request>(old) else {
+            panic!("an older plugin's ADD must parse");
+        };
+        assert_eq!(req.pod, None);
+        let unnamed = serde_json::to_string(&Request::Add(req.clone())).expect("serialise");
+        assert!(!unnamed.contains("pod"), "no pod key when none: {unnamed}");
+
+        let pod = Pod::from_cni_args(
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u-1;K8S_POD_INFRA_CONTAINER_ID=c1",
+        );
+        let named = Request::Del(SandboxRequest { pod, ..req });
+        let line = serde_json::to_string(&named).expect("serialise");
+        let back: Request = serde_json::from_str(&line).expect("parse");
+        assert_eq!(back, named);
+        let Request::Del(back) = back else {
+            panic!("a DEL")
+        };
+        let pod = back.pod.expect("the pod");
+        assert_eq!(
+            (
+                pod.namespace.as_str(),
+                pod.name.as_str(),
+                pod.uid.as_deref()
+            ),
+            ("default", "web-0", Some("u-1"))
+        );
+    }
+
+    #[test]
+    fn sandboxes_without_a_filter_is_the_request_of_old() {
+        let old: Request = serde_json::from_str(r#"{"op":"sandboxes"}"#).expect("parse");
+        assert_eq!(
+            old,
+            Request::Sandboxes {
+                pod: None,
+                verdict: None
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&old).expect("serialise"),
+            r#"{"op":"sandboxes"}"#
+        );
+    }
+
+    #[test]
+    fn a_list_entry_without_a_pod_parses() {
+        let info: AllocationInfo = serde_json::from_str(
+            r#"{"container_id":"c1","ifname":"eth0","addresses":["10.0.0.2/24"]}"#,
+        )
+        .expect("parse");
+        assert_eq!(info.pod, None);
+    }
 }

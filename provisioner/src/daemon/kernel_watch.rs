@@ -16,16 +16,19 @@ use tokio::sync::{mpsc, oneshot};
 use crate::dataplane::ExpectedState;
 use crate::ipam::Allocation;
 use crate::metrics::alarms::{AlarmSeries, SandboxAlarms};
-use crate::pod::PodResolver;
+use crate::pod::{Pod, PodName, PodResolver, PodSource};
 use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
 use crate::trace::diagnosis::CniSetup;
 use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
 use crate::trace::render::{intent_line, report_lines, verdict_lines};
 use crate::trace::verdict::format_time;
 use crate::trace::{
-    CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentStatus, IntentVerdict, NetnsVerdict,
-    Report, SandboxRules, TraceMetrics, Verdict,
+    CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentVerdict, NetnsVerdict, Report,
+    SandboxRules, TraceMetrics,
 };
+
+use super::sandbox_filter::SandboxFilter;
+use super::watch_log::{Reported, log};
 
 /// Sandboxes kept for `provisioner sandboxes` (oldest dropped first).
 const KEPT_VIEWS: usize = 4096;
@@ -50,12 +53,25 @@ pub struct SandboxView {
     #[serde(serialize_with = "serialize_shared")]
     pub intent: Option<Arc<IntentVerdict>>,
     pub container_id: Option<String>,
+    /// The pod this sandbox belongs to; read it through [`SandboxView::pod`]. Set by the
+    /// daemon's ADD (its `CNI_ARGS`) or the audit (the pod its allocation records).
+    pub pod: Option<PodName>,
     pub drifts: Vec<Drift>,
     /// The sandbox was removed (by the runtime's DEL or GC) after its latest ADD: its intent
     /// is history, its addresses are free.
     pub removed: Option<RemovedSandbox>,
     /// The latest reports for this namespace, as `provisioner trace` prints them.
     pub text: Vec<ViewText>,
+}
+
+impl SandboxView {
+    /// The pod of this sandbox as far as the daemon knows it: what every output and log line
+    /// about the sandbox names.
+    pub fn pod(&self) -> Option<&PodName> {
+        self.pod
+            .as_ref()
+            .or_else(|| self.verdict.as_ref()?.pod.as_ref())
+    }
 }
 
 /// One of a view's reports as `provisioner trace` prints it. A verdict or an intent's answer is
@@ -66,7 +82,8 @@ pub struct SandboxView {
 pub enum ViewText {
     Line(String),
     Verdict(Arc<NetnsVerdict>),
-    Intent(Arc<IntentVerdict>),
+    /// An intent's answer and the pod of its sandbox.
+    Intent(Arc<IntentVerdict>, Option<Pod>),
 }
 
 impl ViewText {
@@ -75,7 +92,7 @@ impl ViewText {
         match self {
             ViewText::Line(line) => line.into(),
             ViewText::Verdict(verdict) => verdict_lines(verdict).into(),
-            ViewText::Intent(intent) => intent_line(intent).into(),
+            ViewText::Intent(intent, pod) => intent_line(intent, pod.as_ref()).into(),
         }
     }
 }
@@ -108,6 +125,8 @@ pub struct RemovedSandbox {
 pub struct AbsentSandbox {
     pub container_id: String,
     pub ifname: String,
+    /// The pod its allocation records.
+    pub pod: Option<Pod>,
     pub addresses: Vec<String>,
     /// What happened, in words.
     pub what: String,
@@ -134,6 +153,9 @@ struct Shared {
     /// The views (cookies) holding an ADD's intent, by (container id, ifname): found without
     /// a scan of every view on each ADD and DEL.
     by_sandbox: HashMap<(String, String), Vec<u64>>,
+    /// The pod of each sandbox (container id, ifname) an ADD or the audit named, until its
+    /// removal: what its intents and drifts are told with.
+    pods: HashMap<(String, String), Pod>,
     absent: VecDeque<AbsentSandbox>,
     metrics: TraceMetrics,
     alarms: SandboxAlarms,
@@ -155,6 +177,7 @@ impl Shared {
             verdict: None,
             intent: None,
             container_id: None,
+            pod: None,
             drifts: Vec::new(),
             removed: None,
             text: Vec::new(),
@@ -217,8 +240,44 @@ impl Shared {
         }
     }
 
+    /// Remembers the pod `sandbox` names for its intents, and names it on the view of
+    /// `cookie` (its namespace, when known).
+    fn name_pod(&mut self, sandbox: &SandboxRef, cookie: Option<u64>) {
+        let Some(pod) = &sandbox.pod else {
+            return;
+        };
+        self.pods.insert(
+            (sandbox.container_id.clone(), sandbox.ifname.clone()),
+            pod.clone(),
+        );
+        if let Some(cookie) = cookie {
+            self.view(cookie).pod = Some(cni_call(pod));
+        }
+    }
+
+    /// The pod the daemon knows for the sandbox of `key`.
+    fn pod_of(&self, key: &IntentKey) -> Option<&Pod> {
+        self.pods
+            .get(&(key.container_id.clone(), key.ifname.clone()))
+    }
+
+    /// The pod a recorded report is about: its sandbox's (an intent's, a drift's), else its
+    /// view's (which holds the report).
+    fn pod_of_report(&self, report: &Reported) -> Option<PodName> {
+        let (cookie, key) = match report {
+            Reported::Verdict(v) => (v.netns.cookie, None),
+            Reported::Intent(i) => (i.intent.netns_cookie, Some(&i.intent.key)),
+            Reported::Drift(d) => (d.netns_cookie, Some(&d.key)),
+        };
+        key.and_then(|key| self.pod_of(key))
+            .map(cni_call)
+            .or_else(|| self.views.get(&cookie)?.pod().cloned())
+    }
+
     /// Marks the views of `sandbox`'s ADDs as removed (their intents are history).
     fn removed(&mut self, sandbox: &SandboxRef, by: &'static str, addresses: Vec<String>) {
+        self.pods
+            .remove(&(sandbox.container_id.clone(), sandbox.ifname.clone()));
         let at = format_time(SystemTime::now());
         self.for_views_of(sandbox, |view| {
             if view.removed.is_some() {
@@ -242,59 +301,80 @@ impl Shared {
         });
     }
 
+    #[cfg(test)]
     fn record(&mut self, reports: Vec<Report>) {
         for report in reports {
-            let cookie = match &report {
-                Report::Verdict(v) => v.netns.cookie,
-                Report::Intent(i) => i.intent.netns_cookie,
-                Report::Drift(d) => d.netns_cookie,
-            };
-            // A verdict's or an intent's text is rendered from it when asked for.
-            let line = match &report {
-                Report::Verdict(_) | Report::Intent(_) => None,
-                other => Some(ViewText::Line(report_lines(other))),
-            };
-            let view = self.view(cookie);
-            if let Some(line) = line {
-                Self::push_text(view, line);
+            self.record_one(report);
+        }
+    }
+
+    /// Files `report` in its view; what was filed, for the log.
+    fn record_one(&mut self, report: Report) -> Reported {
+        let cookie = match &report {
+            Report::Verdict(v) => v.netns.cookie,
+            Report::Intent(i) => i.intent.netns_cookie,
+            Report::Drift(d) => d.netns_cookie,
+        };
+        // A verdict's or an intent's text is rendered from it when asked for.
+        let line = match &report {
+            Report::Verdict(_) | Report::Intent(_) => None,
+            other => Some(ViewText::Line(report_lines(other))),
+        };
+        let view = self.view(cookie);
+        if let Some(line) = line {
+            Self::push_text(view, line);
+        }
+        match report {
+            Report::Verdict(v) => {
+                let verdict = Arc::new(v);
+                Self::push_text(view, ViewText::Verdict(Arc::clone(&verdict)));
+                view.verdict = Some(Arc::clone(&verdict));
+                Reported::Verdict(verdict)
             }
-            match report {
-                Report::Verdict(v) => {
-                    let verdict = Arc::new(v);
-                    Self::push_text(view, ViewText::Verdict(Arc::clone(&verdict)));
-                    view.verdict = Some(verdict);
+            Report::Intent(i) => {
+                let key_of = |i: &IntentVerdict| {
+                    (
+                        i.intent.key.container_id.clone(),
+                        i.intent.key.ifname.clone(),
+                    )
+                };
+                let previous = view.intent.as_deref().map(key_of);
+                let key = key_of(&i);
+                view.container_id = Some(i.intent.key.container_id.clone());
+                let pod = self.pods.get(&key).cloned();
+                let view = self.view(cookie);
+                if let Some(pod) = &pod {
+                    view.pod = Some(cni_call(pod));
                 }
-                Report::Intent(i) => {
-                    let key_of = |i: &IntentVerdict| {
-                        (
-                            i.intent.key.container_id.clone(),
-                            i.intent.key.ifname.clone(),
-                        )
-                    };
-                    let previous = view.intent.as_deref().map(key_of);
-                    let key = key_of(&i);
-                    view.container_id = Some(i.intent.key.container_id.clone());
-                    let intent = Arc::new(i);
-                    Self::push_text(view, ViewText::Intent(Arc::clone(&intent)));
-                    view.intent = Some(intent);
-                    self.index(previous, key, cookie);
+                let intent = Arc::new(i);
+                Self::push_text(view, ViewText::Intent(Arc::clone(&intent), pod));
+                view.intent = Some(Arc::clone(&intent));
+                self.index(previous, key, cookie);
+                Reported::Intent(intent)
+            }
+            Report::Drift(d) => {
+                if view.drifts.len() < KEPT_TEXTS {
+                    view.drifts.push(d.clone());
                 }
-                Report::Drift(d) => {
-                    if view.drifts.len() < KEPT_TEXTS {
-                        view.drifts.push(d);
-                    }
-                }
+                Reported::Drift(Box::new(d))
             }
         }
     }
 
-    fn absent(&mut self, sandbox: &SandboxRef, addresses: Vec<String>, what: String) {
+    fn absent(
+        &mut self,
+        sandbox: &SandboxRef,
+        pod: Option<Pod>,
+        addresses: Vec<String>,
+        what: String,
+    ) {
         if self.absent.len() >= KEPT_VIEWS {
             self.absent.pop_front();
         }
         self.absent.push_back(AbsentSandbox {
             container_id: sandbox.container_id.clone(),
             ifname: sandbox.ifname.clone(),
+            pod,
             addresses,
             what,
             at: format_time(SystemTime::now()),
@@ -316,24 +396,29 @@ impl Sink for WatchSink {
     }
 
     fn reports(&mut self, reports: Vec<Report>) {
-        for report in &reports {
-            log(report);
-        }
         // Namespaces that are not sandboxes (a verdict without a reason to be one: `gone`) are
         // counted, not kept: a node creates thousands and they would crowd the sandboxes out.
-        let sandboxes: Vec<Report> = reports
-            .into_iter()
-            .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
-            .collect();
-        let mut shared = lock(&self.shared);
-        let now = Instant::now();
-        for report in &sandboxes {
-            if let Report::Verdict(v) = report {
-                let pod = v.pod.as_ref().and_then(crate::pod::PodName::known);
-                shared.alarms.record(v.netns.cookie, v.verdict, pod, now);
-            }
+        // Each report is logged once filed, naming the pod its view names then.
+        let filed: Vec<(Reported, Option<PodName>)> = {
+            let mut shared = lock(&self.shared);
+            let now = Instant::now();
+            reports
+                .into_iter()
+                .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
+                .map(|report| {
+                    let filed = shared.record_one(report);
+                    let pod = shared.pod_of_report(&filed);
+                    if let Reported::Verdict(v) = &filed {
+                        let named = pod.as_ref().and_then(PodName::known);
+                        shared.alarms.record(v.netns.cookie, v.verdict, named, now);
+                    }
+                    (filed, pod)
+                })
+                .collect()
+        };
+        for (report, pod) in &filed {
+            log(report, pod.as_ref());
         }
-        shared.record(sandboxes);
     }
 
     fn metrics(&mut self, metrics: TraceMetrics) {
@@ -482,16 +567,28 @@ impl KernelWatch {
         }
     }
 
-    pub fn sandboxes(&self) -> SandboxesAnswer {
+    /// The sandboxes (and absent ones) `filter` lets through, each view's `pod` the one
+    /// [`SandboxView::pod`] names.
+    pub fn sandboxes(&self, filter: &SandboxFilter) -> SandboxesAnswer {
         let shared = lock(&self.shared);
         SandboxesAnswer {
             tracing_unavailable: shared.unavailable.clone(),
             sandboxes: shared
                 .order
                 .iter()
-                .filter_map(|c| shared.views.get(c).cloned())
+                .filter_map(|c| shared.views.get(c))
+                .filter(|view| filter.keeps(view))
+                .map(|view| SandboxView {
+                    pod: view.pod().cloned(),
+                    ..view.clone()
+                })
                 .collect(),
-            absent: shared.absent.iter().cloned().collect(),
+            absent: shared
+                .absent
+                .iter()
+                .filter(|absent| filter.keeps_absent(absent))
+                .cloned()
+                .collect(),
             metrics: shared.metrics.clone(),
         }
     }
@@ -535,9 +632,13 @@ fn addresses_of(allocation: Option<&Allocation>) -> Vec<String> {
 
 impl SandboxObserver for KernelWatch {
     fn planned(&self, sandbox: &SandboxRef, netns_cookie: Option<u64>, expected: &ExpectedState) {
-        // A new ADD of a removed sandbox: wired again (a late report of the removed ADD must not
-        // undo its removal, so this is the one place that does).
-        lock(&self.shared).for_views_of(sandbox, |view| view.removed = None);
+        {
+            let mut shared = lock(&self.shared);
+            // A new ADD of a removed sandbox: wired again (a late report of the removed ADD must
+            // not undo its removal, so this is the one place that does).
+            shared.for_views_of(sandbox, |view| view.removed = None);
+            shared.name_pod(sandbox, netns_cookie);
+        }
         if let Some(netns) = &sandbox.netns {
             self.send(Command::Intent(
                 IntentSpec::new(key_of(sandbox), IntentOrigin::Add, netns.clone(), expected)
@@ -561,8 +662,13 @@ impl SandboxObserver for KernelWatch {
             Removal::NetnsGone => {}
         }
         if cause == Removal::NetnsGone {
+            // Reconciliation knows the sandbox by its key: its pod is the one its store recorded.
+            let pod = released
+                .and_then(|a| a.pod.clone())
+                .or_else(|| sandbox.pod.clone());
             lock(&self.shared).absent(
                 sandbox,
+                pod,
                 addresses_of(released),
                 "netns gone while the daemon was down (no host veth); its addresses were \
                  released by reconciliation"
@@ -573,16 +679,23 @@ impl SandboxObserver for KernelWatch {
 
     fn found(&self, sandbox: &SandboxRef, netns: Option<&Path>, expected: &ExpectedState) {
         match netns {
-            Some(netns) => self.send(Command::Intent(IntentSpec::new(
-                key_of(sandbox),
-                IntentOrigin::Audit,
-                netns.to_path_buf(),
-                expected,
-            ))),
+            Some(netns) => {
+                lock(&self.shared).name_pod(sandbox, None);
+                self.send(Command::Intent(IntentSpec::new(
+                    key_of(sandbox),
+                    IntentOrigin::Audit,
+                    netns.to_path_buf(),
+                    expected,
+                )));
+            }
             None => {
-                tracing::warn!(container = %sandbox.container_id, ifname = %sandbox.ifname, "sandbox found at start: its namespace could not be found (no pin, no process in it)");
+                let who = crate::pod::describe(sandbox.pod.as_ref());
+                crate::pod_event!(tracing::Level::WARN, sandbox.pod.as_ref(), Some(sandbox.container_id.as_str()),
+                    container = %sandbox.container_id, ifname = %sandbox.ifname,
+                    "sandbox of {who} found at start: its namespace could not be found (no pin, no process in it)");
                 lock(&self.shared).absent(
                     sandbox,
+                    sandbox.pod.clone(),
                     expected
                         .sandbox_addresses()
                         .map(|a| a.to_string())
@@ -596,70 +709,11 @@ impl SandboxObserver for KernelWatch {
     }
 }
 
-/// The daemon's log line for a report worth an operator's attention; repeated skips from one
-/// creator are logged at the 1st, 2nd, 4th, 8th... (each line says how many so far).
-fn log(report: &Report) {
-    match report {
-        Report::Verdict(v) => {
-            if let Some(old) = v.revises {
-                tracing::info!(
-                    netns_cookie = v.netns.cookie,
-                    creator = %v.creator,
-                    late_ms = ?v.late_ms,
-                    "sandbox network arrived after the deadline: {} now, resolving the earlier {} \
-                     warning: {}",
-                    v.verdict.as_str(),
-                    old.as_str().to_uppercase(),
-                    v.reason
-                );
-                return;
-            }
-            let count = v.repeat.as_ref().map_or(1, |r| r.count);
-            match v.verdict {
-                Verdict::Skipped if count.is_power_of_two() => tracing::warn!(
-                    netns_cookie = v.netns.cookie,
-                    netns_inode = v.netns.inode,
-                    creator = %v.creator,
-                    why_sandbox = ?v.sandbox.as_ref().map(ToString::to_string),
-                    evidence = %v.evidence,
-                    skips_from_creator = count,
-                    diagnosis = v.diagnosis.as_deref().unwrap_or_default(),
-                    "sandbox network setup SKIPPED: {}",
-                    v.reason
-                ),
-                Verdict::Failed | Verdict::Partial | Verdict::Unknown => tracing::warn!(
-                    netns_cookie = v.netns.cookie,
-                    creator = %v.creator,
-                    evidence = %v.evidence,
-                    "sandbox network setup {}: {}",
-                    v.verdict.as_str(),
-                    v.reason
-                ),
-                _ => {}
-            }
-        }
-        Report::Intent(i) => match i.status {
-            IntentStatus::Unconfirmed => tracing::warn!(
-                netns_cookie = i.intent.netns_cookie,
-                sandbox = %i.intent.key,
-                missing = ?i.missing,
-                "kernel did not show the whole sandbox setup within the deadline"
-            ),
-            IntentStatus::Drifted => tracing::warn!(
-                netns_cookie = i.intent.netns_cookie,
-                sandbox = %i.intent.key,
-                missing = ?i.missing,
-                "sandbox found at start lacks part of its network"
-            ),
-            IntentStatus::Confirmed => {}
-        },
-        Report::Drift(d) => tracing::warn!(
-            netns_cookie = d.netns_cookie,
-            sandbox = %d.key,
-            what = %d.what,
-            by = ?d.by.as_ref().map(ToString::to_string),
-            "sandbox network drifted"
-        ),
+/// A pod named by the daemon's own CNI call.
+fn cni_call(pod: &Pod) -> PodName {
+    PodName::Known {
+        pod: pod.clone(),
+        source: PodSource::CniCall,
     }
 }
 
@@ -700,6 +754,7 @@ mod tests {
             container_id: container_id.to_owned(),
             ifname: "eth0".to_owned(),
             netns: None,
+            pod: None,
         }
     }
 
@@ -735,6 +790,78 @@ mod tests {
         assert_eq!(removed(&shared), [1]);
         shared.removed(&sandbox("c3"), "del", Vec::new());
         assert_eq!(removed(&shared), [1, 2]);
+    }
+
+    fn web0() -> Pod {
+        Pod::from_cni_args(
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u-0;K8S_POD_INFRA_CONTAINER_ID=c1",
+        )
+        .expect("a pod")
+    }
+
+    #[test]
+    fn the_pod_an_add_names_is_on_its_view_its_intent_and_the_filter() {
+        let mut shared = Shared::default();
+        let named = SandboxRef {
+            pod: Some(web0()),
+            ..sandbox("c1")
+        };
+        // The ADD knows its namespace's cookie: the view is named before any report.
+        shared.name_pod(&named, Some(1));
+        assert_eq!(
+            shared.views[&1].pod().and_then(PodName::known),
+            Some(&web0())
+        );
+        // The ADD of c2 names no pod; its intent (netns 2) and c1's (netns 1) come later.
+        shared.name_pod(&sandbox("c2"), Some(2));
+        let filed = shared.record_one(intent(1, "c1"));
+        assert_eq!(
+            shared
+                .pod_of_report(&filed)
+                .as_ref()
+                .and_then(PodName::known),
+            Some(&web0())
+        );
+        let filed = shared.record_one(intent(2, "c2"));
+        assert_eq!(shared.pod_of_report(&filed), None);
+        let text = shared.views[&1].text[0].render().into_owned();
+        assert!(
+            text.starts_with(
+                "INTENT CONFIRMED pod default/web-0 (uid u-0, sandbox c1) container c1"
+            ),
+            "{text}"
+        );
+        assert_eq!(shared.views[&2].pod(), None);
+        let filter = |pod: &str| SandboxFilter {
+            pod: Some(pod.to_owned()),
+            verdict: None,
+        };
+        let kept = |f: &SandboxFilter| {
+            let mut cookies: Vec<u64> = shared
+                .views
+                .iter()
+                .filter(|(_, v)| f.keeps(v))
+                .map(|(c, _)| *c)
+                .collect();
+            cookies.sort_unstable();
+            cookies
+        };
+        assert_eq!(kept(&filter("default/web-0")), [1]);
+        assert_eq!(kept(&filter("web-0")), [1]);
+        assert_eq!(kept(&filter("other/web-0")), Vec::<u64>::new());
+        assert_eq!(kept(&SandboxFilter::default()), [1, 2]);
+        let skipped = SandboxFilter::parse(None, Some("skipped")).expect("a verdict");
+        assert_eq!(kept(&skipped), Vec::<u64>::new(), "no verdict yet");
+        let why = super::super::why::explain(&shared.views[&1]);
+        assert!(
+            why.starts_with("pod default/web-0 (uid u-0, sandbox c1), named by its CNI call"),
+            "{why}"
+        );
+        assert!(why.contains("verdict: none yet"), "{why}");
+        // Removed: its next intents name no pod until an ADD names it again.
+        shared.removed(&named, "del", Vec::new());
+        let filed = shared.record_one(intent(3, "c1"));
+        assert_eq!(shared.pod_of_report(&filed), None);
     }
 
     #[test]

@@ -10,7 +10,10 @@ mod errors;
 pub mod kernel_watch;
 mod reconcile;
 pub mod result;
+pub mod sandbox_filter;
 mod server;
 mod state;
+mod watch_log;
+pub mod why;
 
 pub use server::{DaemonOptions, Limits, RenderAtStart, TraceOptions, run};

@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::dataplane::Inventory;
-use crate::ipam::{AllocationKey, OpenReport, RoutedOwner};
+use crate::ipam::{Allocation, OpenReport, RoutedOwner};
 use crate::sandbox::{SandboxService, host_link_of};
 
 /// Why reconciliation did not finish.
@@ -77,10 +77,9 @@ pub async fn with_kernel(service: &SandboxService, same_boot: bool) -> Result<()
     let allocations = service.list().await.map_err(|e| unknown(&e))?;
     let present: HashSet<&str> = inventory.veths.iter().map(|v| v.name.as_str()).collect();
     let owned: HashSet<String> = allocations.iter().map(|a| host_link_of(&a.key)).collect();
-    let gone: Vec<&AllocationKey> = allocations
+    let gone: Vec<&Allocation> = allocations
         .iter()
-        .map(|a| &a.key)
-        .filter(|k| !present.contains(host_link_of(k).as_str()))
+        .filter(|a| !present.contains(host_link_of(&a.key).as_str()))
         .collect();
 
     let mut refused = None;
@@ -92,8 +91,12 @@ pub async fn with_kernel(service: &SandboxService, same_boot: bool) -> Result<()
         tracing::error!(error = %err, "reconciliation: mass release refused");
         refused = Some(err);
     } else {
-        for key in gone {
-            tracing::warn!(%key, host_link = %host_link_of(key), "sandbox gone (no host veth): releasing its allocation");
+        for allocation in gone {
+            let key = &allocation.key;
+            let who = crate::pod::describe(allocation.pod.as_ref());
+            crate::pod_event!(tracing::Level::WARN, allocation.pod.as_ref(), Some(key.container_id.as_str()),
+                %key, host_link = %host_link_of(key),
+                "sandbox of {who} gone (no host veth): releasing its allocation");
             if let Err(err) = service.release_gone(key).await {
                 tracing::error!(%key, error = %err, "release of a gone sandbox failed");
             }

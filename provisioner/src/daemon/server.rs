@@ -20,10 +20,13 @@ use crate::metrics::Operation;
 use crate::names;
 use crate::sandbox::{Network, SandboxRef};
 
-use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
+use super::api::{
+    AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest, WhyAnswer,
+};
 use super::errors::{cni_error, dataplane_refusal};
 use super::kernel_watch::{self, KernelWatch};
 use super::result::cni_result;
+use super::sandbox_filter::SandboxFilter;
 use super::state::{Active, DaemonState, Paths};
 
 /// Largest request line accepted.
@@ -425,14 +428,37 @@ async fn handle(state: &Arc<DaemonState>, limits: &Limits, request: Request) -> 
             })
             .await
         }
-        Request::Sandboxes => match &state.kernel {
-            Some(kernel) => ok(&kernel.sandboxes()),
+        Request::Sandboxes { pod, verdict } => match &state.kernel {
+            Some(kernel) => match SandboxFilter::parse(pod, verdict.as_deref()) {
+                Ok(filter) => ok(&kernel.sandboxes(&filter)),
+                Err(reason) => CniError::invalid_env(format!("sandboxes: {reason}")).into(),
+            },
+            None => tracing_off(),
+        },
+        Request::Why { pod } => match &state.kernel {
+            Some(kernel) => ok(&why(kernel, pod)),
             None => tracing_off(),
         },
         Request::KernelWatch { on } => match &state.kernel {
             Some(kernel) => switch_kernel_watch(state, kernel, on).await,
             None => tracing_off(),
         },
+    }
+}
+
+/// What the kernel watch knows of `pod`'s sandboxes, explained.
+fn why(kernel: &KernelWatch, pod: String) -> WhyAnswer {
+    let filter = SandboxFilter {
+        pod: Some(pod.clone()),
+        verdict: None,
+    };
+    let answer = kernel.sandboxes(&filter);
+    let mut sandboxes: Vec<String> = answer.sandboxes.iter().map(super::why::explain).collect();
+    sandboxes.extend(answer.absent.iter().map(super::why::explain_absent));
+    WhyAnswer {
+        pod,
+        sandboxes,
+        tracing_unavailable: answer.tracing_unavailable,
     }
 }
 
@@ -593,10 +619,12 @@ impl Op {
 async fn sandbox_op(
     state: &Arc<DaemonState>,
     limits: &Limits,
-    req: SandboxRequest,
+    mut req: SandboxRequest,
     op: Op,
 ) -> Response {
     let started = std::time::Instant::now();
+    // Stored and logged: held to what the plugin's own parsing of CNI_ARGS lets through.
+    req.pod = req.pod.and_then(crate::pod::Pod::sanitized);
     let response = match admit(state, limits, &req, op).await {
         Err(refused) => refused,
         Ok(()) => {
@@ -708,29 +736,45 @@ async fn sandbox_op_inner(active: &Active, req: SandboxRequest, op: Op) -> Respo
         container_id: req.container_id.clone(),
         ifname: req.ifname.clone(),
         netns: req.netns.clone(),
+        pod: req.pod.clone(),
     };
+    let pod = req.pod.as_ref();
+    let container = Some(req.container_id.as_str());
+    let who = crate::pod::describe(pod);
     match op {
         Op::Add => match service.add(&sandbox).await {
             Ok(outcome) => {
-                tracing::info!(container = %req.container_id, ifname = %req.ifname, addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "added");
+                crate::pod_event!(tracing::Level::INFO, pod, container,
+                    container = %req.container_id, ifname = %req.ifname,
+                    addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(),
+                    "ADD {who}: added");
                 Response::Ok {
                     result: cni_result(&outcome).to_json(CniVersion::LATEST),
                 }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "ADD failed");
+                crate::pod_event!(tracing::Level::WARN, pod, container,
+                    container = %req.container_id, ifname = %req.ifname, error = %err,
+                    "ADD {who}: failed");
                 cni_error(&err).into()
             }
         },
         Op::Del => match service.del(&sandbox).await {
             Ok(outcome) => {
-                tracing::info!(container = %req.container_id, ifname = %req.ifname, released = outcome.released.is_some(), "deleted");
+                // A DEL without CNI_ARGS names the pod its ADD recorded.
+                let pod = pod.or_else(|| outcome.released.as_ref()?.pod.as_ref());
+                let who = crate::pod::describe(pod);
+                crate::pod_event!(tracing::Level::INFO, pod, container,
+                    container = %req.container_id, ifname = %req.ifname,
+                    released = outcome.released.is_some(), "DEL {who}: deleted");
                 Response::Ok {
                     result: serde_json::Value::Null,
                 }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "DEL failed");
+                crate::pod_event!(tracing::Level::WARN, pod, container,
+                    container = %req.container_id, ifname = %req.ifname, error = %err,
+                    "DEL {who}: failed");
                 cni_error(&err).into()
             }
         },
@@ -750,10 +794,21 @@ async fn sandbox_op_inner(active: &Active, req: SandboxRequest, op: Op) -> Respo
                 Err(err) => return err.into(),
             };
             match service.check(&sandbox, claimed.as_deref()).await {
-                Ok(_) => Response::Ok {
-                    result: serde_json::Value::Null,
-                },
-                Err(err) => cni_error(&err).into(),
+                Ok(allocation) => {
+                    let pod = pod.or(allocation.pod.as_ref());
+                    let who = crate::pod::describe(pod);
+                    crate::pod_event!(tracing::Level::DEBUG, pod, container,
+                        container = %req.container_id, ifname = %req.ifname, "CHECK {who}: ok");
+                    Response::Ok {
+                        result: serde_json::Value::Null,
+                    }
+                }
+                Err(err) => {
+                    crate::pod_event!(tracing::Level::WARN, pod, container,
+                        container = %req.container_id, ifname = %req.ifname, error = %err,
+                        "CHECK {who}: failed");
+                    cni_error(&err).into()
+                }
             }
         }
     }
@@ -794,6 +849,7 @@ async fn list(active: &Active) -> Response {
                 container_id: a.key.container_id.clone(),
                 ifname: a.key.ifname.clone(),
                 addresses: a.ips.iter().map(|ip| ip.address.to_string()).collect(),
+                pod: a.pod.clone(),
             })
             .collect::<Vec<_>>()),
         Err(err) => cni_error(&err).into(),

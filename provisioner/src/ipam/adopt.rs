@@ -112,10 +112,14 @@ impl Allocator {
                 }
                 if ips.len() > before {
                     t.alloc
-                        .insert(k, encode(&ips).as_slice())
+                        .insert(k, encode(&ips, None).as_slice())
                         .map_err(s.err("write allocation"))?;
                     wrote = true;
-                    report.adopted.push(Allocation { key, ips });
+                    report.adopted.push(Allocation {
+                        key,
+                        ips,
+                        pod: None,
+                    });
                 }
             }
         }

@@ -6,6 +6,8 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
+use crate::pod::Pod;
+
 /// Who owns an allocation: the CNI `CNI_CONTAINERID` and `CNI_IFNAME`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AllocationKey {
@@ -37,9 +39,12 @@ pub struct AllocatedIp {
     pub gateway: IpAddr,
 }
 
-/// All addresses held by one key, in range-set order.
+/// All addresses held by one key, in range-set order, and the pod its latest ADD named.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
     pub key: AllocationKey,
     pub ips: Vec<AllocatedIp>,
+    /// `None`: no ADD of this key named a pod (a runtime without Kubernetes metadata, or an
+    /// allocation kept from a store format without pods, until its next ADD).
+    pub pod: Option<Pod>,
 }

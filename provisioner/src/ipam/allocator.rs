@@ -67,11 +67,17 @@ use super::error::IpamError;
 use super::range::{IpRange, RangeSet, RangeSets, from_u128, to_u128};
 use super::store::{AddrT, Store, Tables, addr_from_key, addr_key, decode, encode};
 use super::withdrawal::HeldAddresses;
+use crate::pod::Pod;
 
 const META_RANGES: &str = "ranges";
 const META_SEQ: &str = "seq";
 /// The kernel's boot id when the store was last opened.
 const META_BOOT: &str = "boot";
+/// The store's format, a decimal number. A store without it is format 1 (records without a
+/// pod); format 2 records may name the pod.
+const META_FORMAT: &str = "format";
+/// The format this allocator writes.
+pub const STORE_FORMAT: u32 = 2;
 
 /// Most operations applied in one transaction. Bounds the latency a batch adds to its first
 /// caller; 16 concurrent callers fit in one batch.
@@ -104,7 +110,9 @@ struct Core {
 /// A write operation queued for the committer.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
-    Allocate(AllocationKey),
+    /// Allocate for the key, or answer its allocation; a pod given is recorded with it (an
+    /// existing allocation naming another pod, or none, is rewritten to name this one).
+    Allocate(AllocationKey, Option<Pod>),
     Release(AllocationKey),
     /// A release whose addresses stay held (see [`super::withdrawal`]).
     ReleaseHolding(AllocationKey),
@@ -287,6 +295,9 @@ pub struct OpenReport {
     /// The node has not rebooted since the store was last opened (same kernel boot id), so a
     /// sandbox of the store whose veth is gone did not vanish with a reboot.
     pub same_boot: bool,
+    /// The format the store was in when it was opened in an older one and migrated to
+    /// [`STORE_FORMAT`]; its allocations name no pod until their next ADD.
+    pub migrated_from: Option<u32>,
 }
 
 /// Where a picked address comes from; applied to the store only once every set has one.
@@ -337,6 +348,38 @@ struct ReleasePlan {
     freed: Vec<((u32, u64), AddrT)>,
     /// The release sequence number after this release.
     seq: u64,
+}
+
+/// What an operation wrote in its transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wrote {
+    Nothing,
+    /// A new allocation.
+    Created,
+    /// Anything else: an existing record, a release, store fixes.
+    Updated,
+}
+
+impl Wrote {
+    fn any(self) -> bool {
+        self != Wrote::Nothing
+    }
+}
+
+impl From<bool> for Wrote {
+    fn from(wrote: bool) -> Self {
+        if wrote {
+            Wrote::Updated
+        } else {
+            Wrote::Nothing
+        }
+    }
+}
+
+/// Whether `allocation` already records what an ADD naming `pod` would: an ADD that names no
+/// pod leaves the recorded one.
+fn names_pod(allocation: &Allocation, pod: Option<&Pod>) -> bool {
+    pod.is_none() || allocation.pod.as_ref() == pod
 }
 
 fn idx(i: usize) -> u32 {
@@ -394,11 +437,22 @@ impl Allocator {
     /// Reserves one address per range set for `key`, durably, or returns the existing allocation
     /// of `key`. On exhaustion nothing is reserved and the error names the exhausted set(s).
     pub fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError> {
+        self.allocate_for(key, None)
+    }
+
+    /// [`Self::allocate`], recording `pod` with the allocation (see [`Op::Allocate`]).
+    pub fn allocate_for(
+        &self,
+        key: &AllocationKey,
+        pod: Option<&Pod>,
+    ) -> Result<Allocation, IpamError> {
         // A retried ADD is answered from a snapshot without queueing behind writers.
-        if let Some(existing) = self.get(key)? {
+        if let Some(existing) = self.get(key)?
+            && names_pod(&existing, pod)
+        {
             return Ok(existing);
         }
-        match self.submit(Op::Allocate(key.clone()))? {
+        match self.submit(Op::Allocate(key.clone(), pod.cloned()))? {
             Done::Allocated(a) => Ok(a),
             Done::Released(_) => Err(self.core.stopped("answered allocate with a release")),
         }
@@ -408,15 +462,21 @@ impl Allocator {
     /// on disk: the caller can wire them while the commit runs, and must then await
     /// [`Reservation::durable`] before it reports success (see the module doc). An existing
     /// allocation comes back at once, already durable.
-    pub fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+    pub fn reserve(
+        &self,
+        key: &AllocationKey,
+        pod: Option<&Pod>,
+    ) -> Result<Reservation, IpamError> {
         let store = self.core.store.path().to_path_buf();
-        if let Some(existing) = self.get(key)? {
+        if let Some(existing) = self.get(key)?
+            && names_pod(&existing, pod)
+        {
             return Ok(Reservation::durable_already(existing, false, &store));
         }
         let (applied, answer) = mpsc::sync_channel(1);
         let (durable_tx, durable) = oneshot::channel();
         self.enqueue(Request {
-            op: Op::Allocate(key.clone()),
+            op: Op::Allocate(key.clone(), pod.cloned()),
             reply: Reply::Staged {
                 applied: Answer::Blocked(applied),
                 durable: durable_tx,
@@ -435,12 +495,13 @@ impl Allocator {
     pub fn reserve_queued(
         &self,
         key: &AllocationKey,
+        pod: Option<&Pod>,
     ) -> impl Future<Output = Result<Reservation, IpamError>> + Send + 'static {
         let store = self.core.store.path().to_path_buf();
         let (applied, answer) = oneshot::channel();
         let (durable_tx, durable) = oneshot::channel();
         let queued = self.enqueue(Request {
-            op: Op::Allocate(key.clone()),
+            op: Op::Allocate(key.clone(), pod.cloned()),
             reply: Reply::Staged {
                 applied: Answer::Awaited(applied),
                 durable: durable_tx,
@@ -658,9 +719,14 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
     let fingerprint = ranges.fingerprint();
     let boot = boot_id();
     let txn = store.begin_write()?;
+    let fresh;
+    let stamp_format;
     {
         let t = store.tables(&txn)?;
-        report.ranges_changed = match t.meta.get(META_RANGES).map_err(store.err("read meta"))? {
+        let previous_ranges = t.meta.get(META_RANGES).map_err(store.err("read meta"))?;
+        // A store never opened before has no ranges recorded: it is new, not of an old format.
+        fresh = previous_ranges.is_none();
+        report.ranges_changed = match previous_ranges {
             Some(v) => v.value() != fingerprint.as_bytes(),
             None => true,
         };
@@ -672,6 +738,26 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
             (Some(v), Some(now)) => v.value() == now.as_bytes(),
             _ => true,
         };
+        let format = match t.meta.get(META_FORMAT).map_err(store.err("read meta"))? {
+            None => 1,
+            Some(v) => std::str::from_utf8(v.value())
+                .ok()
+                .and_then(|f| f.parse::<u32>().ok())
+                .ok_or_else(|| store.corrupt("meta format", "not a decimal number"))?,
+        };
+        if format > STORE_FORMAT {
+            return Err(store.corrupt(
+                "meta format",
+                format!(
+                    "store format {format} is newer than this binary's ({STORE_FORMAT}): \
+                     refusing to open it (a newer provisioner wrote it)"
+                ),
+            ));
+        }
+        stamp_format = format < STORE_FORMAT;
+        if stamp_format && !fresh {
+            report.migrated_from = Some(format);
+        }
     }
     if report.ranges_changed {
         // Cursors and free lists are indexed by (set, range) position; start them afresh.
@@ -688,6 +774,13 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
         if let Some(boot) = &boot {
             t.meta
                 .insert(META_BOOT, boot.as_bytes())
+                .map_err(store.err("write meta"))?;
+        }
+        if stamp_format {
+            // Format 1 records read as format 2 records naming no pod: the format is all
+            // that changes.
+            t.meta
+                .insert(META_FORMAT, STORE_FORMAT.to_string().as_bytes())
                 .map_err(store.err("write meta"))?;
         }
         for entry in t.alloc.iter().map_err(store.err("scan allocations"))? {
@@ -716,6 +809,11 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
         }
     }
     store.commit(txn)?;
+    if let Some(from) = report.migrated_from {
+        tracing::info!(network, store = %store.path().display(), from, to = STORE_FORMAT,
+            allocations = report.allocations,
+            "ipam store migrated: its allocations name no pod until their next ADD");
+    }
     for a in &report.out_of_range {
         tracing::warn!(network, key = %a.key, ips = ?a.ips, "allocation outside the configured ranges; kept reserved");
     }
@@ -785,11 +883,11 @@ impl Core {
         };
         let mut waiting = Vec::new();
         let mut retry = Vec::new();
-        let dirty = wrote.iter().any(|w| *w);
+        let dirty = wrote.iter().any(|w| w.any());
         for ((request, outcome), wrote) in batch.into_iter().zip(outcomes).zip(wrote) {
             match request.reply {
                 Reply::Staged { applied, durable } => {
-                    let new = wrote && matches!(outcome, Ok(Done::Allocated(_)));
+                    let new = wrote == Wrote::Created && matches!(outcome, Ok(Done::Allocated(_)));
                     applied.send((outcome, new));
                     waiting.push(durable);
                 }
@@ -886,7 +984,7 @@ impl Core {
     /// written. `Err` means the transaction as a whole failed and none of it is durable.
     fn run_in_one(&self, ops: &[Op]) -> Result<Vec<Outcome>, IpamError> {
         let (txn, outcomes, wrote) = self.apply(ops)?;
-        if wrote.iter().any(|w| *w) {
+        if wrote.iter().any(|w| w.any()) {
             self.store.commit(txn)?;
         }
         // Else dropping `txn` aborts it: every answer came from already committed data.
@@ -899,7 +997,7 @@ impl Core {
     fn apply(
         &self,
         ops: &[Op],
-    ) -> Result<(redb::WriteTransaction, Vec<Outcome>, Vec<bool>), IpamError> {
+    ) -> Result<(redb::WriteTransaction, Vec<Outcome>, Vec<Wrote>), IpamError> {
         let s = &self.store;
         let txn = s.begin_write()?;
         let mut outcomes = Vec::with_capacity(ops.len());
@@ -908,9 +1006,9 @@ impl Core {
             let mut t = s.tables(&txn)?;
             for op in ops {
                 let (outcome, wrote) = match op {
-                    Op::Allocate(key) => match self.plan_allocate(&t, key) {
-                        Ok(plan) => self.apply_allocate(&mut t, key, plan)?,
-                        Err(e) => (Err(e), false),
+                    Op::Allocate(key, pod) => match self.plan_allocate(&t, key) {
+                        Ok(plan) => self.apply_allocate(&mut t, key, pod.as_ref(), plan)?,
+                        Err(e) => (Err(e), Wrote::Nothing),
                     },
                     Op::Release(key) | Op::ReleaseHolding(key) => {
                         let holding = matches!(op, Op::ReleaseHolding(_));
@@ -919,10 +1017,11 @@ impl Core {
                                 if holding {
                                     self.held.hold(key, &plan.owned);
                                 }
-                                self.apply_release(&mut t, key, plan)?
+                                let (outcome, wrote) = self.apply_release(&mut t, key, plan)?;
+                                (outcome, Wrote::from(wrote))
                             }
-                            Ok(None) => (Ok(Done::Released(None)), false),
-                            Err(e) => (Err(e), false),
+                            Ok(None) => (Ok(Done::Released(None)), Wrote::Nothing),
+                            Err(e) => (Err(e), Wrote::Nothing),
                         }
                     }
                 };
@@ -984,19 +1083,30 @@ impl Core {
     }
 
     /// Writes an allocate plan. `Err` only for a failed write (the transaction is then unusable);
-    /// the operation's own outcome is the first element, whether anything was written the second.
+    /// the operation's own outcome is the first element, what was written the second.
     fn apply_allocate(
         &self,
         t: &mut Tables<'_>,
         key: &AllocationKey,
+        pod: Option<&Pod>,
         plan: AllocPlan,
-    ) -> Result<(Outcome, bool), IpamError> {
+    ) -> Result<(Outcome, Wrote), IpamError> {
         let s = &self.store;
         match plan {
-            AllocPlan::Existing(a) => Ok((Ok(Done::Allocated(a)), false)),
+            AllocPlan::Existing(mut a) => {
+                if names_pod(&a, pod) {
+                    return Ok((Ok(Done::Allocated(a)), Wrote::Nothing));
+                }
+                a.pod = pod.cloned();
+                let k = (key.container_id.as_str(), key.ifname.as_str());
+                t.alloc
+                    .insert(k, encode(&a.ips, a.pod.as_ref()).as_slice())
+                    .map_err(s.err("write allocation"))?;
+                Ok((Ok(Done::Allocated(a)), Wrote::Updated))
+            }
             AllocPlan::Exhausted { fixes, error } => {
                 self.apply_fixes(t, &fixes)?;
-                Ok((Err(error), !fixes.is_empty()))
+                Ok((Err(error), Wrote::from(!fixes.is_empty())))
             }
             AllocPlan::New { fixes, picks, ips } => {
                 self.apply_fixes(t, &fixes)?;
@@ -1018,14 +1128,15 @@ impl Core {
                         .map_err(s.err("write address"))?;
                 }
                 t.alloc
-                    .insert(k, encode(&ips).as_slice())
+                    .insert(k, encode(&ips, pod).as_slice())
                     .map_err(s.err("write allocation"))?;
                 Ok((
                     Ok(Done::Allocated(Allocation {
                         key: key.clone(),
                         ips,
+                        pod: pod.cloned(),
                     })),
-                    true,
+                    Wrote::Created,
                 ))
             }
         }
@@ -1275,9 +1386,9 @@ pub(super) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = open(dir.path(), V4_28);
         let out = a.run_batch(&[
-            Op::Allocate(key(1)),
-            Op::Allocate(key(1)),
-            Op::Allocate(key(2)),
+            Op::Allocate(key(1), None),
+            Op::Allocate(key(1), None),
+            Op::Allocate(key(2), None),
         ]);
         assert_eq!(ip(&out[0]), "10.244.1.2");
         assert_eq!(ip(&out[1]), "10.244.1.2");
@@ -1291,9 +1402,9 @@ pub(super) mod tests {
         let a = open(dir.path(), V4_28);
         let out = a.run_batch(&[
             Op::Release(key(1)),
-            Op::Allocate(key(1)),
+            Op::Allocate(key(1), None),
             Op::Release(key(1)),
-            Op::Allocate(key(1)),
+            Op::Allocate(key(1), None),
             Op::Release(key(2)),
         ]);
         assert!(matches!(out[0], Ok(Done::Released(None))), "{:?}", out[0]);
@@ -1326,8 +1437,8 @@ pub(super) mod tests {
         }
         let out = a.run_batch(&[
             Op::Release(key(0)),
-            Op::Allocate(key(9)),
-            Op::Allocate(key(0)),
+            Op::Allocate(key(9), None),
+            Op::Allocate(key(0), None),
         ]);
         assert!(matches!(out[0], Ok(Done::Released(Some(_)))));
         assert_eq!(ip(&out[1]), "10.244.1.5");
@@ -1348,9 +1459,9 @@ pub(super) mod tests {
         a.release(&key(4)).unwrap().unwrap(); // .6, released first
         let out = a.run_batch(&[
             Op::Release(key(9)), // .11
-            Op::Allocate(key(20)),
-            Op::Allocate(key(21)),
-            Op::Allocate(key(22)),
+            Op::Allocate(key(20), None),
+            Op::Allocate(key(21), None),
+            Op::Allocate(key(22), None),
         ]);
         assert_eq!(ip(&out[1]), "10.244.1.6");
         assert_eq!(ip(&out[2]), "10.244.1.11");
@@ -1370,11 +1481,11 @@ pub(super) mod tests {
             a.allocate(&key(i)).unwrap();
         }
         let out = a.run_batch(&[
-            Op::Allocate(key(20)),
-            Op::Allocate(key(21)),
+            Op::Allocate(key(20), None),
+            Op::Allocate(key(21), None),
             Op::Release(key(3)),
-            Op::Allocate(key(21)),
-            Op::Allocate(key(22)),
+            Op::Allocate(key(21), None),
+            Op::Allocate(key(22), None),
         ]);
         assert_eq!(ip(&out[0]), "10.244.1.14");
         assert!(
@@ -1433,8 +1544,8 @@ pub(super) mod tests {
         let bad = AllocationKey::new("bad", "eth0");
         let out = a.run_batch(&[
             Op::Release(bad.clone()),
-            Op::Allocate(key(1)),
-            Op::Allocate(bad),
+            Op::Allocate(key(1), None),
+            Op::Allocate(bad, None),
         ]);
         assert!(
             matches!(out[0], Err(IpamError::Corrupt { .. })),
@@ -1485,7 +1596,10 @@ pub(super) mod tests {
         assert_eq!(unreadable.len(), 1);
         assert_eq!(unreadable[0].0, AllocationKey::new("bad", "eth0"));
         // Its address stays reserved.
-        assert_eq!(ip(&a.run_batch(&[Op::Allocate(key(2))])[0]), "10.244.1.4");
+        assert_eq!(
+            ip(&a.run_batch(&[Op::Allocate(key(2), None)])[0]),
+            "10.244.1.4"
+        );
     }
 
     #[test]
@@ -1525,12 +1639,12 @@ pub(super) mod tests {
     fn reserve_answers_before_durable_and_nothing_else_gets_the_address() {
         let dir = tempfile::tempdir().unwrap();
         let a = open(dir.path(), V4_28);
-        let r1 = a.reserve(&key(1)).unwrap();
+        let r1 = a.reserve(&key(1), None).unwrap();
         assert!(r1.is_new());
         let first = r1.allocation().clone();
         // Before anyone awaited durability, the next callers get other addresses.
         let second = a.allocate(&key(2)).unwrap();
-        let r3 = a.reserve(&key(3)).unwrap();
+        let r3 = a.reserve(&key(3), None).unwrap();
         let ips: std::collections::HashSet<_> = [&first, &second, r3.allocation()]
             .iter()
             .map(|al| al.ips[0].address.ip())
@@ -1551,7 +1665,10 @@ pub(super) mod tests {
         let a = open(dir.path(), V4_28);
         let held = a.allocate(&key(1)).unwrap();
         // Queued before anything is awaited: both are answered, with different addresses.
-        let (r2, r3) = tokio::join!(a.reserve_queued(&key(2)), a.reserve_queued(&key(3)));
+        let (r2, r3) = tokio::join!(
+            a.reserve_queued(&key(2), None),
+            a.reserve_queued(&key(3), None)
+        );
         let (r2, r3) = (r2.unwrap(), r3.unwrap());
         assert!(r2.is_new() && r3.is_new());
         assert_ne!(r2.allocation().ips, r3.allocation().ips);
@@ -1559,7 +1676,7 @@ pub(super) mod tests {
         let second = r2.durable().await.unwrap();
         r3.durable().await.unwrap();
         // An existing key comes back as it is, not new.
-        let again = a.reserve_queued(&key(1)).await.unwrap();
+        let again = a.reserve_queued(&key(1), None).await.unwrap();
         assert!(!again.is_new());
         assert_eq!(again.durable().await.unwrap(), held);
         // Release: the allocation released; an unknown key is nothing, and writes nothing.
@@ -1578,7 +1695,7 @@ pub(super) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = open(dir.path(), V4_28);
         let held = a.allocate(&key(1)).unwrap();
-        let again = a.reserve(&key(1)).unwrap();
+        let again = a.reserve(&key(1), None).unwrap();
         assert!(!again.is_new());
         assert_eq!(again.allocation(), &held);
         assert_eq!(again.wait_durable().unwrap(), held);
@@ -1593,7 +1710,7 @@ pub(super) mod tests {
             a.allocate(&key(i)).unwrap();
         }
         assert!(matches!(
-            a.reserve(&key(99)),
+            a.reserve(&key(99), None),
             Err(IpamError::Exhausted { .. })
         ));
         assert_eq!(a.count().unwrap(), 13);
@@ -1605,7 +1722,7 @@ pub(super) mod tests {
         let a = Arc::new(open(dir.path(), V4_28));
         let reserved = {
             let a = Arc::clone(&a);
-            tokio::task::spawn_blocking(move || a.reserve(&key(1)))
+            tokio::task::spawn_blocking(move || a.reserve(&key(1), None))
                 .await
                 .unwrap()
                 .unwrap()
@@ -1623,7 +1740,7 @@ pub(super) mod tests {
         a.core
             .fail_next_staged_commit
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        let r = a.reserve(&key(1)).unwrap();
+        let r = a.reserve(&key(1), None).unwrap();
         let err = r.wait_durable().unwrap_err();
         assert!(err.to_string().contains("injected commit failure"), "{err}");
         // Not on disk, and no later write may hand its address out again.

@@ -20,7 +20,10 @@ pub mod withdrawal;
 
 pub use adopt::{ADOPTED_PREFIX, AdoptReport, RoutedOwner};
 pub use allocation::{AllocatedIp, Allocation, AllocationKey};
-pub use allocator::{Allocator, OpenReport, Reservation};
+pub use allocator::{Allocator, OpenReport, Reservation, STORE_FORMAT};
 pub use config::{IpamConfig, RangeConfig, RouteConfig};
 pub use error::IpamError;
 pub use range::{Family, IpRange, RangeSet, RangeSets};
+
+#[cfg(test)]
+mod format_tests;

@@ -7,7 +7,12 @@
 //! | `addr`   | (family 4/6, ip as u128)    | (container_id, ifname)    |
 //! | `cursor` | (set index, range index)    | last address consumed     |
 //! | `free`   | (set index, release seq)    | (family, ip) released     |
-//! | `meta`   | name                        | bytes (`ranges`, `seq`)   |
+//! | `meta`   | name                        | bytes (`ranges`, `seq`, `boot`, `format`) |
+//!
+//! The `alloc` record names the pod of the allocation's latest ADD, when one was named. `meta`'s
+//! `format` is the store's format: 2 since records name pods; a store without it is format 1
+//! (records without a pod), stamped 2 when an allocator opens it: its records read as naming no
+//! pod until their next ADD. A store of a newer format is refused.
 //!
 //! Every table is a B-tree, so each access is O(log n). A process keeps one `Database` per file
 //! (redb locks the file), shared by all allocators of that data dir through a small registry.
@@ -32,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use super::allocation::{AllocatedIp, Allocation, AllocationKey};
 use super::error::IpamError;
 use super::range::{Family, from_u128, to_u128};
+use crate::pod::Pod;
 
 /// File name of the store inside the data dir.
 pub const STORE_FILE: &str = "ipam.redb";
@@ -284,9 +290,13 @@ pub(crate) fn addr_from_key(key: AddrT) -> Option<IpAddr> {
     from_u128(Family::from_code(key.0)?, key.1)
 }
 
+/// The allocation record (the `alloc` table's value). Format 1 had `ips` only; a format-1
+/// record decodes with no pod.
 #[derive(Serialize, Deserialize)]
 struct Record {
     ips: Vec<RecordIp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pod: Option<Pod>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -295,8 +305,9 @@ struct RecordIp {
     gateway: String,
 }
 
-pub(crate) fn encode(ips: &[AllocatedIp]) -> Vec<u8> {
+pub(crate) fn encode(ips: &[AllocatedIp], pod: Option<&Pod>) -> Vec<u8> {
     let rec = Record {
+        pod: pod.cloned(),
         ips: ips
             .iter()
             .map(|ip| RecordIp {
@@ -305,7 +316,7 @@ pub(crate) fn encode(ips: &[AllocatedIp]) -> Vec<u8> {
             })
             .collect(),
     };
-    // Serialising plain strings into a Vec cannot fail.
+    // Serialising plain strings and options of them into a Vec cannot fail.
     serde_json::to_vec(&rec).unwrap_or_default()
 }
 
@@ -327,5 +338,9 @@ pub(crate) fn decode(key: AllocationKey, bytes: &[u8]) -> Result<Allocation, Str
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    Ok(Allocation { key, ips })
+    Ok(Allocation {
+        key,
+        ips,
+        pod: rec.pod,
+    })
 }

@@ -87,7 +87,10 @@ impl Allocator {
                 t.addr.insert(a, k).map_err(s.err("write address"))?;
             }
             t.alloc
-                .insert(k, encode(&allocation.ips).as_slice())
+                .insert(
+                    k,
+                    encode(&allocation.ips, allocation.pod.as_ref()).as_slice(),
+                )
                 .map_err(s.err("write allocation"))?;
         }
         s.commit(txn)

@@ -11,6 +11,7 @@ use crate::dataplane::{
     TeardownOutcome,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator, IpamError, Reservation};
+use crate::pod::Pod;
 
 /// The kernel side of a sandbox.
 pub trait SandboxDataplane: Clone + Send + Sync + 'static {
@@ -158,10 +159,14 @@ pub trait AllocationStore: Send + Sync + 'static {
     /// The key's allocation, made (and durable) when it has none.
     fn allocate(&self, key: &AllocationKey) -> Result<Allocation, IpamError>;
     /// The key's allocation, made when it has none and answered before it is durable: await
-    /// [`Reservation::durable`] before reporting success.
-    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+    /// [`Reservation::durable`] before reporting success. A `pod` given is recorded with it
+    /// (also on an existing allocation); `None` leaves the recorded one.
+    fn reserve(&self, key: &AllocationKey, pod: Option<&Pod>) -> Result<Reservation, IpamError> {
         let existed = self.get(key)?.is_some();
-        let allocation = self.allocate(key)?;
+        let mut allocation = self.allocate(key)?;
+        if pod.is_some() {
+            allocation.pod = pod.cloned();
+        }
         Ok(Reservation::durable_already(
             allocation,
             !existed,
@@ -173,8 +178,9 @@ pub trait AllocationStore: Send + Sync + 'static {
     fn reserve_queued(
         &self,
         key: &AllocationKey,
+        pod: Option<&Pod>,
     ) -> impl Future<Output = Result<Reservation, IpamError>> + Send + 'static {
-        std::future::ready(self.reserve(key))
+        std::future::ready(self.reserve(key, pod))
     }
     /// Frees the key's addresses; the allocation released, if there was one.
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError>;
@@ -213,15 +219,16 @@ impl AllocationStore for Allocator {
         Allocator::allocate(self, key)
     }
 
-    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
-        Allocator::reserve(self, key)
+    fn reserve(&self, key: &AllocationKey, pod: Option<&Pod>) -> Result<Reservation, IpamError> {
+        Allocator::reserve(self, key, pod)
     }
 
     fn reserve_queued(
         &self,
         key: &AllocationKey,
+        pod: Option<&Pod>,
     ) -> impl Future<Output = Result<Reservation, IpamError>> + Send + 'static {
-        Allocator::reserve_queued(self, key)
+        Allocator::reserve_queued(self, key, pod)
     }
 
     fn release(&self, key: &AllocationKey) -> Result<Option<Allocation>, IpamError> {

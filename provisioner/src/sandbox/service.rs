@@ -12,6 +12,7 @@ use crate::dataplane::{
     SandboxSpec, SetupOutcome, TeardownOutcome, host_ifname,
 };
 use crate::ipam::{Allocation, AllocationKey, Allocator};
+use crate::pod::Pod;
 
 use super::key_locks::KeyLocks;
 use super::observer::{NoObserver, Removal, SandboxObserver};
@@ -25,6 +26,8 @@ pub struct SandboxRef {
     pub ifname: String,
     /// The sandbox netns; DEL may come without one (the runtime already removed it).
     pub netns: Option<PathBuf>,
+    /// The pod the runtime named (`CNI_ARGS`), or the one its allocation records.
+    pub pod: Option<Pod>,
 }
 
 impl SandboxRef {
@@ -32,16 +35,19 @@ impl SandboxRef {
         AllocationKey::new(self.container_id.clone(), self.ifname.clone())
     }
 
-    fn of(key: &AllocationKey, netns: Option<PathBuf>) -> Self {
+    fn of(key: &AllocationKey, netns: Option<PathBuf>, pod: Option<Pod>) -> Self {
         Self {
             container_id: key.container_id.clone(),
             ifname: key.ifname.clone(),
             netns,
+            pod,
         }
     }
 
+    /// `sandbox <id> (eth0 in /run/netns/x) of pod default/web-0 (uid .., sandbox ..)`: what
+    /// an error message names.
     fn label(&self) -> String {
-        match &self.netns {
+        let mut label = match &self.netns {
             Some(netns) => format!(
                 "sandbox {} ({} in {})",
                 self.container_id,
@@ -49,7 +55,11 @@ impl SandboxRef {
                 netns.display()
             ),
             None => format!("sandbox {} ({})", self.container_id, self.ifname),
+        };
+        if let Some(pod) = &self.pod {
+            label.push_str(&format!(" of pod {pod}"));
         }
+        label
     }
 }
 
@@ -167,7 +177,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             mtu: self.network.mtu,
         };
         let (reservation, started) = tokio::join!(
-            self.allocator.reserve_queued(&key),
+            self.allocator.reserve_queued(&key, sandbox.pod.as_ref()),
             self.dataplane.start_setup(link)
         );
         let reservation = match reservation {
@@ -337,7 +347,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
 
     /// Removes a sandbox whose namespace is gone (reconciliation).
     pub async fn release_gone(&self, key: &AllocationKey) -> Result<DelOutcome, SandboxError> {
-        let sandbox = SandboxRef::of(key, None);
+        let sandbox = SandboxRef::of(key, None, None);
         let _serialised = self.locks.lock(&key.container_id, &key.ifname).await;
         self.remove(&sandbox, Removal::NetnsGone).await
     }
@@ -535,9 +545,22 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
                 outcome.in_flight.push(key);
                 continue;
             };
-            match self.remove(&SandboxRef::of(&key, None), Removal::Gc).await {
-                Ok(_) => outcome.released.push(key),
-                Err(err) => outcome.errors.push(err),
+            let pod = allocation.pod;
+            let who = crate::pod::describe(pod.as_ref());
+            let sandbox = SandboxRef::of(&key, None, pod);
+            match self.remove(&sandbox, Removal::Gc).await {
+                Ok(_) => {
+                    crate::pod_event!(tracing::Level::INFO, sandbox.pod.as_ref(), Some(key.container_id.as_str()),
+                        container = %key.container_id, ifname = %key.ifname,
+                        "GC {who}: released (no attachment of the runtime names it)");
+                    outcome.released.push(key);
+                }
+                Err(err) => {
+                    crate::pod_event!(tracing::Level::WARN, sandbox.pod.as_ref(), Some(key.container_id.as_str()),
+                        container = %key.container_id, ifname = %key.ifname, error = %err,
+                        "GC {who}: release failed");
+                    outcome.errors.push(err);
+                }
             }
         }
         self.remove_orphan_links(&valid_links, &mut outcome).await?;
@@ -607,7 +630,7 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             })?;
         for (allocation, host_link) in allocations.iter().zip(&host_links) {
             let netns = located.get(host_link);
-            let sandbox = SandboxRef::of(&allocation.key, netns.cloned());
+            let sandbox = SandboxRef::of(&allocation.key, netns.cloned(), allocation.pod.clone());
             let spec = self.spec_for(allocation, netns.map_or(Path::new(""), PathBuf::as_path));
             match crate::dataplane::plan(&spec) {
                 Ok(expected) => {

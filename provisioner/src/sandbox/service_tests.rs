@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::dataplane::{CheckFailure, DataplaneError, LinkSpec, SetupStep};
 use crate::ipam::{AllocatedIp, IpamConfig, IpamError, Reservation};
+use crate::pod::Pod;
 
 use super::*;
 
@@ -244,7 +245,7 @@ impl AllocationStore for FakeStore {
             .cloned())
     }
 
-    fn reserve(&self, key: &AllocationKey) -> Result<Reservation, IpamError> {
+    fn reserve(&self, key: &AllocationKey, pod: Option<&Pod>) -> Result<Reservation, IpamError> {
         if *self
             .exhausted
             .lock()
@@ -257,7 +258,14 @@ impl AllocationStore for FakeStore {
             });
         }
         let new = self.get(key)?.is_none();
-        let allocation = self.allocate(key)?;
+        let mut allocation = self.allocate(key)?;
+        if pod.is_some() {
+            allocation.pod = pod.cloned();
+            self.allocations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key.clone(), allocation.clone());
+        }
         let store = Path::new("fake");
         let mode = *self.durable.lock().unwrap_or_else(PoisonError::into_inner);
         if !new || mode == Durable::AtOnce {
@@ -294,6 +302,7 @@ impl AllocationStore for FakeStore {
                 address,
                 gateway: [10, 0, 0, 1].into(),
             }],
+            pod: None,
         };
         all.insert(key.clone(), allocation.clone());
         Ok(allocation)
@@ -474,6 +483,7 @@ fn sandbox(container_id: &str) -> SandboxRef {
         container_id: container_id.into(),
         ifname: "eth0".into(),
         netns: Some(PathBuf::from("/run/netns/x")),
+        pod: None,
     }
 }
 
@@ -726,6 +736,7 @@ impl Fixture {
                 address: IpNetwork::new([10, 0, 0, last_octet].into(), 24).expect("a /24"),
                 gateway: [10, 0, 0, 1].into(),
             }],
+            pod: None,
         };
         self.store
             .allocations

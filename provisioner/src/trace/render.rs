@@ -309,7 +309,7 @@ pub fn pod_label(pod: &PodName) -> String {
 pub fn report_lines(report: &Report) -> String {
     match report {
         Report::Verdict(v) => verdict_lines(v),
-        Report::Intent(i) => intent_line(i),
+        Report::Intent(i) => intent_line(i, None),
         Report::Drift(d) => {
             let mut s = format!(
                 "DRIFT {} netns cookie={}: {}",
@@ -323,10 +323,12 @@ pub fn report_lines(report: &Report) -> String {
     }
 }
 
-/// `INTENT CONFIRMED <container>/<ifname> netns cookie=... eth0 [evidence: ...]`
-pub fn intent_line(i: &IntentVerdict) -> String {
+/// `INTENT CONFIRMED pod <ns>/<name> (uid .., sandbox ..) container <id> (<ifname>) netns
+/// cookie=... eth0 [evidence: ...]`; without `pod` (none named) the pod is left out.
+pub fn intent_line(i: &IntentVerdict, pod: Option<&crate::pod::Pod>) -> String {
+    let pod = pod.map(|p| format!("pod {p} ")).unwrap_or_default();
     let mut s = format!(
-        "INTENT {} {} netns cookie={} {} [evidence: {}]",
+        "INTENT {} {pod}{} netns cookie={} {} [evidence: {}]",
         intent_status(i.status),
         i.intent.key,
         i.intent.netns_cookie,

@@ -1,0 +1,353 @@
+//! The pod a runtime names in `CNI_ARGS`, through the plugin and the daemon: `list` (text and
+//! JSON), `sandboxes` (and its `--pod` / `--verdict` filters), `why`, and the log lines of the
+//! ADD, the verdict and the DEL.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use provisioner::dataplane::host_ifname;
+use provisioner::pod::Pod;
+use provisioner_tests::daemon_harness::{
+    Daemon, conflist, plugin_stdin, run_plugin, run_plugin_with_args,
+};
+use provisioner_tests::daemon_queries::{
+    allocations, cookie_of, log_field, names_pod_in_fields, pod_of_view, verdict_and_intent,
+    wait_views_of,
+};
+use provisioner_tests::{Netns, wait_until};
+use serde_json::Value;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// What containerd passes a CNI plugin for a pod (measured: containerd 1.6).
+fn kubelet_args(pod: &Pod) -> String {
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+        pod.namespace,
+        pod.name,
+        pod.sandbox_id.as_deref().unwrap_or_default(),
+        pod.uid.as_deref().unwrap_or_default()
+    )
+}
+
+fn sandboxes_json(daemon: &Daemon, filter: &[&str]) -> Result<Vec<Value>> {
+    let mut args = vec!["sandboxes", "--json"];
+    args.extend_from_slice(filter);
+    let out = daemon.cli(&args)?;
+    if !out.status.success() {
+        bail!(
+            "sandboxes {filter:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let answer: Value = serde_json::from_slice(&out.stdout).context("sandboxes --json")?;
+    Ok(answer["sandboxes"].as_array().cloned().unwrap_or_default())
+}
+
+fn cookies_in(views: &[Value], ours: &HashSet<u64>) -> HashSet<u64> {
+    views
+        .iter()
+        .filter_map(cookie_of)
+        .filter(|c| ours.contains(c))
+        .collect()
+}
+
+fn plugin(
+    command: &str,
+    id: &str,
+    netns: Option<&Path>,
+    args: Option<&str>,
+    stdin: &[u8],
+) -> Result<()> {
+    let out = match args {
+        Some(args) => run_plugin_with_args(command, id, netns, args, stdin)?,
+        None => run_plugin(command, id, netns, "eth0", stdin)?,
+    };
+    if out.code != 0 {
+        bail!("{command} {id}: {out:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result<()> {
+    let node = Netns::new("node")?;
+    let mut daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
+        conflist("podid", "1.0.0", socket, "10.254.30.0/24", None)
+    })?;
+    let config = conflist("podid", "1.0.0", &daemon.socket, "10.254.30.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    daemon.wait_tracing(PATIENCE)?;
+
+    let web_ns = Netns::new("podid")?;
+    let plain_ns = Netns::new("podid")?;
+    let sandbox_id = format!("4bf982a7{:056x}", web_ns.cookie()?);
+    let web = Pod {
+        namespace: "shop".to_owned(),
+        name: "web-0".to_owned(),
+        uid: Some("6f0c2b8e-4d7e-4c1b-9a51-0c2f3e4d5a6b".to_owned()),
+        sandbox_id: Some(sandbox_id.clone()),
+    };
+    plugin(
+        "ADD",
+        &sandbox_id,
+        Some(web_ns.path()),
+        Some(&kubelet_args(&web)),
+        &stdin,
+    )?;
+    // A runtime that names no pod (no Kubernetes): the sandbox is listed without one.
+    plugin("ADD", "plain-1", Some(plain_ns.path()), None, &stdin)?;
+
+    // list --json and list.
+    let listed = allocations(&daemon)?;
+    let web_entry = listed
+        .iter()
+        .find(|a| a.container_id == sandbox_id)
+        .context("web-0's allocation listed")?;
+    assert_eq!(web_entry.pod.as_ref(), Some(&web), "{listed:?}");
+    let plain_entry = listed
+        .iter()
+        .find(|a| a.container_id == "plain-1")
+        .context("plain-1 listed")?;
+    assert_eq!(plain_entry.pod, None);
+    let text = String::from_utf8_lossy(&daemon.cli(&["list"])?.stdout).into_owned();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("POD\tCONTAINER\tIFNAME\tADDRESSES"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("shop/web-0\t{sandbox_id}\teth0\t10.254.30."))),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("-\tplain-1\teth0\t")),
+        "{text}"
+    );
+
+    // sandboxes: both networked and confirmed, web-0's view naming its pod.
+    let ours: HashSet<u64> = [web_ns.cookie()?, plain_ns.cookie()?].into();
+    let views = wait_views_of(&daemon, &ours, true, PATIENCE)?;
+    for view in &views {
+        assert_eq!(verdict_and_intent(view), "networked+confirmed", "{view:#}");
+    }
+    let web_view = views
+        .iter()
+        .find(|v| cookie_of(v) == Some(web_ns.cookie().unwrap_or_default()))
+        .context("web-0's view")?;
+    assert_eq!(pod_of_view(web_view).as_ref(), Some(&web), "{web_view:#}");
+    let plain_view = views
+        .iter()
+        .find(|v| cookie_of(v) == Some(plain_ns.cookie().unwrap_or_default()))
+        .context("plain-1's view")?;
+    assert_eq!(pod_of_view(plain_view), None, "{plain_view:#}");
+    let text = String::from_utf8_lossy(&daemon.cli(&["sandboxes"])?.stdout).into_owned();
+    assert!(
+        text.lines().any(
+            |l| l.starts_with(&format!("pod shop/web-0 container {sandbox_id}: "))
+                && l.contains("INTENT CONFIRMED pod shop/web-0 (uid 6f0c2b8e-")
+        ),
+        "{text}"
+    );
+
+    // The filters: other tests' sandboxes may be listed too, ours are told apart by cookie.
+    let only_web = sandboxes_json(&daemon, &["--pod", "shop/web-0"])?;
+    assert_eq!(only_web.len(), 1, "{only_web:#?}");
+    assert_eq!(cookie_of(&only_web[0]), web_ns.cookie().ok());
+    assert!(sandboxes_json(&daemon, &["--pod", "other/web-0"])?.is_empty());
+    let networked = sandboxes_json(&daemon, &["--verdict", "networked"])?;
+    assert_eq!(cookies_in(&networked, &ours), ours);
+    let skipped = sandboxes_json(&daemon, &["--verdict", "skipped"])?;
+    assert!(cookies_in(&skipped, &ours).is_empty(), "{skipped:#?}");
+    assert!(
+        skipped.iter().all(|v| v["verdict"]["verdict"] == "skipped"),
+        "{skipped:#?}"
+    );
+    let web_skipped = sandboxes_json(&daemon, &["--pod", "shop/web-0", "--verdict", "skipped"])?;
+    assert!(web_skipped.is_empty(), "{web_skipped:#?}");
+    let bad = daemon.cli(&["sandboxes", "--verdict", "broken"])?;
+    assert!(!bad.status.success(), "an unknown verdict is refused");
+
+    // why.
+    let why = daemon.cli(&["why", "shop/web-0"])?;
+    let said = String::from_utf8_lossy(&why.stdout).into_owned();
+    assert!(
+        why.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&why.stderr)
+    );
+    assert!(
+        said.starts_with(&format!(
+            "pod shop/web-0 (uid 6f0c2b8e-4d7e-4c1b-9a51-0c2f3e4d5a6b, sandbox {}), named by its CNI call",
+            &sandbox_id[..8]
+        )),
+        "{said}"
+    );
+    for wanted in [
+        "verdict: NETWORKED",
+        "INTENT CONFIRMED",
+        "timeline:",
+        "diagnosis: its network is set up",
+    ] {
+        assert!(said.contains(wanted), "{wanted:?} missing:\n{said}");
+    }
+    let unknown = daemon.cli(&["why", "shop/nope"])?;
+    assert_eq!(unknown.status.code(), Some(2), "{unknown:?}");
+    let complaint = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        complaint.contains("knows no sandbox of pod shop/nope"),
+        "{complaint}"
+    );
+
+    // The log: the ADD line and the verdict line name the pod, in the message and as fields.
+    let log = wait_until("web-0's verdict logged", PATIENCE, || {
+        let log = daemon.log();
+        Ok(log
+            .lines()
+            .any(|l| l.contains("VERDICT NETWORKED pod shop/web-0"))
+            .then_some(log))
+    })?;
+    let add_line = log
+        .lines()
+        .find(|l| l.contains("ADD pod shop/web-0"))
+        .with_context(|| format!("no ADD line naming the pod:\n{log}"))?;
+    assert!(names_pod_in_fields(add_line, &web), "{add_line}");
+    let verdict_line = log
+        .lines()
+        .find(|l| l.contains("VERDICT NETWORKED pod shop/web-0"))
+        .context("the verdict line")?;
+    assert!(names_pod_in_fields(verdict_line, &web), "{verdict_line}");
+    assert_eq!(
+        log_field(verdict_line, "verdict"),
+        Some("networked"),
+        "{verdict_line}"
+    );
+    assert!(
+        log_field(verdict_line, "netns").is_some_and(|n| n.starts_with("net:[")),
+        "{verdict_line}"
+    );
+    assert!(
+        log_field(verdict_line, "reason").is_some(),
+        "{verdict_line}"
+    );
+    eprintln!("provisioner why shop/web-0:\n{said}\nthe verdict's log line:\n{verdict_line}");
+
+    // Restarted, the daemon's audit names the pod its store recorded: of a live sandbox, and of
+    // one whose namespace went while the daemon was down.
+    let mut gone_ns = Netns::new("podid")?;
+    let gone = Pod {
+        name: "gone-0".to_owned(),
+        uid: Some("0d5e7a11-9c3b-4f0e-8a2d-6b1c5e9f4a30".to_owned()),
+        sandbox_id: Some("gone-0-sandbox".to_owned()),
+        ..web.clone()
+    };
+    plugin(
+        "ADD",
+        "gone-0-sandbox",
+        Some(gone_ns.path()),
+        Some(&kubelet_args(&gone)),
+        &stdin,
+    )?;
+    daemon.stop()?;
+    gone_ns.delete()?;
+    let gone_veth = host_ifname("gone-0-sandbox", "eth0");
+    wait_until(
+        &format!("{gone_veth} gone with its namespace"),
+        PATIENCE,
+        || Ok((!node.links()?.contains(&gone_veth)).then_some(())),
+    )?;
+    daemon.restart(&node, &["--trace-deadline", "1"])?;
+    let web_cookie: HashSet<u64> = [web_ns.cookie()?].into();
+    let audited = wait_until("web-0 audited after the restart", PATIENCE, || {
+        let views = sandboxes_json(&daemon, &[])?;
+        Ok(views.into_iter().find(|v| {
+            cookie_of(v).is_some_and(|c| web_cookie.contains(&c))
+                && v["intent"]["intent"]["origin"] == "audit"
+        }))
+    })
+    .with_context(|| daemon.log())?;
+    assert_eq!(pod_of_view(&audited).as_ref(), Some(&web), "{audited:#}");
+    let why = daemon.cli(&["why", "web-0"])?;
+    assert!(why.status.success(), "{why:?}");
+    let answer: Value = serde_json::from_slice(
+        &daemon
+            .cli(&["sandboxes", "--json", "--pod", "shop/gone-0"])?
+            .stdout,
+    )?;
+    let absent = answer["absent"].as_array().cloned().unwrap_or_default();
+    assert_eq!(absent.len(), 1, "{answer:#}");
+    assert_eq!(absent[0]["container_id"], "gone-0-sandbox", "{answer:#}");
+    assert_eq!(
+        serde_json::from_value::<Option<Pod>>(absent[0]["pod"].clone())?.as_ref(),
+        Some(&gone)
+    );
+    let log = daemon.log();
+    let released = log
+        .lines()
+        .find(|l| l.contains("sandbox of pod shop/gone-0") && l.contains("gone (no host veth)"))
+        .with_context(|| format!("the release of gone-0 names no pod:\n{log}"))?;
+    assert!(names_pod_in_fields(released, &gone), "{released}");
+    let why = daemon.cli(&["why", "shop/gone-0"])?;
+    let said = String::from_utf8_lossy(&why.stdout);
+    assert!(why.status.success(), "{why:?}");
+    assert!(
+        said.contains("netns gone while the daemon was down"),
+        "{said}"
+    );
+
+    // DEL without CNI_ARGS (a runtime after its restart): the pod its ADD recorded is named.
+    plugin("DEL", &sandbox_id, Some(web_ns.path()), None, &stdin)?;
+    let log = daemon.log();
+    let del_line = log
+        .lines()
+        .find(|l| l.contains("DEL pod shop/web-0"))
+        .with_context(|| format!("no DEL line naming the pod:\n{log}"))?;
+    assert!(names_pod_in_fields(del_line, &web), "{del_line}");
+    plugin("DEL", "plain-1", Some(plain_ns.path()), None, &stdin)?;
+    Ok(())
+}
+
+/// A socket caller's pod fields are cleaned as the plugin cleans CNI_ARGS: a newline in a pod
+/// name cannot start a forged log line, nor reach `list`.
+#[test]
+fn a_pod_name_cannot_forge_a_log_line() -> Result<()> {
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
+        conflist("podforge", "1.0.0", socket, "10.254.31.0/24", None)
+    })?;
+    daemon.wait_ready(PATIENCE)?;
+    let sandbox = Netns::new("podforge")?;
+    let mut add = testkit::daemon::sandbox_request("add", "forge-1", sandbox.path());
+    add["pod"] = serde_json::json!({
+        "namespace": "shop",
+        "name": "web-0\nERROR FORGED by the caller",
+        "uid": "u\r-1",
+    });
+    daemon.request(&add)?;
+    let log = daemon.log();
+    assert!(
+        !log.lines().any(|l| l.starts_with("ERROR FORGED")),
+        "a forged line:\n{log}"
+    );
+    assert!(
+        log.contains("ADD pod shop/web-0ERROR FORGED by the caller (uid u-1)"),
+        "{log}"
+    );
+    let listed = allocations(&daemon)?;
+    let pod = listed
+        .iter()
+        .find(|a| a.container_id == "forge-1")
+        .and_then(|a| a.pod.as_ref())
+        .context("forge-1's pod listed")?;
+    assert_eq!(pod.name, "web-0ERROR FORGED by the caller");
+    daemon.request(&testkit::daemon::sandbox_request(
+        "del",
+        "forge-1",
+        sandbox.path(),
+    ))?;
+    Ok(())
+}
