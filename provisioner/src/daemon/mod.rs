@@ -12,5 +12,6 @@ mod reconcile;
 pub mod result;
 mod server;
 mod state;
+mod store_health;
 
 pub use server::{DaemonOptions, Limits, RenderAtStart, TraceOptions, run};

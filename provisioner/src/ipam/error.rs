@@ -61,6 +61,37 @@ pub enum IpamError {
 }
 
 impl IpamError {
+    /// Whether this is the store file's content being damaged (corrupt pages, bad data, EIO),
+    /// as opposed to the environment refusing an operation (full or read-only disk, ...).
+    #[must_use]
+    pub fn is_damage(&self) -> bool {
+        match self {
+            IpamError::Store { source, .. } | IpamError::StoreOpen { source, .. } => {
+                match source.as_ref() {
+                    redb::Error::Corrupted(_) => true,
+                    redb::Error::Io(io) => super::damage::io_damage(io),
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// The OS error number under a store error, if it has one (ENOSPC, EROFS, ...).
+    #[must_use]
+    pub fn os_error(&self) -> Option<i32> {
+        match self {
+            IpamError::Store { source, .. } | IpamError::StoreOpen { source, .. } => {
+                match source.as_ref() {
+                    redb::Error::Io(io) => io.raw_os_error(),
+                    _ => None,
+                }
+            }
+            IpamError::DataDir { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn config(
         field: impl Into<String>,
         value: impl Into<String>,

@@ -30,6 +30,7 @@ use redb::{
 use serde::{Deserialize, Serialize};
 
 use super::allocation::{AllocatedIp, Allocation, AllocationKey};
+use super::damage::{create, keep_aside};
 use super::error::IpamError;
 use super::range::{Family, from_u128, to_u128};
 
@@ -116,11 +117,16 @@ impl Store {
                 Some(db) => db,
                 None => {
                     lost = lost_store(&dir, &path);
-                    let db =
-                        Arc::new(Database::create(&path).map_err(|e| IpamError::StoreOpen {
-                            path: path.clone(),
-                            source: Box::new(e.into()),
-                        })?);
+                    let db = match create(&path) {
+                        Ok(db) => db,
+                        Err(failure) if failure.unusable_file() => {
+                            let aside = keep_aside(&dir, &path, &failure.to_string())?;
+                            lost = Some(aside.reason);
+                            create(&path).map_err(|f| f.into_error(&path))?
+                        }
+                        Err(failure) => return Err(failure.into_error(&path)),
+                    };
+                    let db = Arc::new(db);
                     make_private(&dir, &path)?;
                     reg.retain(|_, w| w.strong_count() > 0);
                     reg.insert(path.clone(), Arc::downgrade(&db));
@@ -145,6 +151,12 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The same store, reported as lost for `reason` (its predecessor was kept aside).
+    pub fn with_lost(mut self, reason: String) -> Self {
+        self.lost = Some(reason);
+        self
     }
 
     /// Why the store file was created empty although one existed before, if it was.
