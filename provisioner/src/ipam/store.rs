@@ -107,7 +107,7 @@ impl Store {
             .create(data_dir)
             .map_err(dir_err)?;
         let dir = data_dir.canonicalize().map_err(dir_err)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+        set_mode(&dir, 0o700).map_err(dir_err)?;
         let path = dir.join(STORE_FILE);
         let mut lost = None;
         let db = {
@@ -256,13 +256,22 @@ fn lost_store(dir: &Path, path: &Path) -> Option<String> {
     ))
 }
 
+/// Sets the permission bits of `path` to `mode` unless they are already (a read-only data dir
+/// that is already private is no error here: the store's own open says what fails).
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    if std::fs::metadata(path)?.permissions().mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
 /// Store file 0600; the marker written (and synced with its directory) once the file exists.
 fn make_private(dir: &Path, path: &Path) -> Result<(), IpamError> {
     let err = |source| IpamError::DataDir {
         path: dir.to_path_buf(),
         source,
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    set_mode(path, 0o600).map_err(err)?;
     let marker = dir.join(STORE_MARKER);
     if !marker.exists() {
         let file = std::fs::OpenOptions::new()
