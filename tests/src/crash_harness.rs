@@ -213,10 +213,18 @@ fn host_link(a: &AllocationInfo) -> String {
 /// every allocation's host veth routes exactly its addresses, every host veth of ours belongs
 /// to an allocation, no retired link left (waits for the reaper, bounded).
 pub fn assert_converged(daemon: &CrashDaemon, node: &Netns) -> Result<Vec<AllocationInfo>> {
+    assert_store_is_node(node, || daemon.allocations())
+}
+
+/// [`assert_converged`] for any daemon: `allocations` reads its store.
+pub fn assert_store_is_node(
+    node: &Netns,
+    allocations: impl FnOnce() -> Result<Vec<AllocationInfo>>,
+) -> Result<Vec<AllocationInfo>> {
     wait_until("retired links deleted", Duration::from_secs(10), || {
         Ok(node_state(node)?.retired.is_empty().then_some(()))
     })?;
-    let allocations = daemon.allocations()?;
+    let allocations = allocations()?;
     let state = node_state(node)?;
     let mut owners: BTreeMap<String, String> = BTreeMap::new();
     let mut links = BTreeSet::new();
