@@ -213,3 +213,54 @@ fn a_daemon_in_the_wrong_host_netns_releases_nothing() -> Result<()> {
     }
     wait_node_bare(&node, Duration::from_secs(10))
 }
+
+#[test]
+fn a_second_daemon_on_the_same_store_waits_keeps_nothing_aside_and_takes_over() -> Result<()> {
+    let node = Netns::new("srnode")?;
+    let pods: Vec<Netns> = (0..2).map(|_| Netns::new("srpod")).collect::<Result<_>>()?;
+    let mut first = CrashDaemon::new("twonet", "10.251.15.0/28")?;
+    let mut second = CrashDaemon::new("twonet", "10.251.15.0/28")?;
+    first.start(&node, None)?;
+    ok(&first, "ADD", "t0", &pods[0])?;
+    std::os::unix::fs::symlink(&first.data_dir, &second.data_dir)?;
+
+    second.start_unready(&node)?;
+    let status = wait_until(
+        "the second daemon's reason",
+        Duration::from_secs(10),
+        || {
+            let out = second.cli(&["status", "--json"])?;
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let held = status["reasons"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r.as_str().is_some_and(|r| r.contains("already open")));
+            Ok(held.then_some(status))
+        },
+    )
+    .with_context(|| second.log())?;
+    ensure!(status["ready"] == false, "{status}");
+    // Still waiting a few retries later, and the store it waits for is untouched.
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(kept_aside(&first)?.is_empty(), "{:?}", kept_aside(&first)?);
+    ensure!(addresses(&first)?.len() == 1);
+
+    let live = addresses(&first)?;
+    first.kill()?;
+    wait_until("the second daemon ready", Duration::from_secs(10), || {
+        let out = second.cli(&["status", "--json"])?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        Ok((status["ready"] == true).then_some(()))
+    })
+    .with_context(|| second.log())?;
+    ensure!(addresses(&second)? == live, "{:?}", second.allocations()?);
+    ok(&second, "ADD", "t1", &pods[1])?;
+    ensure!(addresses(&second)?.len() == 2);
+    ensure!(kept_aside(&second)?.is_empty());
+    assert_converged(&second, &node).with_context(|| second.log())?;
+    for (i, pod) in pods.iter().enumerate() {
+        ok(&second, "DEL", &format!("t{i}"), pod)?;
+    }
+    wait_node_bare(&node, Duration::from_secs(10))
+}
