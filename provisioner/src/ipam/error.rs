@@ -26,8 +26,9 @@ pub enum IpamError {
         source: std::io::Error,
     },
 
-    /// The store file exists but cannot be opened (corrupt, locked by another process, newer
-    /// format, ...). It is refused rather than recreated: it holds reservations.
+    /// The store file cannot be opened: locked by another process, refused by the environment
+    /// (full or read-only disk, permissions, process limits), or a new store could not be
+    /// started after a damaged one was kept aside (see [`super::damage`]).
     #[error("cannot open ipam store {path}: {source}")]
     StoreOpen {
         path: PathBuf,
