@@ -11,11 +11,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use provisioner::cni::CniError;
 use provisioner::dataplane::host_ifname;
 use provisioner_tests::crash_harness::{CrashDaemon, assert_converged};
 use provisioner_tests::pod_net::wait_node_bare;
 use provisioner_tests::{Netns, wait_until};
 use serde_json::Value;
+
+const TRY_AGAIN_LATER: u64 = CniError::TRY_AGAIN_LATER as u64;
 
 /// Longest time the daemon may take to notice that the disk takes writes again and serve.
 const HEAL_WITHIN: Duration = Duration::from_secs(10);
@@ -157,8 +160,13 @@ fn add(daemon: &CrashDaemon, container_id: &str, pod: &Netns) -> Result<()> {
     Ok(())
 }
 
-/// An ADD that fails, with nothing of it wired: the CNI error's message.
-fn add_fails_clean(daemon: &CrashDaemon, node: &Netns, id: &str, pod: &Netns) -> Result<String> {
+/// An ADD that fails, with nothing of it wired: the CNI error's code and message.
+fn add_fails_clean(
+    daemon: &CrashDaemon,
+    node: &Netns,
+    id: &str,
+    pod: &Netns,
+) -> Result<(Option<u64>, String)> {
     let run = daemon.plugin("ADD", id, Some(pod.path()))?;
     ensure!(run.code != 0, "ADD {id} succeeded on a full disk: {run:?}");
     let error: Value = serde_json::from_str(&run.stdout).unwrap_or_default();
@@ -169,7 +177,10 @@ fn add_fails_clean(daemon: &CrashDaemon, node: &Netns, id: &str, pod: &Netns) ->
         !node.links()?.contains(&host),
         "{id}: host veth {host} left on the node"
     );
-    Ok(error["msg"].as_str().unwrap_or(&run.stdout).to_owned())
+    Ok((
+        error["code"].as_u64(),
+        error["msg"].as_str().unwrap_or(&run.stdout).to_owned(),
+    ))
 }
 
 fn addresses(daemon: &CrashDaemon) -> Result<Vec<String>> {
@@ -190,7 +201,7 @@ fn distinct(daemon: &CrashDaemon) -> Result<()> {
 #[test]
 fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -> Result<()> {
     let node = Netns::new("sdnode")?;
-    let pods: Vec<Netns> = (0..5).map(|_| Netns::new("sdpod")).collect::<Result<_>>()?;
+    let pods: Vec<Netns> = (0..7).map(|_| Netns::new("sdpod")).collect::<Result<_>>()?;
     let mut daemon = CrashDaemon::new("disknet", "10.251.12.0/28")?;
     let port = free_port()?;
     daemon.set_args(&["--metrics-addr", &format!("127.0.0.1:{port}")]);
@@ -201,14 +212,36 @@ fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -
     add(&daemon, "d1", &pods[1])?;
 
     let filler = fill(&disk.path)?;
-    let msg = add_fails_clean(&daemon, &node, "d2", &pods[2])?;
-    ensure!(msg.contains("No space left on device"), "{msg}");
+    // redb may still find room in pages its file already holds: such an ADD succeeds, durably.
+    // Within a few, one needs a page the disk cannot give.
+    let mut failed = None;
+    let mut live = vec!["d0".to_owned()];
+    for i in [2, 4, 5, 6] {
+        let run = daemon.plugin("ADD", &format!("d{i}"), Some(pods[i].path()))?;
+        if run.code != 0 {
+            failed = Some((i, run));
+            break;
+        }
+        live.push(format!("d{i}"));
+    }
+    let (i, run) = failed.context("every ADD on the full disk succeeded")?;
+    ensure!(
+        pods[i].links()?.is_empty()
+            && !node
+                .links()?
+                .contains(&host_ifname(&format!("d{i}"), "eth0")),
+        "the ADD d{i} that failed on the full disk left something wired: {run:?}"
+    );
+    ensure!(run.stdout.contains("No space left on device"), "{run:?}");
     wait_unready(&daemon, "os error 28")?;
     wait_readyz(port, 503)?;
     // Still not ready a moment later: no heal while the disk is full.
     std::thread::sleep(Duration::from_millis(1500));
     ensure!(status(&daemon)?["ready"] == false, "ready on a full disk");
-    add_fails_clean(&daemon, &node, "d3", &pods[3])?;
+    // Refused while the store cannot commit: try again later, naming why.
+    let (code, msg) = add_fails_clean(&daemon, &node, "d3", &pods[3])?;
+    ensure!(code == Some(TRY_AGAIN_LATER), "{code:?} {msg}");
+    ensure!(msg.contains("os error 28"), "{msg}");
 
     // DEL while the store cannot commit: the kernel side goes now, the release later.
     let run = daemon.plugin("DEL", "d1", Some(pods[1].path()))?;
@@ -216,6 +249,10 @@ fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -
     ensure!(
         !node.links()?.contains(&host) && pods[1].links()?.is_empty(),
         "DEL on a full disk left the kernel side: {run:?}"
+    );
+    ensure!(
+        run.error_code() == Some(TRY_AGAIN_LATER),
+        "DEL whose release cannot be written: {run:?}"
     );
 
     std::fs::remove_file(&filler)?;
@@ -228,9 +265,10 @@ fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -
         .map(|a| a.container_id)
         .collect();
     ensure!(
-        held == ["d0"],
-        "after the heal the store holds {held:?}, not just the live pod d0"
+        held == live,
+        "after the heal the store holds {held:?}, not the live pods {live:?}"
     );
+    // The ADDs again (as the runtime retries them): new ones, and those that made it.
     for (i, pod) in pods.iter().enumerate().skip(2) {
         add(&daemon, &format!("d{i}"), pod)?;
     }

@@ -624,7 +624,10 @@ impl Drop for Allocator {
 }
 
 fn broken_error(path: &Path, reason: &str) -> IpamError {
-    core_error(path, "refused", std::io::Error::other(reason.to_owned()))
+    IpamError::Unwritable {
+        path: path.to_path_buf(),
+        reason: reason.to_owned(),
+    }
 }
 
 fn stopped_error(path: &Path, why: &'static str) -> IpamError {
@@ -827,12 +830,20 @@ impl Core {
                 }
             }
             Err(e) => {
+                // The operations of this commit fail with it; later ones are refused.
                 let reason = self.mark_broken(&e);
+                let failed = || {
+                    core_error(
+                        self.store.path(),
+                        "commit",
+                        std::io::Error::other(reason.clone()),
+                    )
+                };
                 for durable in waiting {
-                    let _ = durable.send(Err(broken_error(self.store.path(), &reason)));
+                    let _ = durable.send(Err(failed()));
                 }
                 for (_, reply, _) in retry {
-                    reply.send(Err(broken_error(self.store.path(), &reason)));
+                    reply.send(Err(failed()));
                 }
             }
         }

@@ -45,6 +45,11 @@ pub enum IpamError {
         source: Box<redb::Error>,
     },
 
+    /// A commit failed (full or read-only disk, I/O error): every write is refused until the
+    /// store is reopened, which the daemon does once its data dir takes writes again.
+    #[error("ipam store {path}: writes refused: {reason}")]
+    Unwritable { path: PathBuf, reason: String },
+
     /// A record in the store cannot be decoded.
     #[error("ipam store {path}: corrupt record {what}: {reason}")]
     Corrupt {
