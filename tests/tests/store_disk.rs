@@ -246,10 +246,13 @@ fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -
     // DEL while the store cannot commit: the kernel side goes now, the release later.
     let run = daemon.plugin("DEL", "d1", Some(pods[1].path()))?;
     let host = host_ifname("d1", "eth0");
-    ensure!(
-        !node.links()?.contains(&host) && pods[1].links()?.is_empty(),
-        "DEL on a full disk left the kernel side: {run:?}"
-    );
+    // The veth pair is retired at once and deleted in the background.
+    wait_until(
+        "the DEL's kernel side gone",
+        Duration::from_secs(10),
+        || Ok((!node.links()?.contains(&host) && pods[1].links()?.is_empty()).then_some(())),
+    )
+    .with_context(|| format!("DEL on a full disk left the kernel side: {run:?}"))?;
     ensure!(
         run.error_code() == Some(TRY_AGAIN_LATER),
         "DEL whose release cannot be written: {run:?}"
