@@ -113,6 +113,11 @@ impl CrashDaemon {
         self.process.kill()
     }
 
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     pub fn running(&self) -> bool {
         self.process.running()
     }
