@@ -238,8 +238,9 @@ pub struct Bounds {
     /// The last window's median ADD latency may exceed the first's by this fraction (`None`:
     /// reported, not bounded: on a machine others load, wall time says little).
     pub add_p50_growth: Option<f64>,
-    /// The last window's daemon CPU time per cycle may exceed the first's by this fraction.
-    pub cpu_per_cycle_growth: f64,
+    /// The last window's daemon CPU time per cycle may exceed the first's by this fraction
+    /// (`None`: reported, not bounded).
+    pub cpu_per_cycle_growth: Option<f64>,
 }
 
 impl Default for Bounds {
@@ -251,7 +252,7 @@ impl Default for Bounds {
             threads: 4,
             store_bytes: 1 << 20,
             add_p50_growth: Some(0.10),
-            cpu_per_cycle_growth: 0.10,
+            cpu_per_cycle_growth: Some(0.10),
         }
     }
 }
@@ -305,14 +306,14 @@ pub fn violations(samples: &[Sample], bounds: &Bounds) -> Vec<String> {
             ));
         }
     }
-    let allowed = start
-        .cpu_per_cycle
-        .mul_f64(1.0 + bounds.cpu_per_cycle_growth);
-    if end.cpu_per_cycle > allowed {
-        out.push(format!(
-            "daemon CPU per cycle {:?} in the first window, {:?} in the last (allowed {allowed:?})",
-            start.cpu_per_cycle, end.cpu_per_cycle
-        ));
+    if let Some(growth) = bounds.cpu_per_cycle_growth {
+        let allowed = start.cpu_per_cycle.mul_f64(1.0 + growth);
+        if end.cpu_per_cycle > allowed {
+            out.push(format!(
+                "daemon CPU per cycle {:?} in the first window, {:?} in the last (allowed {allowed:?})",
+                start.cpu_per_cycle, end.cpu_per_cycle
+            ));
+        }
     }
     out
 }

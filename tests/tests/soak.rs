@@ -1,6 +1,6 @@
 //! A short soak: 2,000 ADD+DEL cycles from 16 callers against the daemon with tracing on.
 //! Every ADD and DEL succeeds, and the end (resident memory, fds, threads, store file size,
-//! node links, median ADD latency) stays within bounds of the start. `cargo xtask soak` runs
+//! node links) stays within bounds of the start. `cargo xtask soak` runs
 //! the long one against the release build. Needs root.
 
 use anyhow::{Result, ensure};
@@ -24,12 +24,11 @@ fn two_thousand_add_del_cycles_leave_the_daemon_where_it_started() -> Result<()>
     let table = rows.join("\n");
     eprintln!("{table}");
     ensure!(samples.len() == 5, "{table}");
-    // A debug build on a machine shared with other builds: latency is reported, not bounded;
-    // the daemon's own CPU per cycle is, wider than the release soak's, still far below what
-    // work growing with every cycle would add.
+    // Timings are measured by `cargo xtask soak`, not asserted here: latency and CPU per
+    // cycle are in the table; what a leak leaves behind is bounded.
     let bounds = Bounds {
         add_p50_growth: None,
-        cpu_per_cycle_growth: 0.5,
+        cpu_per_cycle_growth: None,
         ..Bounds::default()
     };
     let violations = soak::violations(&samples, &bounds);

@@ -143,6 +143,17 @@ fn wait_readyz(port: u16, want: u16) -> Result<()> {
     })
 }
 
+/// Fails if the daemon says it is ready at any moment during `span`.
+fn stays_unready(daemon: &CrashDaemon, span: Duration) -> Result<()> {
+    let until = std::time::Instant::now() + span;
+    while std::time::Instant::now() < until {
+        let status = status(daemon)?;
+        ensure!(status["ready"] == false, "ready on a full disk: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 fn wait_ready(daemon: &CrashDaemon) -> Result<()> {
     wait_until("ready again", HEAL_WITHIN, || {
         Ok((status(daemon)?["ready"] == true).then_some(()))
@@ -235,9 +246,8 @@ fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -
     ensure!(run.stdout.contains("No space left on device"), "{run:?}");
     wait_unready(&daemon, "os error 28")?;
     wait_readyz(port, 503)?;
-    // Still not ready a moment later: no heal while the disk is full.
-    std::thread::sleep(Duration::from_millis(1500));
-    ensure!(status(&daemon)?["ready"] == false, "ready on a full disk");
+    // No heal while the disk is full: not ready through a few of the daemon's checks.
+    stays_unready(&daemon, Duration::from_millis(1500))?;
     // Refused while the store cannot commit: try again later, naming why.
     let (code, msg) = add_fails_clean(&daemon, &node, "d3", &pods[3])?;
     ensure!(code == Some(TRY_AGAIN_LATER), "{code:?} {msg}");

@@ -241,9 +241,18 @@ fn a_second_daemon_on_the_same_store_waits_keeps_nothing_aside_and_takes_over() 
     )
     .with_context(|| second.log())?;
     ensure!(status["ready"] == false, "{status}");
-    // Still waiting a few retries later, and the store it waits for is untouched.
-    std::thread::sleep(Duration::from_secs(3));
-    ensure!(kept_aside(&first)?.is_empty(), "{:?}", kept_aside(&first)?);
+    // Still waiting through a few of its retries, and the store it waits for is untouched.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let out = second.cli(&["status", "--json"])?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        ensure!(
+            status["ready"] == false,
+            "ready while the store is held: {status}"
+        );
+        ensure!(kept_aside(&first)?.is_empty(), "{:?}", kept_aside(&first)?);
+        std::thread::sleep(Duration::from_millis(200));
+    }
     ensure!(addresses(&first)?.len() == 1);
 
     let live = addresses(&first)?;
