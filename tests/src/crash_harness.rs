@@ -27,6 +27,8 @@ pub struct CrashDaemon {
     pub socket: PathBuf,
     pub data_dir: PathBuf,
     config: Value,
+    /// Daemon arguments besides `--no-trace`.
+    args: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -42,8 +44,14 @@ impl CrashDaemon {
             data_dir: process.data_dir.clone(),
             process,
             config,
+            args: Vec::new(),
             dir,
         })
+    }
+
+    /// Daemon arguments for the next starts (besides `--no-trace`).
+    pub fn set_args(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|a| (*a).to_owned()).collect();
     }
 
     /// Renames the network in the conflist (takes effect at the next start).
@@ -78,8 +86,10 @@ impl CrashDaemon {
     fn spawn(&mut self, node: &Netns, failpoint: Option<&str>) -> Result<()> {
         // An empty value arms nothing (and overrides one inherited from the test's environment).
         let env = [(provisioner::failpoint::ENV, failpoint.unwrap_or(""))];
+        let mut args: Vec<&str> = NO_TRACE.to_vec();
+        args.extend(self.args.iter().map(String::as_str));
         self.process
-            .respawn_with_env(node, Placement::Outside, NO_TRACE, &env)
+            .respawn_with_env(node, Placement::Outside, &args, &env)
     }
 
     /// Whether the daemon process has exited (e.g. at its failpoint); reaps it.
@@ -101,6 +111,11 @@ impl CrashDaemon {
     /// SIGKILL, as a crash.
     pub fn kill(&mut self) -> Result<()> {
         self.process.kill()
+    }
+
+    /// The daemon's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
     }
 
     pub fn running(&self) -> bool {
@@ -203,10 +218,18 @@ fn host_link(a: &AllocationInfo) -> String {
 /// every allocation's host veth routes exactly its addresses, every host veth of ours belongs
 /// to an allocation, no retired link left (waits for the reaper, bounded).
 pub fn assert_converged(daemon: &CrashDaemon, node: &Netns) -> Result<Vec<AllocationInfo>> {
+    assert_store_is_node(node, || daemon.allocations())
+}
+
+/// [`assert_converged`] for any daemon: `allocations` reads its store.
+pub fn assert_store_is_node(
+    node: &Netns,
+    allocations: impl FnOnce() -> Result<Vec<AllocationInfo>>,
+) -> Result<Vec<AllocationInfo>> {
     wait_until("retired links deleted", Duration::from_secs(10), || {
         Ok(node_state(node)?.retired.is_empty().then_some(()))
     })?;
-    let allocations = daemon.allocations()?;
+    let allocations = allocations()?;
     let state = node_state(node)?;
     let mut owners: BTreeMap<String, String> = BTreeMap::new();
     let mut links = BTreeSet::new();

@@ -235,16 +235,22 @@ fn networks_share_a_data_dir() {
 }
 
 #[test]
-fn unreadable_store_is_refused_naming_the_path() {
+fn unreadable_store_is_kept_aside_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ipam.redb");
     std::fs::write(&path, vec![0x5a_u8; 8192]).unwrap();
-    let err = Allocator::open(dir.path(), "pod-network", &ranges(V4_28))
-        .err()
-        .unwrap();
-    let msg = err.to_string();
-    assert!(matches!(err, IpamError::StoreOpen { .. }), "{msg}");
-    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    let (a, report) = Allocator::open(dir.path(), "pod-network", &ranges(V4_28)).unwrap();
+    let lost = report.lost.expect("reported as lost");
+    assert!(lost.contains(&path.display().to_string()), "{lost}");
+    assert!(lost.contains("kept aside as"), "{lost}");
+    assert_eq!(a.count().unwrap(), 0);
+    let kept: Vec<Vec<u8>> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("ipam.redb.broken-"))
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert_eq!(kept, vec![vec![0x5a_u8; 8192]]);
 }
 
 #[test]

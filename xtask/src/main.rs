@@ -7,6 +7,7 @@ mod demo;
 mod ebpf;
 mod fuzz;
 mod mutants;
+mod soak;
 mod step;
 mod test;
 
@@ -76,6 +77,22 @@ enum Command {
     },
     /// Build, then wire sandboxes in private namespaces and show them (needs root).
     Demo,
+    /// ADD+DEL cycles against the daemon (tracing on) with a sample per window: resident
+    /// memory, fds, threads, store file size, node link count, ADD latency (needs root).
+    Soak {
+        /// ADD+DEL cycles in all.
+        #[arg(long, default_value_t = 20_000)]
+        cycles: usize,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 16)]
+        callers: usize,
+        /// Cycles per sample.
+        #[arg(long, default_value_t = 1_000)]
+        every: usize,
+        /// Soak this provisioner binary instead of building one.
+        #[arg(long)]
+        bin: Option<std::path::PathBuf>,
+    },
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
     BuildRelease,
     /// Mutation testing (cargo-mutants) of the modules unit-tested without root; see
@@ -144,6 +161,17 @@ fn main() -> Result<()> {
         }
         Command::BenchPool { files } => bench::run_pool(&files),
         Command::Demo => demo::run(),
+        Command::Soak {
+            cycles,
+            callers,
+            every,
+            bin,
+        } => soak::run(&soak::Options {
+            cycles,
+            callers,
+            every,
+            bin,
+        }),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
         Command::Mutants {
             file,

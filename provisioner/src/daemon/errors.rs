@@ -15,6 +15,11 @@ pub fn cni_error(err: &SandboxError) -> CniError {
             source: IpamError::Exhausted { .. },
             ..
         } => CniError::ADDRESS_EXHAUSTED,
+        // The daemon reopens the store once its disk takes writes again.
+        SandboxError::Ipam {
+            source: IpamError::Unwritable { .. },
+            ..
+        } => CniError::TRY_AGAIN_LATER,
         SandboxError::Ipam { .. } | SandboxError::Worker { .. } => CniError::INTERNAL,
         SandboxError::Dataplane { source, .. } => dataplane_code(source),
         SandboxError::Verify { .. } => CniError::DATAPLANE_FAILURE,

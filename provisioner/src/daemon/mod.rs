@@ -13,6 +13,7 @@ pub mod result;
 pub mod sandbox_filter;
 mod server;
 mod state;
+mod store_health;
 mod watch_log;
 pub mod why;
 

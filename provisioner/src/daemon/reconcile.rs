@@ -53,10 +53,6 @@ impl ReconcileError {
 
 pub fn report_store(report: &OpenReport) {
     tracing::info!(store = %report.path.display(), allocations = report.allocations, "allocation store open");
-    if let Some(lost) = &report.lost {
-        tracing::error!(store = %report.path.display(), %lost,
-            "allocation store lost: the owners of addresses are rebuilt from the kernel's host veths");
-    }
     for allocation in &report.out_of_range {
         tracing::warn!(key = %allocation.key, ips = ?allocation.ips, "allocation outside the configured ranges: kept reserved until its sandbox is deleted");
     }
@@ -65,9 +61,54 @@ pub fn report_store(report: &OpenReport) {
     }
 }
 
-/// Reconciles the store of `service` with the kernel. `same_boot`: the node did not reboot
-/// since the store was last opened.
-pub async fn with_kernel(service: &SandboxService, same_boot: bool) -> Result<(), ReconcileError> {
+/// What the store knows before reconciliation: why it was started empty (lost, or kept aside
+/// as broken), and whether the node did not reboot since it was last opened.
+pub struct StoreOrigin<'a> {
+    pub lost: Option<&'a str>,
+    pub same_boot: bool,
+}
+
+/// Reconciles the store of `service` with the kernel. A store started empty is rebuilt by
+/// adoption, and said in one line: what was lost, what was recovered, what could not be.
+pub async fn with_kernel(
+    service: &SandboxService,
+    origin: StoreOrigin<'_>,
+) -> Result<(), ReconcileError> {
+    let rebuilt = reconcile(service, origin.same_boot, origin.lost.is_some()).await;
+    if let Some(lost) = origin.lost {
+        let store = service.allocator().path().display().to_string();
+        match &rebuilt {
+            Ok(adopted) => {
+                tracing::error!(%store, %lost, recovered = ?adopted.recovered, not_recovered = ?adopted.not_recovered,
+                    "allocation store lost: started a new one and rebuilt from the kernel {} sandboxes' \
+                     addresses (adopted from their host veths, never handed out twice); not recoverable: \
+                     the allocations of sandboxes whose host veth is gone (their addresses are free again){}",
+                    adopted.recovered.len(),
+                    if adopted.not_recovered.is_empty() { "" } else { ", and the addresses listed as not_recovered" });
+            }
+            Err(err) => {
+                tracing::error!(%store, %lost, error = %err,
+                    "allocation store lost: started a new one, but rebuilding it from the kernel failed");
+            }
+        }
+    }
+    rebuilt.map(|_| ())
+}
+
+/// What adoption recovered, and routed addresses it could not reserve, for the log.
+#[derive(Default)]
+struct Adopted {
+    /// `<host veth>: <addresses>`.
+    recovered: Vec<String>,
+    /// `<host veth> <address>: <why>`.
+    not_recovered: Vec<String>,
+}
+
+async fn reconcile(
+    service: &SandboxService,
+    same_boot: bool,
+    rebuilding: bool,
+) -> Result<Adopted, ReconcileError> {
     let unknown = |e: &dyn std::fmt::Display| ReconcileError::Unknown(e.to_string());
     let inventory: Inventory = service
         .dataplane()
@@ -125,29 +166,55 @@ pub async fn with_kernel(service: &SandboxService, same_boot: bool) -> Result<()
             });
         }
     }
-    if !owners.is_empty() {
-        adopt(service, owners).await?;
-    }
-    refused.map_or(Ok(()), Err)
+    let adopted = if owners.is_empty() {
+        Adopted::default()
+    } else {
+        adopt(service, owners, rebuilding).await?
+    };
+    refused.map_or(Ok(adopted), Err)
 }
 
-/// Reserves the addresses routed through host veths no allocation owns.
-async fn adopt(service: &SandboxService, owners: Vec<RoutedOwner>) -> Result<(), ReconcileError> {
+/// Reserves the addresses routed through host veths no allocation owns. When `rebuilding` a
+/// lost store, each one is logged at info level: the caller sums them up in one line.
+async fn adopt(
+    service: &SandboxService,
+    owners: Vec<RoutedOwner>,
+    rebuilding: bool,
+) -> Result<Adopted, ReconcileError> {
     let allocator = Arc::clone(service.allocator());
     let report = tokio::task::spawn_blocking(move || allocator.adopt(&owners))
         .await
         .map_err(|e| ReconcileError::Unknown(format!("adoption worker: {e}")))?
         .map_err(|e| ReconcileError::Unknown(e.to_string()))?;
+    let network = &service.network().name;
+    let mut adopted = Adopted::default();
     for allocation in &report.adopted {
-        tracing::warn!(key = %allocation.key, ips = ?allocation.ips, network = %service.network().name,
-            "host veth routes addresses the store did not hold: adopted (reserved until the veth is removed)");
+        let ips: Vec<String> = allocation
+            .ips
+            .iter()
+            .map(|ip| ip.address.to_string())
+            .collect();
+        let link = allocation.key.adopted_link().unwrap_or_default();
+        adopted.recovered.push(format!("{link}: {}", ips.join(" ")));
+        if rebuilding {
+            tracing::info!(key = %allocation.key, ?ips, %network, "adopted from its host veth");
+        } else {
+            tracing::warn!(key = %allocation.key, ?ips, %network,
+                "host veth routes addresses the store did not hold: adopted (reserved until the veth is removed)");
+        }
     }
     for (link, ip, holder) in &report.held_elsewhere {
+        adopted
+            .not_recovered
+            .push(format!("{link} {ip}: reserved for {holder}"));
         tracing::warn!(host_link = %link, %ip, %holder, "host veth routes an address reserved for another key: left alone");
     }
     for (link, ip) in &report.out_of_range {
-        tracing::warn!(host_link = %link, %ip, network = %service.network().name,
+        adopted
+            .not_recovered
+            .push(format!("{link} {ip}: outside the ranges of {network}"));
+        tracing::warn!(host_link = %link, %ip, %network,
             "host veth routes an address outside this network's ranges: left in place (another network's sandbox?)");
     }
-    Ok(())
+    Ok(adopted)
 }

@@ -33,8 +33,9 @@ use super::state::{Active, DaemonState, Paths};
 const MAX_REQUEST: usize = 1 << 20;
 /// A client must send its request line within this time.
 const REQUEST_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Retry interval for an allocation store that failed to open.
-const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Interval of the store check: a store that failed to open is opened again, one that
+/// cannot commit is reopened once its data dir takes writes (see `DaemonState::heal_store`).
+const STORE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Longest wait for operations in flight at shutdown.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Pause after a failed accept (e.g. EMFILE), instead of spinning on it.
@@ -150,18 +151,19 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     let follower = tokio::spawn({
         let state = Arc::clone(&state);
         async move {
+            let mut check = tokio::time::interval(STORE_CHECK);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     changed = config_rx.changed() => {
                         if changed.is_err() {
                             break;
                         }
+                        let next = config_rx.borrow_and_update().clone();
+                        state.apply_config(next).await;
                     }
-                    // A store that failed to open is retried until it opens.
-                    () = tokio::time::sleep(STORE_RETRY), if state.store_failed() => {}
+                    _ = check.tick() => state.heal_store().await,
                 }
-                let next = config_rx.borrow_and_update().clone();
-                state.apply_config(next).await;
             }
         }
     });

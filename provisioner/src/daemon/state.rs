@@ -15,6 +15,7 @@ use crate::sandbox::{KeyLocks, Network, NoObserver, SandboxObserver, SandboxServ
 use super::api::{LoadInfo, NetworkInfo, Status};
 use super::kernel_watch::{self, KernelWatch};
 use super::reconcile;
+use super::store_health;
 
 /// The network in force and the service that provisions it.
 pub struct Active {
@@ -114,6 +115,41 @@ impl DaemonState {
     /// swaps it once in-flight operations are done. Reopens the store only when the network's
     /// name or ranges changed.
     pub async fn apply_config(&self, state: ConfigState) {
+        self.apply(state, false).await;
+    }
+
+    /// Checks the store of the network in force, and heals it: readiness drops while it cannot
+    /// commit; once the data dir takes a write again, the store is reopened and rebuilt from
+    /// the store plus the kernel as at start. A store that failed to open is opened again.
+    pub async fn heal_store(&self) {
+        let config = self.applied().config.clone();
+        let Some(config) = config else {
+            return;
+        };
+        if self.store_failed() {
+            self.apply(config, true).await;
+            return;
+        }
+        let Some(active) = self.active() else {
+            return;
+        };
+        if active.service.allocator().unwritable().is_none() {
+            return;
+        }
+        self.metrics.ready.set(0);
+        let path = active.service.allocator().path().to_path_buf();
+        drop(active);
+        if let Err(err) = store_health::probe_write(&path).await {
+            tracing::debug!(store = %path.display(), error = %err, "data dir still refuses writes");
+            return;
+        }
+        tracing::warn!(store = %path.display(), "data dir takes writes again: reopening the allocation store");
+        self.apply(config, true).await;
+    }
+
+    /// [`Self::apply_config`]; `reopen`: open the store again even if the network kept its name
+    /// and ranges.
+    async fn apply(&self, state: ConfigState, reopen: bool) {
         self.applied().config = Some(state.clone());
         let Some(loaded) = state.current.clone() else {
             if self.active().is_some() {
@@ -132,6 +168,7 @@ impl DaemonState {
         };
         if let Some(current) = self.active()
             && current.service.network() == &network
+            && !reopen
         {
             self.set_active(Some(Arc::new(Active {
                 loaded,
@@ -144,10 +181,13 @@ impl DaemonState {
         let current = self.active();
         let reuse = current.as_ref().and_then(|current| {
             let same_store = current.service.network().name == network.name
-                && current.service.network().ranges == network.ranges;
+                && current.service.network().ranges == network.ranges
+                && current.service.allocator().unwritable().is_none()
+                && !reopen;
             same_store.then(|| Arc::clone(current.service.allocator()))
         });
         let mut same_boot = true;
+        let mut lost = None;
         let previous_store = current
             .as_ref()
             .map(|current| Arc::downgrade(current.service.allocator()));
@@ -165,12 +205,19 @@ impl DaemonState {
                     Ok((allocator, report)) => {
                         reconcile::report_store(&report);
                         same_boot = report.same_boot;
+                        lost = report.lost;
                         self.applied().store_error = None;
                         Arc::new(allocator)
                     }
                     Err(err) => {
-                        tracing::error!(error = %err, "cannot open the allocation store");
-                        self.applied().store_error = Some(err.to_string());
+                        let err = err.to_string();
+                        let mut applied = self.applied();
+                        // Retried every second: said again only when the reason changes.
+                        if applied.store_error.as_ref() != Some(&err) {
+                            tracing::error!(error = %err, "cannot open the allocation store");
+                        }
+                        applied.store_error = Some(err);
+                        drop(applied);
                         self.metrics.ready.set(0);
                         return;
                     }
@@ -195,7 +242,11 @@ impl DaemonState {
             Arc::clone(&self.locks),
             observer,
         );
-        if let Err(err) = reconcile::with_kernel(&service, same_boot).await {
+        let origin = reconcile::StoreOrigin {
+            lost: lost.as_deref(),
+            same_boot,
+        };
+        if let Err(err) = reconcile::with_kernel(&service, origin).await {
             tracing::error!(error = %err, "reconciling allocations with the kernel");
             self.applied().dataplane_error = Some(err.to_string());
             if err.refuses_service() {
@@ -250,6 +301,12 @@ impl DaemonState {
         }
         if let Some(err) = store_error {
             reasons.push(format!("allocation store unavailable: {err}"));
+        }
+        if let Some(err) = active
+            .as_ref()
+            .and_then(|active| active.service.allocator().unwritable())
+        {
+            reasons.push(format!("allocation store cannot commit: {err}"));
         }
         if let Some(err) = dataplane_error {
             reasons.push(format!("dataplane: {err}"));

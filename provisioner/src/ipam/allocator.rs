@@ -44,10 +44,11 @@
 //! applied (every later operation sees them: they are in the transaction being committed), then
 //! commits and reports durability through [`Reservation::durable`]. The caller must not answer
 //! its own client before `durable` says so. If the commit fails, the reservation is not on disk
-//! and the caller must undo what it did with the addresses. The allocator then refuses every
-//! later write until it is reopened (redb itself does the same after a failed commit): the
-//! addresses are free in the store while the caller's kernel objects may still route them, so
-//! handing them out again would give them two owners. A crash between the two stages leaves
+//! and the caller must undo what it did with the addresses. After any failed commit the
+//! allocator refuses every later write until it is reopened (redb itself does the same after a
+//! failed commit; [`Allocator::unwritable`] says why): after a failed reservation the addresses
+//! are free in the store while the caller's kernel objects may still route them, so handing
+//! them out again would give them two owners; a reopen rebuilds the owners from the kernel. A crash between the two stages leaves
 //! nothing on disk:
 //! after a restart the address is free, and the runtime's retry (DEL, or the next ADD of the key)
 //! must remove the kernel objects the crashed ADD created.
@@ -63,6 +64,7 @@ use ipnetwork::IpNetwork;
 use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::allocation::{AllocatedIp, Allocation, AllocationKey};
+use super::damage::keep_aside;
 use super::error::IpamError;
 use super::range::{IpRange, RangeSet, RangeSets, from_u128, to_u128};
 use super::store::{AddrT, Store, Tables, addr_from_key, addr_key, decode, encode};
@@ -396,7 +398,21 @@ impl Allocator {
         ranges: &RangeSets,
     ) -> Result<(Allocator, OpenReport), IpamError> {
         let store = Store::open(data_dir, network)?;
-        let report = check_store(&store, network, ranges)?;
+        let (store, report) = match check_store(&store, network, ranges) {
+            Ok(report) => (store, report),
+            // Opened, but its content is damaged where the check reads it: kept aside and
+            // started afresh, as when it cannot be opened at all.
+            Err(err) if err.is_damage() => {
+                let path = store.path().to_path_buf();
+                let dir = path.parent().unwrap_or(data_dir).to_path_buf();
+                drop(store);
+                let aside = keep_aside(&dir, &path, &err.to_string())?;
+                let store = Store::open(data_dir, network)?.with_lost(aside.reason);
+                let report = check_store(&store, network, ranges)?;
+                (store, report)
+            }
+            Err(err) => return Err(err),
+        };
         let core = Arc::new(Core {
             store,
             network: network.to_string(),
@@ -638,6 +654,13 @@ impl Allocator {
         &self.core.held
     }
 
+    /// Why writes are refused (a commit failed: full or read-only disk, I/O error), naming the
+    /// store file and the OS error; `None` while the store commits. Only a new allocator on the
+    /// file (a reopen) writes again.
+    pub fn unwritable(&self) -> Option<String> {
+        self.core.broken()
+    }
+
     /// Number of allocations.
     pub fn count(&self) -> Result<u64, IpamError> {
         let s = &self.core.store;
@@ -686,7 +709,10 @@ impl Drop for Allocator {
 }
 
 fn broken_error(path: &Path, reason: &str) -> IpamError {
-    core_error(path, "refused", std::io::Error::other(reason.to_owned()))
+    IpamError::Unwritable {
+        path: path.to_path_buf(),
+        reason: reason.to_owned(),
+    }
 }
 
 fn stopped_error(path: &Path, why: &'static str) -> IpamError {
@@ -829,6 +855,28 @@ impl Core {
         stopped_error(self.store.path(), why)
     }
 
+    fn broken(&self) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// After a failed commit (redb refuses every later write until the file is reopened):
+    /// refuses writes from now on; the reason, which names the store and the OS error.
+    fn mark_broken(&self, e: &IpamError) -> String {
+        let reason = format!(
+            "a commit failed ({e}); every write is refused until the daemon can reopen the store"
+        );
+        let mut broken = self.broken.lock().unwrap_or_else(PoisonError::into_inner);
+        if broken.is_none() {
+            tracing::error!(network = %self.network, store = %self.store.path().display(), error = %e,
+                "ipam commit failed: refusing writes until the store is reopened");
+            *broken = Some(reason.clone());
+        }
+        reason
+    }
+
     /// The committer: one batch of queued operations per transaction until the queue is closed
     /// and empty.
     fn commit_loop(&self, queue: &mpsc::Receiver<Request>) {
@@ -841,12 +889,7 @@ impl Core {
                     Err(_) => break,
                 }
             }
-            let broken = self
-                .broken
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            if let Some(reason) = broken {
+            if let Some(reason) = self.broken() {
                 for request in batch.drain(..) {
                     request.reply.refuse(self.store.path(), &reason);
                 }
@@ -909,18 +952,20 @@ impl Core {
                 }
             }
             Err(e) => {
-                let reason = format!(
-                    "a commit failed after reservations were answered ({e}); reopen the store \
-                     (restart the daemon) once the kernel state of those reservations is undone"
-                );
-                tracing::error!(network = %self.network, error = %e,
-                    "ipam commit failed after reservations were answered: refusing writes until reopened");
-                *self.broken.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.clone());
+                // The operations of this commit fail with it; later ones are refused.
+                let reason = self.mark_broken(&e);
+                let failed = || {
+                    core_error(
+                        self.store.path(),
+                        "commit",
+                        std::io::Error::other(reason.clone()),
+                    )
+                };
                 for durable in waiting {
-                    let _ = durable.send(Err(broken_error(self.store.path(), &reason)));
+                    let _ = durable.send(Err(failed()));
                 }
                 for (_, reply, _) in retry {
-                    reply.send(Err(broken_error(self.store.path(), &reason)));
+                    reply.send(Err(failed()));
                 }
             }
         }
@@ -983,9 +1028,14 @@ impl Core {
     /// Applies `ops` in order in one write transaction and commits it durably if anything was
     /// written. `Err` means the transaction as a whole failed and none of it is durable.
     fn run_in_one(&self, ops: &[Op]) -> Result<Vec<Outcome>, IpamError> {
+        if let Some(reason) = self.broken() {
+            return Err(broken_error(self.store.path(), &reason));
+        }
         let (txn, outcomes, wrote) = self.apply(ops)?;
         if wrote.iter().any(|w| w.any()) {
-            self.store.commit(txn)?;
+            self.store.commit(txn).inspect_err(|e| {
+                self.mark_broken(e);
+            })?;
         }
         // Else dropping `txn` aborts it: every answer came from already committed data.
         Ok(outcomes)
@@ -1745,6 +1795,9 @@ pub(super) mod tests {
         assert!(err.to_string().contains("injected commit failure"), "{err}");
         // Not on disk, and no later write may hand its address out again.
         assert!(a.get(&key(1)).unwrap().is_none());
+        let why = a.unwritable().expect("unwritable after a failed commit");
+        assert!(why.contains("injected commit failure"), "{why}");
+        assert!(why.contains(&a.path().display().to_string()), "{why}");
         let refused = a.allocate(&key(2)).unwrap_err();
         assert!(
             refused.to_string().contains("reopen the store"),
@@ -1755,6 +1808,7 @@ pub(super) mod tests {
         assert_eq!(a.count().unwrap(), 1);
         drop(a);
         let a = open(dir.path(), V4_28);
+        assert!(a.unwritable().is_none());
         a.allocate(&key(2)).unwrap();
     }
 }

@@ -26,8 +26,9 @@ pub enum IpamError {
         source: std::io::Error,
     },
 
-    /// The store file exists but cannot be opened (corrupt, locked by another process, newer
-    /// format, ...). It is refused rather than recreated: it holds reservations.
+    /// The store file cannot be opened: locked by another process, refused by the environment
+    /// (full or read-only disk, permissions, process limits), or a new store could not be
+    /// started after a damaged one was kept aside (see [`super::damage`]).
     #[error("cannot open ipam store {path}: {source}")]
     StoreOpen {
         path: PathBuf,
@@ -43,6 +44,11 @@ pub enum IpamError {
         #[source]
         source: Box<redb::Error>,
     },
+
+    /// A commit failed (full or read-only disk, I/O error): every write is refused until the
+    /// store is reopened, which the daemon does once its data dir takes writes again.
+    #[error("ipam store {path}: writes refused: {reason}")]
+    Unwritable { path: PathBuf, reason: String },
 
     /// A record in the store cannot be decoded.
     #[error("ipam store {path}: corrupt record {what}: {reason}")]
@@ -61,6 +67,37 @@ pub enum IpamError {
 }
 
 impl IpamError {
+    /// Whether this is the store file's content being damaged (corrupt pages, bad data, EIO),
+    /// as opposed to the environment refusing an operation (full or read-only disk, ...).
+    #[must_use]
+    pub fn is_damage(&self) -> bool {
+        match self {
+            IpamError::Store { source, .. } | IpamError::StoreOpen { source, .. } => {
+                match source.as_ref() {
+                    redb::Error::Corrupted(_) => true,
+                    redb::Error::Io(io) => super::damage::io_damage(io),
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// The OS error number under a store error, if it has one (ENOSPC, EROFS, ...).
+    #[must_use]
+    pub fn os_error(&self) -> Option<i32> {
+        match self {
+            IpamError::Store { source, .. } | IpamError::StoreOpen { source, .. } => {
+                match source.as_ref() {
+                    redb::Error::Io(io) => io.raw_os_error(),
+                    _ => None,
+                }
+            }
+            IpamError::DataDir { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn config(
         field: impl Into<String>,
         value: impl Into<String>,

@@ -5,6 +5,7 @@
 //! - [`range`]: ranges, range sets, address arithmetic
 //! - [`store`]: the redb file and its tables
 //! - [`allocator`]: allocate / release / get / list
+//! - [`damage`]: a damaged store file told apart from a refusing environment, kept aside
 //! - [`adopt`]: reserving what the kernel shows routed but the store does not hold
 //! - [`withdrawal`]: a release held back from allocations while the kernel withdraws it
 //! - [`error`]: the error type, [`IpamError`]
@@ -13,6 +14,7 @@ pub mod adopt;
 pub mod allocation;
 pub mod allocator;
 pub mod config;
+pub mod damage;
 pub mod error;
 pub mod range;
 pub mod store;

@@ -35,6 +35,7 @@ use redb::{
 use serde::{Deserialize, Serialize};
 
 use super::allocation::{AllocatedIp, Allocation, AllocationKey};
+use super::damage::{create, keep_aside};
 use super::error::IpamError;
 use super::range::{Family, from_u128, to_u128};
 use crate::pod::Pod;
@@ -112,7 +113,7 @@ impl Store {
             .create(data_dir)
             .map_err(dir_err)?;
         let dir = data_dir.canonicalize().map_err(dir_err)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+        set_mode(&dir, 0o700).map_err(dir_err)?;
         let path = dir.join(STORE_FILE);
         let mut lost = None;
         let db = {
@@ -122,11 +123,16 @@ impl Store {
                 Some(db) => db,
                 None => {
                     lost = lost_store(&dir, &path);
-                    let db =
-                        Arc::new(Database::create(&path).map_err(|e| IpamError::StoreOpen {
-                            path: path.clone(),
-                            source: Box::new(e.into()),
-                        })?);
+                    let db = match create(&path) {
+                        Ok(db) => db,
+                        Err(failure) if failure.unusable_file() => {
+                            let aside = keep_aside(&dir, &path, &failure.to_string())?;
+                            lost = Some(aside.reason);
+                            create(&path).map_err(|f| f.into_error(&path))?
+                        }
+                        Err(failure) => return Err(failure.into_error(&path)),
+                    };
+                    let db = Arc::new(db);
                     make_private(&dir, &path)?;
                     reg.retain(|_, w| w.strong_count() > 0);
                     reg.insert(path.clone(), Arc::downgrade(&db));
@@ -151,6 +157,12 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The same store, reported as lost for `reason` (its predecessor was kept aside).
+    pub fn with_lost(mut self, reason: String) -> Self {
+        self.lost = Some(reason);
+        self
     }
 
     /// Why the store file was created empty although one existed before, if it was.
@@ -258,13 +270,22 @@ fn lost_store(dir: &Path, path: &Path) -> Option<String> {
     ))
 }
 
+/// Sets the permission bits of `path` to `mode` unless they are already (a read-only data dir
+/// that is already private is no error here: the store's own open says what fails).
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    if std::fs::metadata(path)?.permissions().mode() & 0o7777 == mode {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
 /// Store file 0600; the marker written (and synced with its directory) once the file exists.
 fn make_private(dir: &Path, path: &Path) -> Result<(), IpamError> {
     let err = |source| IpamError::DataDir {
         path: dir.to_path_buf(),
         source,
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    set_mode(path, 0o600).map_err(err)?;
     let marker = dir.join(STORE_MARKER);
     if !marker.exists() {
         let file = std::fs::OpenOptions::new()
