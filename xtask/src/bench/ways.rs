@@ -4,7 +4,6 @@
 //! the kernel work a way leaves behind (deferred device deletion, RCU callbacks, workqueue
 //! items) slows whichever way runs next, and no way should always be the one that pays.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -129,11 +128,6 @@ pub fn interleaved(
             let (lane, lane_ids, samples) = (&lanes[i], &ids[i], &mut out[i]);
             check_interrupted()?;
             let daemon_before = lane.way.daemon().map(Daemon::cpu_time).transpose()?;
-            let threads_before = lane
-                .way
-                .daemon()
-                .map(Daemon::cpu_time_by_thread)
-                .transpose()?;
             let started = Instant::now();
             let calls = calls(
                 lane,
@@ -147,15 +141,10 @@ pub fn interleaved(
                 (Some(d), Some(before)) => d.cpu_time()?.saturating_sub(before),
                 _ => Duration::ZERO,
             };
-            let daemon_threads = match (lane.way.daemon(), threads_before) {
-                (Some(d), Some(before)) => threads_since(&before, d.cpu_time_by_thread()?),
-                _ => BTreeMap::new(),
-            };
             samples.extend(Samples {
                 wall: calls.iter().map(|c| c.0).collect(),
                 process_cpu: calls.iter().map(|c| c.1).collect(),
                 daemon_cpu,
-                daemon_threads,
                 elapsed,
             });
         }
@@ -163,19 +152,6 @@ pub fn interleaved(
         round += 1;
     }
     Ok(out)
-}
-
-/// CPU each thread spent between two readings (a thread first seen in `now` from zero).
-fn threads_since(
-    before: &BTreeMap<String, Duration>,
-    now: BTreeMap<String, Duration>,
-) -> BTreeMap<String, Duration> {
-    now.into_iter()
-        .map(|(name, cpu)| {
-            let spent = cpu.saturating_sub(before.get(&name).copied().unwrap_or_default());
-            (name, spent)
-        })
-        .collect()
 }
 
 /// One block of one lane: `workers` callers (threads of their own, in the lane's node
