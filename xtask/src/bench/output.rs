@@ -97,13 +97,7 @@ fn rows(opts: &Options, ways: &Ways) -> Vec<Row> {
             ..*a
         })
         .collect();
-    let row = |metric: String, unit, s: &[Summary], pick: fn(&Summary) -> f64, target| Row {
-        metric,
-        unit,
-        values: [0, 1, 2].map(|i| s.get(i).map(pick)),
-        cpu: [0, 1, 2].map(|i| s.get(i).map(|x| x.cpu_ms)),
-        target,
-    };
+    let (median, p99, wall): (Pick, Pick, Pick) = (|s| s.median_ms, |s| s.p99_ms, |s| s.wall_s);
     let ratio = |plugin| Target::Ratio {
         plugin,
         api_ms: None,
@@ -113,65 +107,58 @@ fn rows(opts: &Options, ways: &Ways) -> Vec<Row> {
         api_ms: Some(1.0),
     };
     let (n, c, m) = (opts.count, opts.concurrency, opts.concurrent_count);
-    vec![
-        row(
+    let rows: [(String, &str, &[Summary], Pick, Target); 8] = [
+        (
             format!("ADD median, N={n} sequential"),
             "ms",
             &sa,
-            |s| s.median_ms,
+            median,
             with_api,
         ),
-        row(
-            format!("ADD p99, N={n}"),
-            "ms",
-            &sa,
-            |s| s.p99_ms,
-            ratio(0.2),
-        ),
-        row(
+        (format!("ADD p99, N={n}"), "ms", &sa, p99, ratio(0.2)),
+        (
             format!("DEL median, N={n} sequential"),
             "ms",
             &sd,
-            |s| s.median_ms,
+            median,
             with_api,
         ),
-        row(
-            format!("DEL p99, N={n}"),
-            "ms",
-            &sd,
-            |s| s.p99_ms,
-            Target::None,
-        ),
-        row(
+        (format!("DEL p99, N={n}"), "ms", &sd, p99, Target::None),
+        (
             format!("{n} ADD + DEL, total"),
             "s",
             &total,
-            |s| s.wall_s,
+            wall,
             ratio(0.1),
         ),
-        row(
+        (
             format!("{c} callers, {m} ADDs, wall"),
             "s",
             &ca,
-            |s| s.wall_s,
+            wall,
             ratio(0.2),
         ),
-        row(
-            format!("{c} callers, ADD p99"),
-            "ms",
-            &ca,
-            |s| s.p99_ms,
-            ratio(0.2),
-        ),
-        row(
+        (format!("{c} callers, ADD p99"), "ms", &ca, p99, ratio(0.2)),
+        (
             format!("{c} callers, ADD median"),
             "ms",
             &ca,
-            |s| s.median_ms,
+            median,
             Target::None,
         ),
-    ]
+    ];
+    rows.into_iter()
+        .map(|(metric, unit, s, pick, target)| Row {
+            metric,
+            unit,
+            values: [0, 1, 2].map(|i| s.get(i).map(pick)),
+            cpu: [0, 1, 2].map(|i| s.get(i).map(|x| x.cpu_ms)),
+            target,
+        })
+        .collect()
 }
+
+type Pick = fn(&Summary) -> f64;
 
 /// The floors' and the daemon's rows.
 fn singles(opts: &Options, floors: &Floors, daemon: &DaemonResults) -> Vec<Single> {
@@ -183,143 +170,114 @@ fn singles(opts: &Options, floors: &Floors, daemon: &DaemonResults) -> Vec<Singl
             ..Single::plain(metric, "ms", s.median_ms, Target::None)
         }
     };
-    let n = opts.sandboxes;
-    let partial = |s: Single| {
-        if n < 1000 {
-            s.with_note(format!(
-                "measured with {n} sandboxes; the target is for 1000"
-            ))
-        } else {
-            s
-        }
-    };
-    let p = &daemon.provision;
-    vec![
+    let (n, p) = (opts.sandboxes, &daemon.provision);
+    let starts = daemon.fresh_starts_ms.len();
+    let mut out = vec![
         floor("spawn + exec of /bin/true", &floors.exec),
         floor("kernel, one ADD's netlink requests", &floors.kernel_add),
         floor("kernel, one DEL's netlink requests", &floors.kernel_del),
-        Single::plain(
+    ];
+    let at_most = Target::AtMost;
+    for (metric, unit, value, target, partial) in [
+        (
             "daemon RSS, no sandbox".into(),
             "MiB",
             mib(daemon.rss_idle_kib),
             Target::None,
+            false,
         ),
-        partial(Single::plain(
+        (
             format!("daemon RSS, {n} sandboxes"),
             "MiB",
             mib(daemon.rss_loaded_kib),
-            Target::AtMost(30.0),
-        )),
-        partial(Single::plain(
+            at_most(30.0),
+            true,
+        ),
+        (
             format!("daemon RSS 2 s after a restart with {n} allocations"),
             "MiB",
             mib(daemon.rss_after_restart_kib),
-            Target::AtMost(30.0),
-        )),
-        Single::plain(
-            format!(
-                "start to ready, fresh (median of {})",
-                daemon.fresh_starts_ms.len()
-            ),
+            at_most(30.0),
+            true,
+        ),
+        (
+            format!("start to ready, fresh (median of {starts})"),
             "ms",
             median(&daemon.fresh_starts_ms),
-            Target::AtMost(500.0),
+            at_most(500.0),
+            false,
         ),
-        partial(Single::plain(
+        (
             format!("start to ready, {n} allocations"),
             "ms",
             daemon.restart_ready_ms,
-            Target::AtMost(500.0),
-        )),
-        Single::plain(
-            format!("API ADD p99 filling to {n} ({} callers)", opts.concurrency),
-            "ms",
-            p.p99_ms,
-            Target::None,
-        )
-        .with_note(format!(
-            "median {:.2} ms, {:.1} s for all",
-            p.median_ms, p.wall_s
-        )),
-    ]
+            at_most(500.0),
+            true,
+        ),
+    ] {
+        let single = Single::plain(metric, unit, value, target);
+        out.push(if partial && n < 1000 {
+            single.with_note(format!(
+                "measured with {n} sandboxes; the target is for 1000"
+            ))
+        } else {
+            single
+        });
+    }
+    let metric = format!("API ADD p99 filling to {n} ({} callers)", opts.concurrency);
+    let note = format!("median {:.2} ms, {:.1} s for all", p.median_ms, p.wall_s);
+    out.push(Single::plain(metric, "ms", p.p99_ms, Target::None).with_note(note));
+    out
 }
 
 /// Every figure of the run.
 fn document(run: &Run, rows: &[Row], singles: &[Single], load_after: Option<f64>) -> Value {
-    let (opts, ways, daemon) = (run.opts, &run.ways, &run.daemon);
+    let (opts, ways, daemon, floors) = (run.opts, &run.ways, &run.daemon, &run.floors);
     let phase = |v: &[Samples]| -> Value {
-        NAMES
-            .iter()
-            .zip(v)
-            .map(|(name, s)| {
-                (
-                    (*name).to_owned(),
-                    json!({"summary": Summary::of(s).json(), "latencies_ms": stats::raw_ms(s)}),
-                )
-            })
-            .collect::<serde_json::Map<_, _>>()
-            .into()
+        let by_way = NAMES.iter().zip(v).map(|(name, s)| {
+            let figures =
+                json!({"summary": Summary::of(s).json(), "latencies_ms": stats::raw_ms(s)});
+            ((*name).to_owned(), figures)
+        });
+        by_way.collect::<serde_json::Map<_, _>>().into()
     };
-    let mut phases: serde_json::Map<String, Value> = PHASES
+    let steal: serde_json::Map<String, Value> = PHASES
         .iter()
-        .zip([&ways.seq_add, &ways.seq_del, &ways.conc_add, &ways.conc_del])
-        .map(|(name, v)| ((*name).to_owned(), phase(v)))
+        .map(|p| (*p).to_owned())
+        .zip(ways.steal.map(|s| json!(stats::round3(s))))
         .collect();
-    phases.insert(
-        "floor_exec_true".into(),
-        Summary::of(&run.floors.exec).json(),
-    );
-    phases.insert(
-        "floor_kernel_add".into(),
-        Summary::of(&run.floors.kernel_add).json(),
-    );
-    phases.insert(
-        "floor_kernel_del".into(),
-        Summary::of(&run.floors.kernel_del).json(),
-    );
-    phases.insert(
-        "daemon".into(),
-        json!({
-            "fresh_start_to_ready_ms": daemon.fresh_starts_ms,
-            "rss_idle_kib": daemon.rss_idle_kib,
-            "rss_with_sandboxes_kib": daemon.rss_loaded_kib,
-            "restart_to_ready_ms": stats::round3(daemon.restart_ready_ms),
-            "rss_after_restart_settled_kib": daemon.rss_after_restart_kib,
-            "provision_sandboxes": daemon.provision.json(),
-        }),
-    );
-    phases.insert(
-        "trace_overhead".into(),
-        run.overhead.as_ref().map_or(Value::Null, Overhead::json),
-    );
     let mut machine = machine();
     machine["load_average_1m_before"] = json!(run.load_before);
     machine["load_average_1m_after"] = json!(load_after);
-    machine["steal_percent"] = PHASES
-        .iter()
-        .zip(ways.steal)
-        .map(|(p, s)| ((*p).to_owned(), json!(stats::round3(s))))
-        .collect();
+    machine["steal_percent"] = steal.into();
     json!({
-        "generated_at_unix": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        "generated_at_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "machine": machine,
         "options": {
-            "count": opts.count,
-            "concurrency": opts.concurrency,
-            "concurrent_count": opts.concurrent_count,
-            "sandboxes": opts.sandboxes,
-            "block": opts.block,
-            "daemon_kernel_watch": !opts.no_trace,
-            "subnet": SUBNET,
-            "reference": REFERENCE_DIR,
-            "binary": run.bin,
-            "binary_id": pool::binary_id(run.bin),
+            "count": opts.count, "concurrency": opts.concurrency, "concurrent_count": opts.concurrent_count,
+            "sandboxes": opts.sandboxes, "block": opts.block, "daemon_kernel_watch": !opts.no_trace,
+            "subnet": SUBNET, "reference": REFERENCE_DIR, "binary": run.bin, "binary_id": pool::binary_id(run.bin),
         },
         "table": report::json(rows, singles),
-        "phases": phases,
+        "phases": {
+            "sequential_add": phase(&ways.seq_add),
+            "sequential_del": phase(&ways.seq_del),
+            "concurrent_add": phase(&ways.conc_add),
+            "concurrent_del": phase(&ways.conc_del),
+            "floor_exec_true": Summary::of(&floors.exec).json(),
+            "floor_kernel_add": Summary::of(&floors.kernel_add).json(),
+            "floor_kernel_del": Summary::of(&floors.kernel_del).json(),
+            "daemon": {
+                "fresh_start_to_ready_ms": daemon.fresh_starts_ms,
+                "rss_idle_kib": daemon.rss_idle_kib,
+                "rss_with_sandboxes_kib": daemon.rss_loaded_kib,
+                "restart_to_ready_ms": stats::round3(daemon.restart_ready_ms),
+                "rss_after_restart_settled_kib": daemon.rss_after_restart_kib,
+                "provision_sandboxes": daemon.provision.json(),
+            },
+            "trace_overhead": run.overhead.as_ref().map(Overhead::json),
+        },
         "wall_s": stats::round3(run.total.elapsed().as_secs_f64()),
     })
 }
