@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::stats::Summary;
+use super::stats::{Samples, Summary};
 use super::ways::{self, Lane, Verb, Way};
 use super::{
     Daemon, Netns, Options, QUIET_BEFORE_PHASE, provisioner_conflist, quiet, sandbox_namespaces,
@@ -160,24 +160,7 @@ pub fn memory(
             opts.concurrency
         ),
     );
-    let ids = |daemon: &Daemon| {
-        [ways::ids(
-            &Lane {
-                way: Way::Api(daemon),
-                pods: &pods,
-            },
-            "rss",
-            n,
-        )]
-    };
-    let api = |daemon: &Daemon, verb| {
-        let lane = [Lane {
-            way: Way::Api(daemon),
-            pods: &pods,
-        }];
-        ways::interleaved(&lane, verb, &ids(daemon), n, opts.concurrency).map(|mut s| s.remove(0))
-    };
-    let provision = Summary::of(&api(&daemon, Verb::Add)?);
+    let provision = Summary::of(&through_api(&daemon, &pods, Verb::Add, opts)?);
     if !opts.no_trace {
         std::thread::sleep(RSS_TRACE_DEADLINE + VERDICT_SETTLE);
     }
@@ -192,24 +175,10 @@ pub fn memory(
         provision.line(),
         mib(rss_loaded_kib)
     ));
-    announce(
-        "bench",
-        &format!("provisioner daemon: restart with {n} allocations, start to ready"),
-    );
     daemon.stop()?;
-    let (mut daemon, _, restart_ready) = start_daemon(bin, node, &dir, opts, &[])?;
-    let listed = daemon.request(&json!({"op": "list"}))?;
-    std::thread::sleep(RESTART_SETTLE);
-    let rss_after_restart_kib = daemon.rss_kib()?;
-    let restart_ready_ms = restart_ready.as_secs_f64() * 1e3;
-    detail(&format!(
-        "ready after {restart_ready_ms:.1} ms with {} allocations; RSS {:.1} MiB {} s later",
-        listed.as_array().map_or(0, Vec::len),
-        mib(rss_after_restart_kib),
-        RESTART_SETTLE.as_secs()
-    ));
+    let (mut daemon, restart_ready_ms, rss_after_restart_kib) = restart(opts, bin, node, &dir)?;
     announce("bench", &format!("cleanup: DEL of the {n} sandboxes"));
-    api(&daemon, Verb::Del)?;
+    through_api(&daemon, &pods, Verb::Del, opts)?;
     ways::settle(node)?;
     daemon.stop()?;
     Ok(DaemonResults {
@@ -220,4 +189,39 @@ pub fn memory(
         rss_after_restart_kib,
         provision,
     })
+}
+
+/// `verb` of one sandbox in each of `pods` through the API, by `--concurrency` callers.
+fn through_api(daemon: &Daemon, pods: &[Netns], verb: Verb, opts: &Options) -> Result<Samples> {
+    let lane = [Lane {
+        way: Way::Api(daemon),
+        pods,
+    }];
+    let ids = [ways::ids(&lane[0], "rss", pods.len())];
+    let mut out = ways::interleaved(&lane, verb, &ids, pods.len(), opts.concurrency)?;
+    Ok(out.remove(0))
+}
+
+/// A daemon started on the state in `dir`: it, its start to ready in ms, and its RSS once the
+/// kernel watch loaded.
+fn restart(opts: &Options, bin: &Path, node: &Netns, dir: &Path) -> Result<(Daemon, f64, u64)> {
+    announce(
+        "bench",
+        &format!(
+            "provisioner daemon: restart with {} allocations, start to ready",
+            opts.sandboxes
+        ),
+    );
+    let (daemon, _, ready) = start_daemon(bin, node, dir, opts, &[])?;
+    let listed = daemon.request(&json!({"op": "list"}))?;
+    std::thread::sleep(RESTART_SETTLE);
+    let rss_kib = daemon.rss_kib()?;
+    let ready_ms = ready.as_secs_f64() * 1e3;
+    detail(&format!(
+        "ready after {ready_ms:.1} ms with {} allocations; RSS {:.1} MiB {} s later",
+        listed.as_array().map_or(0, Vec::len),
+        mib(rss_kib),
+        RESTART_SETTLE.as_secs()
+    ));
+    Ok((daemon, ready_ms, rss_kib))
 }

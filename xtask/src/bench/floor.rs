@@ -201,6 +201,17 @@ const PREFIX: u8 = 16;
 fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wired> {
     let n = u32::try_from(i)? + 2;
     let ip = Ipv4Addr::new(10, 244, u8::try_from(n >> 8)?, u8::try_from(n & 0xff)?);
+    let (host, sandbox) = veth(node, pod_fd, i)?;
+    address_and_route(node, pod, (host, sandbox), ip)?;
+    Ok(Wired {
+        host,
+        sandbox,
+        pod: ip,
+    })
+}
+
+/// The veth pair `pfl<i>` / `eth0` (in the pod), with the host end's IPv6 off: their indexes.
+fn veth(node: &mut Socket, pod_fd: i32, i: usize) -> Result<(u32, u32)> {
     let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
     let mut peer = LinkMessage::default();
     peer.attributes.push(LinkAttribute::IfName("eth0".into()));
@@ -239,6 +250,16 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
         }
         _ => {}
     }
+    Ok((host, sandbox))
+}
+
+/// The host end's gateway address and host route, the pod's address and routes, links up.
+fn address_and_route(
+    node: &mut Socket,
+    pod: &mut Socket,
+    (host, sandbox): (u32, u32),
+    ip: Ipv4Addr,
+) -> Result<()> {
     let create = NLM_F_CREATE | NLM_F_EXCL;
     node.request(set_up(host, true), 0)?;
     node.request(
@@ -276,11 +297,7 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
     ] {
         pod.request(RouteNetlinkMessage::NewRoute(r), create)?;
     }
-    Ok(Wired {
-        host,
-        sandbox,
-        pod: ip,
-    })
+    Ok(())
 }
 
 /// The requests of one provisioner DEL, back to back (the veth is deleted later, untimed).

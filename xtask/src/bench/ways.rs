@@ -5,15 +5,14 @@
 //! items) slows whichever way runs next, and no way should always be the one that pays.
 
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
+use super::check_interrupted;
 use super::netns::Netns;
 use super::stats::Samples;
-use super::{INTERRUPTED, check_interrupted};
 use crate::step::detail;
 use testkit::cni::Plugin;
 use testkit::daemon::{self, Daemon, sandbox_request};
@@ -155,7 +154,7 @@ pub fn interleaved(
 }
 
 /// One block of one lane: `workers` callers (threads of their own, in the lane's node
-/// namespace) take the next id until none is left.
+/// namespace) take the next id until none is left; the first to fail stops the others.
 fn calls(
     lane: &Lane,
     verb: Verb,
@@ -163,57 +162,34 @@ fn calls(
     pods: &[Netns],
     workers: usize,
 ) -> Result<Vec<(Duration, Duration)>> {
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let samples = Mutex::new(Vec::with_capacity(ids.len()));
-    let first_error = Mutex::new(None);
-    let fail = |err: anyhow::Error| {
-        failed.store(true, Ordering::SeqCst);
-        first_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_or_insert(err);
+    let (next, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let worker = || -> Result<Vec<(Duration, Duration)>> {
+        let mut mine = Vec::new();
+        let result = lane.way.enter_node().and_then(|()| {
+            loop {
+                check_interrupted()?;
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= ids.len() || failed.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
+                mine.push(lane.way.call(verb, &ids[i], pods[i].path())?);
+            }
+        });
+        failed.fetch_or(result.is_err(), Ordering::SeqCst);
+        result.map(|()| mine)
     };
     std::thread::scope(|scope| {
-        for _ in 0..workers.max(1) {
-            scope.spawn(|| {
-                let mut mine = Vec::new();
-                if let Err(err) = lane.way.enter_node() {
-                    fail(err);
-                }
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= ids.len()
-                        || failed.load(Ordering::SeqCst)
-                        || INTERRUPTED.load(Ordering::SeqCst)
-                    {
-                        break;
-                    }
-                    match lane.way.call(verb, &ids[i], pods[i].path()) {
-                        Ok(d) => mine.push(d),
-                        Err(err) => {
-                            fail(err);
-                            break;
-                        }
-                    }
-                }
-                samples
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .extend(mine);
-            });
+        let callers: Vec<_> = (0..workers.max(1)).map(|_| scope.spawn(worker)).collect();
+        let mut all = Vec::with_capacity(ids.len());
+        for caller in callers {
+            all.extend(
+                caller
+                    .join()
+                    .map_err(|_| anyhow!("a caller thread panicked"))??,
+            );
         }
-    });
-    if let Some(err) = first_error
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-    {
-        return Err(err);
-    }
-    check_interrupted()?;
-    Ok(samples
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner))
+        Ok(all)
+    })
 }
 
 /// Waits until `node` holds no link but `lo` (every veth of the last phase is gone).
