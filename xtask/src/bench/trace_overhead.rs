@@ -64,8 +64,6 @@ const STEAL_RETRIES: usize = 2;
 const TMPFS_DIR: &str = "/dev/shm";
 /// At most this much slower with tracing, in percent.
 pub(super) const TARGET_PERCENT: f64 = 5.0;
-/// The kernel's name (15 bytes at most) of the tracer's program that runs on every send.
-const TRACER_SEND_PROGRAM: &str = "sock_send_lengt";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Tracing {
@@ -285,13 +283,14 @@ fn files_on_tmpfs() -> Result<tempfile::TempDir> {
 }
 
 /// Resumes the daemon's kernel watch and waits until its programs are attached, or pauses it
-/// and waits until its programs are gone (the kernel frees a program shortly after its last
-/// descriptor closes).
+/// and waits until the programs it held are gone (the kernel frees a program shortly after its
+/// last descriptor closes).
 fn switch_kernel_watch(daemon: &Daemon, tracing: Tracing) -> Result<()> {
+    let held = programs_held(daemon)?;
     daemon.request(&json!({"op": "kernel_watch", "on": tracing == Tracing::On}))?;
     match tracing {
         Tracing::On => wait_attached(daemon),
-        Tracing::Off => wait_detached(),
+        Tracing::Off => wait_freed(&held),
     }
 }
 
@@ -313,18 +312,33 @@ pub(super) fn wait_attached(daemon: &Daemon) -> Result<()> {
     }
 }
 
-fn wait_detached() -> Result<()> {
+/// The ids of the eBPF programs `daemon` holds a descriptor of (a program's or a link's
+/// fdinfo names its `prog_id`): its own, where other daemons on the machine load the same.
+fn programs_held(daemon: &Daemon) -> Result<Vec<u32>> {
+    let pid = daemon.pid().context("the bench's daemon has exited")?;
+    let dir = format!("/proc/{pid}/fdinfo");
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("read {dir}"))? {
+        // A descriptor closed since the listing has no fdinfo left.
+        let Ok(info) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        let prog_ids = info.lines().filter_map(|l| l.strip_prefix("prog_id:"));
+        ids.extend(prog_ids.filter_map(|id| id.trim().parse::<u32>().ok()));
+    }
+    Ok(ids)
+}
+
+fn wait_freed(ids: &[u32]) -> Result<()> {
     let started = Instant::now();
     while started.elapsed() < QUIET_BEFORE_ROUND {
-        let attached = aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .any(|info| info.name_as_str() == Some(TRACER_SEND_PROGRAM));
-        if !attached {
+        let loaded = aya::programs::loaded_programs().filter_map(Result::ok);
+        if !loaded.map(|info| info.id()).any(|id| ids.contains(&id)) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    bail!("the tracer's {TRACER_SEND_PROGRAM} program is still loaded after its watch was paused")
+    bail!("the tracer's programs {ids:?} are still loaded after its watch was paused")
 }
 
 /// The lowest of [`BLASTS`] measurements of CPU nanoseconds per UDP sendto on `lo` of `node`,
