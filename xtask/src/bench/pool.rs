@@ -54,11 +54,6 @@ pub fn binary_id(bin: &Path) -> Option<String> {
 
 /// Prints the tracer's rows pooled over the runs written to `files`.
 pub fn run(files: &[PathBuf]) -> Result<()> {
-    for (index, path) in files.iter().enumerate() {
-        if files[..index].contains(path) {
-            bail!("{} is named twice: a run is pooled once", path.display());
-        }
-    }
     let runs = files
         .iter()
         .map(|path| load(path))
@@ -74,6 +69,11 @@ pub fn run(files: &[PathBuf]) -> Result<()> {
         agree(&runs, "measured their rounds differently", |(_, _, s)| {
             s.pointer(key).cloned()
         })?;
+    }
+    for (index, (name, _, section)) in runs.iter().enumerate() {
+        if let Some((twin, _, _)) = runs[..index].iter().find(|(_, _, s)| s == section) {
+            bail!("{name} holds the same rounds as {twin}: a run is pooled once");
+        }
     }
     for (index, (name, _, _)) in runs.iter().enumerate() {
         detail(&format!("run {}: {name}", index + 1));
@@ -172,7 +172,7 @@ pub fn rows(sections: &[(String, Value)]) -> Result<Vec<Single>> {
             Ok(Single {
                 interval: Some(interval),
                 ..Single::plain(
-                    format!("{metric} ({} runs, {rounds} rounds)", sections.len()),
+                    format!("{metric} ({} run(s), {rounds} rounds)", sections.len()),
                     "% slower",
                     value,
                     Target::AtMost(TARGET_PERCENT),
@@ -277,7 +277,14 @@ mod tests {
             err.contains("d.json") && err.contains("--no-trace"),
             "{err}"
         );
-        assert!(run(&[a.clone(), a]).is_err(), "a file named twice");
+        assert!(run(&[a.clone(), a.clone()]).is_err(), "a file named twice");
+        let copy = write(
+            dir.path(),
+            "copy.json",
+            &json!({"binary_id": "x", "trace_overhead": rounds}),
+        );
+        let err = run(&[a, copy]).expect_err("a copy").to_string();
+        assert!(err.contains("holds the same rounds"), "{err}");
         Ok(())
     }
 }
