@@ -56,6 +56,7 @@ pub fn any_armed(_prefix: &str) -> bool {
 #[cfg(feature = "fault-injection")]
 pub fn hit(name: &str) {
     if is_armed(name) {
+        // xtask/src/failpoint_check.rs looks for this text in release binaries.
         tracing::error!(failpoint = name, "failpoint reached: killing the process");
         // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught, nothing runs after it.
         unsafe {

@@ -5,6 +5,7 @@ mod bench;
 mod bootstrap;
 mod demo;
 mod ebpf;
+mod failpoint_check;
 mod fuzz;
 mod mutants;
 mod soak;
@@ -54,13 +55,10 @@ enum Command {
         /// Write every figure to this JSON file (default target/bench/latest.json).
         #[arg(long)]
         json: Option<std::path::PathBuf>,
-        /// Skip the components measured alone (allocator, dataplane).
-        #[arg(long)]
-        no_components: bool,
-        /// Run the daemon without its kernel watch (eBPF tracing), to see what tracing costs.
+        /// Run the daemon without its kernel watch (eBPF tracing); skips the tracer's rounds.
         #[arg(long)]
         no_trace: bool,
-        /// Only measure what tracing costs (sendmsg CPU and ADD latency, tracing on vs off).
+        /// Only measure what tracing costs (sendto CPU and ADD latency, tracing on vs off).
         #[arg(long)]
         trace_overhead_only: bool,
         /// Measure this provisioner binary instead of building one.
@@ -137,7 +135,6 @@ fn main() -> Result<()> {
             sandboxes,
             block,
             json,
-            no_components,
             no_trace,
             trace_overhead_only,
             bin,
@@ -149,7 +146,6 @@ fn main() -> Result<()> {
                 sandboxes,
                 block,
                 json,
-                no_components,
                 no_trace,
                 bin,
             };

@@ -9,7 +9,7 @@
 //!   ack: the kernel's own cost for the same work.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -40,36 +40,30 @@ struct Socket {
 
 impl Socket {
     fn in_netns(ns: &Netns) -> Result<Self> {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
         // A thread of its own enters the namespace, so this thread's namespace never changes.
         let fd = std::thread::scope(|s| {
             s.spawn(|| -> Result<OwnedFd> {
                 ns.enter_thread()?;
-                // SAFETY: plain socket(2).
-                let fd = unsafe {
-                    libc::socket(
-                        libc::AF_NETLINK,
-                        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                        libc::NETLINK_ROUTE,
-                    )
-                };
-                if fd < 0 {
-                    bail!("netlink socket: {}", std::io::Error::last_os_error());
-                }
-                // SAFETY: `fd` was just created and is owned by nobody else.
-                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+                let (family, kind) = (AddressFamily::Netlink, SockType::Raw);
+                socket(
+                    family,
+                    kind,
+                    SockFlag::SOCK_CLOEXEC,
+                    SockProtocol::NetlinkRoute,
+                )
+                .with_context(|| format!("netlink socket in {}", ns.name()))
             })
             .join()
             .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
         })?;
-        Ok(Self {
-            fd,
-            seq: 0,
-            buf: vec![0; 64 * 1024],
-        })
+        let buf = vec![0; 64 * 1024];
+        Ok(Self { fd, seq: 0, buf })
     }
 
     /// Sends one request with an ack and waits for it; the echoed message, if asked for.
     fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Option<LinkMessage>> {
+        use nix::sys::socket::{MsgFlags, recv, send};
         self.seq += 1;
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
@@ -77,25 +71,14 @@ impl Socket {
         req.finalize();
         let mut out = vec![0; req.buffer_len()];
         req.serialize(&mut out);
-        // SAFETY: sending a valid buffer on an open socket (the kernel is the default peer).
-        let sent = unsafe { libc::send(self.fd.as_raw_fd(), out.as_ptr().cast(), out.len(), 0) };
-        if usize::try_from(sent).ok() != Some(out.len()) {
-            bail!("netlink send: {}", std::io::Error::last_os_error());
+        let sent = send(self.fd.as_raw_fd(), &out, MsgFlags::empty()).context("netlink send")?;
+        if sent != out.len() {
+            bail!("netlink send: {sent} of {} bytes", out.len());
         }
         let mut echoed = None;
         loop {
-            // SAFETY: receiving into our own buffer.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            let n = usize::try_from(n).map_err(|_| {
-                anyhow::anyhow!("netlink recv: {}", std::io::Error::last_os_error())
-            })?;
+            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
+                .context("netlink recv")?;
             let mut offset = 0;
             while offset < n {
                 let reply =
@@ -218,6 +201,17 @@ const PREFIX: u8 = 16;
 fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wired> {
     let n = u32::try_from(i)? + 2;
     let ip = Ipv4Addr::new(10, 244, u8::try_from(n >> 8)?, u8::try_from(n & 0xff)?);
+    let (host, sandbox) = veth(node, pod_fd, i)?;
+    address_and_route(node, pod, (host, sandbox), ip)?;
+    Ok(Wired {
+        host,
+        sandbox,
+        pod: ip,
+    })
+}
+
+/// The veth pair `pfl<i>` / `eth0` (in the pod), with the host end's IPv6 off: their indexes.
+fn veth(node: &mut Socket, pod_fd: i32, i: usize) -> Result<(u32, u32)> {
     let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
     let mut peer = LinkMessage::default();
     peer.attributes.push(LinkAttribute::IfName("eth0".into()));
@@ -256,6 +250,16 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
         }
         _ => {}
     }
+    Ok((host, sandbox))
+}
+
+/// The host end's gateway address and host route, the pod's address and routes, links up.
+fn address_and_route(
+    node: &mut Socket,
+    pod: &mut Socket,
+    (host, sandbox): (u32, u32),
+    ip: Ipv4Addr,
+) -> Result<()> {
     let create = NLM_F_CREATE | NLM_F_EXCL;
     node.request(set_up(host, true), 0)?;
     node.request(
@@ -293,11 +297,7 @@ fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wir
     ] {
         pod.request(RouteNetlinkMessage::NewRoute(r), create)?;
     }
-    Ok(Wired {
-        host,
-        sandbox,
-        pod: ip,
-    })
+    Ok(())
 }
 
 /// The requests of one provisioner DEL, back to back (the veth is deleted later, untimed).
@@ -320,19 +320,6 @@ fn del(node: &mut Socket, pod: &mut Socket, w: &Wired) -> Result<()> {
     Ok(())
 }
 
-/// This thread's CPU time (user + system).
-fn thread_cpu() -> Duration {
-    // SAFETY: rusage is plain old data that getrusage fills in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage) };
-    let tv = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-    };
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
-
 /// ADD then DEL requests for each of `pods`, in `node`; (ADD samples, DEL samples). Runs on a
 /// thread of its own inside `node`, where the ADD's sysctl is written.
 pub fn kernel(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
@@ -347,34 +334,35 @@ pub fn kernel(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
 }
 
 fn kernel_here(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
+    let thread_cpu = || {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map(Duration::from)
+    };
+    let timed = |samples: &mut Samples, work: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        let (cpu, started) = (thread_cpu()?, Instant::now());
+        work()?;
+        let wall = started.elapsed();
+        samples.wall.push(wall);
+        samples.process_cpu.push(thread_cpu()?.saturating_sub(cpu));
+        samples.elapsed += wall;
+        Ok(())
+    };
     let mut node_socket = Socket::in_netns(node)?;
-    let mut adds = Samples::default();
-    let mut wired = Vec::with_capacity(pods.len());
-    let mut sockets = Vec::with_capacity(pods.len());
+    let (mut adds, mut dels) = (Samples::default(), Samples::default());
+    let (mut wired, mut sockets) = (Vec::new(), Vec::new());
     for (i, pod) in pods.iter().enumerate() {
         super::check_interrupted()?;
         let file = std::fs::File::open(pod.path())?;
         let mut pod_socket = Socket::in_netns(pod)?;
-        let cpu = thread_cpu();
-        let started = Instant::now();
-        let w = add(&mut node_socket, &mut pod_socket, file.as_raw_fd(), i)
-            .with_context(|| format!("floor ADD {i}"))?;
-        let wall = started.elapsed();
-        adds.wall.push(wall);
-        adds.process_cpu.push(thread_cpu().saturating_sub(cpu));
-        adds.elapsed += wall;
-        wired.push(w);
+        timed(&mut adds, &mut || {
+            let w = add(&mut node_socket, &mut pod_socket, file.as_raw_fd(), i);
+            wired.push(w.with_context(|| format!("floor ADD {i}"))?);
+            Ok(())
+        })?;
         sockets.push(pod_socket);
     }
-    let mut dels = Samples::default();
-    for (i, (w, pod_socket)) in wired.iter().zip(&mut sockets).enumerate() {
-        let cpu = thread_cpu();
-        let started = Instant::now();
-        del(&mut node_socket, pod_socket, w).with_context(|| format!("floor DEL {i}"))?;
-        let wall = started.elapsed();
-        dels.wall.push(wall);
-        dels.process_cpu.push(thread_cpu().saturating_sub(cpu));
-        dels.elapsed += wall;
+    for (i, (w, pod)) in wired.iter().zip(&mut sockets).enumerate() {
+        let mut work = || del(&mut node_socket, pod, w).with_context(|| format!("floor DEL {i}"));
+        timed(&mut dels, &mut work)?;
     }
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::Group(FLOOR_GROUP));

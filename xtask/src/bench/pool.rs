@@ -1,10 +1,10 @@
-//! `cargo xtask bench-pool FILE...`: the tracer's rows over several runs of the bench.
+//! The tracer's rows from the per-round figures of one or more runs (their JSON tracer
+//! sections), and `cargo xtask bench-pool FILE...`, which pools several runs' files.
 //!
 //! One run's interval comes from resampling its rounds. Whole runs of one binary disagree by
-//! more than that (docs/benchmarks.md, stop 35): what a run shares across its rounds (the
-//! host's load in those minutes, what ran before it) does not cancel within the run. Pooling
-//! the rounds of several runs, and resampling runs before rounds ([`run_bootstrap`]), gives a
-//! figure whose interval covers that too.
+//! more than that: what a run shares across its rounds (the host's load in those minutes,
+//! what ran before it) does not cancel within the run. Pooling the rounds of several runs and
+//! resampling runs before rounds (`stats::run_bootstrap`) gives an interval that covers it.
 
 use std::path::{Path, PathBuf};
 
@@ -12,83 +12,37 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::report::{self, Single, Target};
-use super::stats::{round_slowdowns, run_bootstrap};
+use super::stats::{median, round_slowdowns, run_bootstrap};
 use super::trace_overhead::TARGET_PERCENT;
 use crate::step::detail;
 
-/// One run's tracer section, as `cargo xtask bench` wrote it.
-struct Run {
-    path: PathBuf,
-    binary: BinaryId,
-    section: Value,
-}
-
-/// What a run's file says of the binary it measured.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum BinaryId {
-    Known(String),
-    /// Written before `binary_id` was.
-    Absent,
-    /// The bench could not read the binary to identify it.
-    Unreadable,
-}
+/// A tracer row: its metric, the unit of its figures, and the JSON pointer (in a run's tracer
+/// section) of the object holding its per-round figures `off` and `on`.
+const ROWS: [(&str, &str, &str); 3] = [
+    (
+        "tracing: plugin ADD median, on vs off",
+        "ms",
+        "/plugin_add/round_medians_ms",
+    ),
+    (
+        "tracing: API ADD median, on vs off",
+        "ms",
+        "/api_add/round_medians_ms",
+    ),
+    (
+        "tracing: unrelated UDP sendto, CPU per call",
+        "ns",
+        "/sendto_cpu_ns",
+    ),
+];
 
 /// How the rounds measured: runs pooled must agree on all of it.
 const METHOD_KEYS: [&str; 4] = [
-    "rounds",
-    "adds_per_block_and_way",
-    "add_blocks_per_condition",
-    "api_add/by_round/trimmed_mean_trim_percent",
+    "/rounds",
+    "/adds_per_block_and_way",
+    "/add_blocks_per_condition",
+    "/sends_per_measurement",
 ];
-
-/// A tracer row, and the JSON pointers (in a run's tracer section) of its per-round figures in
-/// each condition.
-struct RowSpec {
-    metric: &'static str,
-    target: Target,
-    off_pointer: &'static str,
-    on_pointer: &'static str,
-}
-
-const ROWS: [RowSpec; 5] = [
-    RowSpec {
-        metric: "tracing: plugin ADD median, on vs off",
-        target: Target::AtMost(TARGET_PERCENT),
-        off_pointer: "/plugin_add/by_round/round_medians_ms/off",
-        on_pointer: "/plugin_add/by_round/round_medians_ms/on",
-    },
-    RowSpec {
-        metric: "tracing: API ADD median, on vs off",
-        target: Target::AtMost(TARGET_PERCENT),
-        off_pointer: "/api_add/by_round/round_medians_ms/off",
-        on_pointer: "/api_add/by_round/round_medians_ms/on",
-    },
-    RowSpec {
-        metric: "tracing: plugin ADD 10 %-trimmed mean, on vs off",
-        target: Target::None,
-        off_pointer: "/plugin_add/by_round/round_trimmed_means_ms/off",
-        on_pointer: "/plugin_add/by_round/round_trimmed_means_ms/on",
-    },
-    RowSpec {
-        metric: "tracing: API ADD 10 %-trimmed mean, on vs off",
-        target: Target::None,
-        off_pointer: "/api_add/by_round/round_trimmed_means_ms/off",
-        on_pointer: "/api_add/by_round/round_trimmed_means_ms/on",
-    },
-    RowSpec {
-        metric: "tracing: unrelated UDP sendto, CPU per call",
-        target: Target::AtMost(TARGET_PERCENT),
-        off_pointer: "/sendto_cpu_ns/off",
-        on_pointer: "/sendto_cpu_ns/on",
-    },
-];
-
-/// Every JSON pointer the pool reads in a run's tracer section.
-#[cfg(test)]
-pub(super) fn figure_pointers() -> impl Iterator<Item = &'static str> {
-    ROWS.iter()
-        .flat_map(|row| [row.off_pointer, row.on_pointer])
-}
 
 /// Identifies the binary a run measured (FNV-1a of its bytes), so that only runs of one
 /// binary are pooled.
@@ -100,182 +54,130 @@ pub fn binary_id(bin: &Path) -> Option<String> {
 
 /// Prints the tracer's rows pooled over the runs written to `files`.
 pub fn run(files: &[PathBuf]) -> Result<()> {
-    if files.len() < 2 {
-        bail!(
-            "pooling needs the JSON files of at least two bench runs, got {}",
-            files.len()
-        );
-    }
-    for (index, path) in files.iter().enumerate() {
-        if files[..index].contains(path) {
-            bail!("{} is named twice: a run is pooled once", path.display());
-        }
-    }
     let runs = files
         .iter()
         .map(|path| load(path))
         .collect::<Result<Vec<_>>>()?;
-    check_one_binary(&runs)?;
-    check_one_method(&runs)?;
-    for (index, run) in runs.iter().enumerate() {
-        detail(&format!("run {}: {}", index + 1, run.path.display()));
+    let sections: Vec<(String, Value)> = runs
+        .iter()
+        .map(|(name, _, section)| (name.clone(), section.clone()))
+        .collect();
+    agree(&runs, "measured different binaries", |(_, binary, _)| {
+        binary.clone()
+    })?;
+    for key in METHOD_KEYS {
+        agree(&runs, "measured their rounds differently", |(_, _, s)| {
+            s.pointer(key).cloned()
+        })?;
     }
-    let singles = pooled_rows(&runs)?;
-    println!();
-    println!("{}", report::table(&[], &singles));
+    for (index, (name, _, section)) in runs.iter().enumerate() {
+        if let Some((twin, _, _)) = runs[..index].iter().find(|(_, _, s)| s == section) {
+            bail!("{name} holds the same rounds as {twin}: a run is pooled once");
+        }
+    }
+    for (index, (name, _, _)) in runs.iter().enumerate() {
+        detail(&format!("run {}: {name}", index + 1));
+    }
+    println!("\n{}", report::markdown(&[], &rows(&sections)?));
     Ok(())
 }
 
+/// A run's file: its name, the binary it measured (when it says), its tracer section.
+type Run = (String, Option<Value>, Value);
+
 fn load(path: &Path) -> Result<Run> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading bench results {}", path.display()))?;
-    let document: Value = serde_json::from_str(&text)
-        .with_context(|| format!("parsing bench results {}", path.display()))?;
-    // A whole run with --no-trace writes the section as null.
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {name}"))?;
+    let document: Value = serde_json::from_str(&text).with_context(|| format!("parsing {name}"))?;
+    // A whole run writes it under `phases` (null with --no-trace), a tracer-only run at the top.
     let section = document
         .get("trace_overhead")
         .or_else(|| document.pointer("/phases/trace_overhead"))
         .filter(|section| !section.is_null())
         .cloned()
-        .with_context(|| {
-            format!(
-                "{} holds no tracer rounds (no trace_overhead section: a run with --no-trace?)",
-                path.display()
-            )
-        })?;
-    let binary = match document
+        .with_context(|| format!("{name} holds no tracer rounds (a run with --no-trace?)"))?;
+    let binary = document
         .get("binary_id")
-        .or_else(|| document.pointer("/options/binary_id"))
-    {
-        None => BinaryId::Absent,
-        Some(Value::String(id)) => BinaryId::Known(id.clone()),
-        Some(_) => BinaryId::Unreadable,
-    };
-    Ok(Run {
-        path: path.to_owned(),
-        binary,
-        section,
-    })
+        .or_else(|| document.pointer("/options/binary_id"));
+    Ok((name, binary.cloned(), section))
 }
 
-/// Refuses runs of different binaries; says which runs do not name theirs.
-fn check_one_binary(runs: &[Run]) -> Result<()> {
-    let mut ids: Vec<&str> = runs
+/// Refuses runs that differ in what `key` reads, naming each run's.
+fn agree(runs: &[Run], what: &str, key: impl Fn(&Run) -> Option<Value>) -> Result<()> {
+    let values: Vec<Option<Value>> = runs.iter().map(&key).collect();
+    if values.windows(2).all(|pair| pair[0] == pair[1]) {
+        return Ok(());
+    }
+    let list: Vec<String> = runs
         .iter()
-        .filter_map(|r| match &r.binary {
-            BinaryId::Known(id) => Some(id.as_str()),
-            BinaryId::Absent | BinaryId::Unreadable => None,
+        .zip(&values)
+        .map(|((name, _, _), v)| {
+            format!(
+                "{name} ({})",
+                v.as_ref().map_or("absent".into(), Value::to_string)
+            )
         })
         .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    if ids.len() > 1 {
-        let list: Vec<String> = runs
-            .iter()
-            .map(|r| {
-                let id = match &r.binary {
-                    BinaryId::Known(id) => id.as_str(),
-                    BinaryId::Absent | BinaryId::Unreadable => "binary unknown",
-                };
-                format!("{} ({id})", r.path.display())
-            })
-            .collect();
-        bail!(
-            "these runs measured different binaries and are not pooled: {}",
-            list.join(", ")
-        );
-    }
-    for run in runs {
-        let why = match run.binary {
-            BinaryId::Known(_) => continue,
-            BinaryId::Absent => "written before binary_id was",
-            BinaryId::Unreadable => "the bench could not read its binary",
-        };
-        detail(&format!(
-            "note: {} does not name its binary ({why}): pooled as the same binary",
-            run.path.display()
-        ));
-    }
-    Ok(())
+    bail!("these runs {what} and are not pooled: {}", list.join(", "))
 }
 
-/// Refuses runs whose rounds measured differently (see [`METHOD_KEYS`]).
-fn check_one_method(runs: &[Run]) -> Result<()> {
-    for key in METHOD_KEYS {
-        let pointer = format!("/{key}");
-        let values: Vec<Option<&Value>> =
-            runs.iter().map(|r| r.section.pointer(&pointer)).collect();
-        if values.windows(2).any(|pair| pair[0] != pair[1]) {
-            let list: Vec<String> = runs
-                .iter()
-                .zip(&values)
-                .map(|(r, v)| {
-                    let value = v.map_or_else(|| "absent".to_owned(), ToString::to_string);
-                    format!("{} ({key} {value})", r.path.display())
-                })
-                .collect();
-            bail!(
-                "these runs measured their rounds differently and are not pooled: {}",
-                list.join(", ")
-            );
-        }
-    }
-    Ok(())
+/// The per-round figures at `pointer` of one section.
+fn figures(name: &str, section: &Value, pointer: &str) -> Result<Vec<f64>> {
+    section
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .with_context(|| format!("{name}: no {pointer} in its tracer section"))?
+        .iter()
+        .map(|v| {
+            v.as_f64()
+                .with_context(|| format!("{name}: {pointer} holds {v}"))
+        })
+        .collect()
 }
 
-/// Each round's slowdown in percent for `row`, from one run.
-fn run_round_slowdowns(run: &Run, row: &RowSpec) -> Result<Vec<f64>> {
-    let figures = |pointer: &str| -> Result<Vec<f64>> {
-        run.section
-            .pointer(pointer)
-            .and_then(Value::as_array)
-            .with_context(|| {
-                format!(
-                    "{}: no {pointer} in its trace_overhead section (written by an older xtask?)",
-                    run.path.display()
-                )
-            })?
-            .iter()
-            .map(|v| {
-                v.as_f64()
-                    .with_context(|| format!("{}: {pointer} holds {v}", run.path.display()))
-            })
-            .collect()
-    };
-    let (off, on) = (figures(row.off_pointer)?, figures(row.on_pointer)?);
-    if off.len() != on.len() {
-        bail!(
-            "{}: {} rounds off but {} on for {}",
-            run.path.display(),
-            off.len(),
-            on.len(),
-            row.metric
-        );
-    }
-    Ok(round_slowdowns(&off, &on))
-}
-
-fn pooled_rows(runs: &[Run]) -> Result<Vec<Single>> {
+/// The tracer's rows over the runs' tracer sections (named): each the median of every round's
+/// slowdown, with its 90 % interval ([`run_bootstrap`]).
+pub fn rows(sections: &[(String, Value)]) -> Result<Vec<Single>> {
     ROWS.iter()
-        .map(|row| {
-            let per_run = runs
-                .iter()
-                .map(|run| run_round_slowdowns(run, row))
-                .collect::<Result<Vec<_>>>()?;
+        .map(|&(metric, unit, pointer)| {
+            let (mut per_run, mut off_all, mut on_all) = (Vec::new(), Vec::new(), Vec::new());
+            for (name, section) in sections {
+                let off = figures(name, section, &format!("{pointer}/off"))?;
+                let on = figures(name, section, &format!("{pointer}/on"))?;
+                if off.len() != on.len() {
+                    bail!(
+                        "{name}: {} rounds off but {} on for {metric}",
+                        off.len(),
+                        on.len()
+                    );
+                }
+                per_run.push(round_slowdowns(&off, &on));
+                off_all.extend(off);
+                on_all.extend(on);
+            }
             let rounds: usize = per_run.iter().map(Vec::len).sum();
             let (value, interval) = run_bootstrap(&per_run);
             let each: Vec<String> = per_run
                 .iter()
-                .map(|r| format!("{:+.1}", super::median(r)))
+                .map(|r| format!("{:+.1}", median(r)))
                 .collect();
+            let mut note = format!(
+                "round medians off {:.3}, on {:.3} {unit}",
+                median(&off_all),
+                median(&on_all)
+            );
+            if sections.len() > 1 {
+                note.push_str(&format!("; runs 1, 2, ...: {} %", each.join(", ")));
+            }
             Ok(Single {
-                metric: format!("{} ({} runs, {rounds} rounds)", row.metric, runs.len()),
-                unit: "% slower",
-                value,
-                cpu_ms: None,
-                target: row.target,
                 interval: Some(interval),
-                note: Some(format!("runs 1, 2, ...: {} %", each.join(", "))),
+                ..Single::plain(
+                    format!("{metric} ({} run(s), {rounds} rounds)", sections.len()),
+                    "% slower",
+                    value,
+                    Target::AtMost(TARGET_PERCENT),
+                )
+                .with_note(note)
             })
         })
         .collect()
@@ -286,26 +188,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A tracer section whose plugin ADD rounds are `plugin` (off, on), its trimmed means 1 %
-    /// above them, and every other row 4 % slower.
-    fn section(plugin: (&[f64], &[f64])) -> Value {
-        let rounds = |off: &[f64], on: &[f64]| json!({"off": off, "on": on});
-        let trimmed: Vec<f64> = plugin.1.iter().map(|on| on * 1.01).collect();
-        let flat = |n: usize, base: f64| (vec![base; n], vec![base * 1.04; n]);
-        let (api_off, api_on) = flat(plugin.0.len(), 0.6);
-        let (send_off, send_on) = flat(plugin.0.len(), 700.0);
+    /// A tracer section whose plugin ADD rounds are (`off`, `on`), every other row 4 % slower.
+    fn section(off: &[f64], on: &[f64]) -> Value {
+        let flat =
+            |base: f64| json!({"off": vec![base; off.len()], "on": vec![base * 1.04; off.len()]});
         json!({
-            "rounds": plugin.0.len(),
-            "plugin_add": {"by_round": {
-                "round_medians_ms": rounds(plugin.0, plugin.1),
-                "round_trimmed_means_ms": rounds(plugin.0, &trimmed),
-            }},
-            "api_add": {"by_round": {
-                "round_medians_ms": rounds(&api_off, &api_on),
-                "round_trimmed_means_ms": rounds(&api_off, &api_on),
-                "trimmed_mean_trim_percent": 10,
-            }},
-            "sendto_cpu_ns": rounds(&send_off, &send_on),
+            "rounds": off.len(),
+            "plugin_add": {"round_medians_ms": {"off": off, "on": on}},
+            "api_add": {"round_medians_ms": flat(0.6)},
+            "sendto_cpu_ns": flat(700.0),
         })
     }
 
@@ -315,48 +206,43 @@ mod tests {
         path
     }
 
-    fn row<'a>(rows: &'a [Single], metric: &str) -> &'a Single {
-        rows.iter()
-            .find(|r| r.metric.starts_with(metric))
-            .unwrap_or_else(|| panic!("no row {metric}"))
+    #[test]
+    fn a_tracer_only_run_and_a_whole_run_of_one_binary_pool_their_rounds() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let a = json!({"binary_id": "x", "trace_overhead": section(&[1.0, 1.0], &[1.02, 1.02])});
+        let b = json!({
+            "options": {"binary_id": "x"},
+            "phases": {"trace_overhead": section(&[1.0, 1.0], &[1.04, 1.04])},
+        });
+        let paths = [
+            write(dir.path(), "a.json", &a),
+            write(dir.path(), "b.json", &b),
+        ];
+        run(&paths)?;
+        let sections: Vec<(String, Value)> = paths
+            .iter()
+            .map(|p| load(p).map(|(n, _, s)| (n, s)))
+            .collect::<Result<_>>()?;
+        let rows = rows(&sections)?;
+        let (low, high) = rows[0].interval.context("an interval")?;
+        assert!(
+            (rows[0].value - 3.0).abs() < 1e-9 && low < 3.0 && 3.0 < high,
+            "{low} {high}"
+        );
+        assert!(
+            rows[0]
+                .note
+                .as_deref()
+                .is_some_and(|n| n.ends_with("runs 1, 2, ...: +2.0, +4.0 %"))
+        );
+        assert!(rows[1..].iter().all(|r| (r.value - 4.0).abs() < 1e-9));
+        Ok(())
     }
 
     #[test]
-    fn a_tracer_only_run_and_a_whole_run_of_one_binary_pool_their_rounds() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let tracer_only = write(
-            dir.path(),
-            "a.json",
-            &json!({"binary_id": "x", "trace_overhead": section((&[1.0, 1.0], &[1.02, 1.02]))}),
-        );
-        let whole = write(
-            dir.path(),
-            "b.json",
-            &json!({
-                "options": {"binary_id": "x"},
-                "phases": {"trace_overhead": section((&[1.0, 1.0], &[1.04, 1.04]))},
-            }),
-        );
-        let runs = [load(&tracer_only).expect("a"), load(&whole).expect("b")];
-        check_one_binary(&runs).expect("one binary");
-        check_one_method(&runs).expect("one method");
-        let rows = pooled_rows(&runs).expect("rows");
-        let plugin = row(&rows, "tracing: plugin ADD median");
-        assert!((plugin.value - 3.0).abs() < 1e-9, "{}", plugin.value);
-        let (low, high) = plugin.interval.expect("an interval");
-        assert!(low < 3.0 && 3.0 < high, "({low}, {high})");
-        assert_eq!(plugin.note.as_deref(), Some("runs 1, 2, ...: +2.0, +4.0 %"));
-        let trimmed = row(&rows, "tracing: plugin ADD 10 %-trimmed mean");
-        assert!((trimmed.value - 4.03).abs() < 0.01, "{}", trimmed.value);
-        for metric in ["tracing: API ADD median", "tracing: unrelated UDP sendto"] {
-            assert!((row(&rows, metric).value - 4.0).abs() < 1e-9, "{metric}");
-        }
-    }
-
-    #[test]
-    fn runs_of_different_binaries_or_methods_are_refused_naming_each() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let rounds = section((&[1.0], &[1.0]));
+    fn runs_of_different_binaries_or_methods_or_without_rounds_are_refused() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let rounds = section(&[1.0], &[1.0]);
         let a = write(
             dir.path(),
             "a.json",
@@ -367,57 +253,38 @@ mod tests {
             "b.json",
             &json!({"binary_id": "y", "trace_overhead": rounds}),
         );
-        let runs = [load(&a).expect("a"), load(&b).expect("b")];
-        let err = check_one_binary(&runs)
-            .expect_err("two binaries")
-            .to_string();
+        let err = run(&[a.clone(), b]).expect_err("two binaries").to_string();
         assert!(
-            err.contains("a.json (x)") && err.contains("b.json (y)"),
+            err.contains("a.json (\"x\")") && err.contains("b.json (\"y\")"),
             "{err}"
         );
-
-        let mut other_method = rounds.clone();
-        other_method["rounds"] = json!(8);
+        let mut other = rounds.clone();
+        other["rounds"] = json!(8);
         let c = write(
             dir.path(),
             "c.json",
-            &json!({"trace_overhead": other_method}),
+            &json!({"binary_id": "x", "trace_overhead": other}),
         );
-        let runs = [load(&a).expect("a"), load(&c).expect("c")];
-        let err = check_one_method(&runs)
-            .expect_err("two methods")
-            .to_string();
+        let err = run(&[a.clone(), c]).expect_err("two methods").to_string();
         assert!(
-            err.contains("a.json (rounds 1)") && err.contains("c.json (rounds 8)"),
+            err.contains("differently") && err.contains("c.json (8)"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn files_without_tracer_rounds_or_binary_are_told_apart() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let no_trace = write(
-            dir.path(),
-            "no-trace.json",
-            &json!({"options": {"binary_id": "x"}, "phases": {"trace_overhead": null}}),
-        );
-        let err = load(&no_trace).err().expect("no section").to_string();
+        let none = json!({"options": {"binary_id": "x"}, "phases": {"trace_overhead": null}});
+        let d = write(dir.path(), "d.json", &none);
+        let err = run(&[a.clone(), d]).expect_err("no rounds").to_string();
         assert!(
-            err.contains("no-trace.json") && err.contains("--no-trace"),
+            err.contains("d.json") && err.contains("--no-trace"),
             "{err}"
         );
-
-        let rounds = section((&[1.0], &[1.0]));
-        let old = write(dir.path(), "old.json", &json!({"trace_overhead": rounds}));
-        let unreadable = write(
+        assert!(run(&[a.clone(), a.clone()]).is_err(), "a file named twice");
+        let copy = write(
             dir.path(),
-            "unreadable.json",
-            &json!({"binary_id": null, "trace_overhead": rounds}),
+            "copy.json",
+            &json!({"binary_id": "x", "trace_overhead": rounds}),
         );
-        assert_eq!(load(&old).expect("old").binary, BinaryId::Absent);
-        assert_eq!(
-            load(&unreadable).expect("unreadable").binary,
-            BinaryId::Unreadable
-        );
+        let err = run(&[a, copy]).expect_err("a copy").to_string();
+        assert!(err.contains("holds the same rounds"), "{err}");
+        Ok(())
     }
 }

@@ -1,5 +1,6 @@
-//! The bench's table (terminal and markdown) and its JSON: absolute numbers, CPU time per call,
-//! ratios provisioner / reference, the targets of issue 9 and whether they are met.
+//! The bench's tables (markdown, printed and written to target/bench/latest.md) and their JSON:
+//! absolute numbers, CPU time per call, ratios provisioner / reference, the targets of
+//! docs/benchmarks.md and whether they are met.
 
 use std::fmt::Write as _;
 
@@ -31,7 +32,9 @@ impl Target {
             Self::Ratio {
                 plugin,
                 api_ms: Some(ms),
-            } => format!("plugin <= {plugin} x ref; api <= {ms} ms"),
+            } => {
+                format!("plugin <= {plugin} x ref; api <= {ms} ms")
+            }
             Self::AtMost(v) => format!("<= {v}"),
         }
     }
@@ -41,15 +44,14 @@ impl Target {
 pub struct Row {
     pub metric: String,
     pub unit: &'static str,
-    pub reference: Option<f64>,
-    pub plugin: Option<f64>,
-    pub api: Option<f64>,
+    /// (reference, plugin, api).
+    pub values: [Option<f64>; 3],
     /// CPU ms per call of (reference, plugin, api) in this row's phase.
     pub cpu: [Option<f64>; 3],
     pub target: Target,
 }
 
-/// One row about one thing (a floor, the daemon, a component).
+/// One row about one thing (a floor, the daemon, the tracer).
 pub struct Single {
     pub metric: String,
     pub unit: &'static str,
@@ -62,6 +64,26 @@ pub struct Single {
     pub note: Option<String>,
 }
 
+impl Single {
+    /// A row without CPU figure nor interval.
+    pub fn plain(metric: String, unit: &'static str, value: f64, target: Target) -> Self {
+        Self {
+            metric,
+            unit,
+            value,
+            cpu_ms: None,
+            target,
+            interval: None,
+            note: None,
+        }
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+}
+
 fn ratio(reference: Option<f64>, ours: Option<f64>) -> Option<f64> {
     match (reference, ours) {
         (Some(r), Some(o)) if r > 0.0 => Some(o / r),
@@ -70,17 +92,12 @@ fn ratio(reference: Option<f64>, ours: Option<f64>) -> Option<f64> {
 }
 
 fn met(row: &Row) -> Option<bool> {
-    match row.target {
-        Target::None | Target::AtMost(_) => None,
-        Target::Ratio { plugin, api_ms } => {
-            let r = ratio(row.reference, row.plugin)?;
-            let api_ok = match api_ms {
-                Some(ms) => row.api.is_some_and(|a| a <= ms),
-                None => true,
-            };
-            Some(r <= plugin && api_ok)
-        }
-    }
+    let Target::Ratio { plugin, api_ms } = row.target else {
+        return None;
+    };
+    let [reference, ours, api] = row.values;
+    let api_ok = api_ms.is_none_or(|ms| api.is_some_and(|a| a <= ms));
+    Some(ratio(reference, ours)? <= plugin && api_ok)
 }
 
 /// Whether `s` met its target; `None` without a target, or when its interval holds values on
@@ -97,27 +114,12 @@ fn met_single(s: &Single) -> Option<bool> {
     }
 }
 
-fn word(met: Option<bool>) -> &'static str {
-    match met {
-        Some(true) => "met",
-        Some(false) => "MISSED",
-        None => "",
-    }
-}
-
-/// [`word`] for a single row: one whose interval straddles its target is `undecided`.
-fn single_word(s: &Single) -> &'static str {
-    match (met_single(s), s.target) {
+fn word(met: Option<bool>, target: Target) -> &'static str {
+    match (met, target) {
+        (Some(true), _) => "met",
+        (Some(false), _) => "MISSED",
         (None, Target::AtMost(_)) => "undecided",
-        (met, _) => word(met),
-    }
-}
-
-/// `value unit`, with the interval when there is one.
-fn single_value(s: &Single) -> String {
-    match s.interval {
-        Some((low, high)) => format!("{:.2} [{low:.1}, {high:.1}] {}", s.value, s.unit),
-        None => format!("{:.2} {}", s.value, s.unit),
+        (None, _) => "",
     }
 }
 
@@ -132,91 +134,46 @@ fn with_cpu(v: Option<f64>, cpu: Option<f64>) -> String {
     }
 }
 
-/// The terminal table.
-pub fn table(rows: &[Row], singles: &[Single]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<34} {:>16} {:>16} {:>16} {:>8} {:>8}  {:<30} result",
-        "wall (CPU ms/call)", "reference", "plugin", "api", "plug/ref", "api/ref", "target"
-    );
-    let _ = writeln!(out, "{}", "-".repeat(150));
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "{:<34} {:>16} {:>16} {:>16} {:>8} {:>8}  {:<30} {}",
-            format!("{} ({})", r.metric, r.unit),
-            with_cpu(r.reference, r.cpu[0]),
-            with_cpu(r.plugin, r.cpu[1]),
-            with_cpu(r.api, r.cpu[2]),
-            num(ratio(r.reference, r.plugin)),
-            num(ratio(r.reference, r.api)),
-            r.target.describe(),
-            word(met(r))
-        );
-    }
-    let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "{:<50} {:>14} {:>10}  {:<30} result (value [90 % interval])",
-        "floors, daemon, components", "value", "CPU ms", "target"
-    );
-    let _ = writeln!(out, "{}", "-".repeat(120));
-    for s in singles {
-        let _ = writeln!(
-            out,
-            "{:<50} {:>14} {:>10}  {:<30} {}{}",
-            s.metric,
-            single_value(s),
-            num(s.cpu_ms),
-            s.target.describe(),
-            single_word(s),
-            s.note
-                .as_ref()
-                .map_or_else(String::new, |n| format!(" ({n})"))
-        );
-    }
-    out
-}
-
-/// The same tables in markdown (for docs/benchmarks.md).
+/// Both tables in markdown: wall figures with the CPU ms per call in parentheses.
 pub fn markdown(rows: &[Row], singles: &[Single]) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "| | reference | plugin | api | plugin / ref | api / ref | target | |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    if !rows.is_empty() {
+        out.push_str("| wall (CPU ms/call) | reference | plugin | api | plugin / ref | api / ref | target | |\n");
+        out.push_str("|---|---|---|---|---|---|---|---|\n");
+    }
     for r in rows {
+        let [reference, plugin, api] = r.values;
         let _ = writeln!(
             out,
             "| {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
             r.metric,
             r.unit,
-            with_cpu(r.reference, r.cpu[0]),
-            with_cpu(r.plugin, r.cpu[1]),
-            with_cpu(r.api, r.cpu[2]),
-            num(ratio(r.reference, r.plugin)),
-            num(ratio(r.reference, r.api)),
+            with_cpu(reference, r.cpu[0]),
+            with_cpu(plugin, r.cpu[1]),
+            with_cpu(api, r.cpu[2]),
+            num(ratio(reference, plugin)),
+            num(ratio(reference, api)),
             r.target.describe(),
-            word(met(r))
+            word(met(r), Target::None)
         );
     }
-    let _ = writeln!(out);
-    let _ = writeln!(out, "| | value | CPU ms | target | |");
-    let _ = writeln!(out, "|---|---|---|---|---|");
+    out.push_str("\n| | value [90 % interval] | CPU ms | target | |\n|---|---|---|---|---|\n");
     for s in singles {
+        let value = match s.interval {
+            Some((low, high)) => format!("{:.2} [{low:.1}, {high:.1}] {}", s.value, s.unit),
+            None => format!("{:.2} {}", s.value, s.unit),
+        };
+        let note = s
+            .note
+            .as_ref()
+            .map_or_else(String::new, |n| format!(" ({n})"));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {}{} |",
+            "| {} | {value} | {} | {} | {}{note} |",
             s.metric,
-            single_value(s),
             num(s.cpu_ms),
             s.target.describe(),
-            single_word(s),
-            s.note
-                .as_ref()
-                .map_or_else(String::new, |n| format!(" ({n})"))
+            word(met_single(s), s.target),
         );
     }
     out
@@ -228,19 +185,15 @@ pub fn json(rows: &[Row], singles: &[Single]) -> Value {
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {
+            let [reference, plugin, api] = r.values;
             json!({
-                "metric": r.metric,
-                "unit": r.unit,
-                "reference": opt(r.reference),
-                "plugin": opt(r.plugin),
-                "api": opt(r.api),
+                "metric": r.metric, "unit": r.unit,
+                "reference": opt(reference), "plugin": opt(plugin), "api": opt(api),
                 "cpu_ms_per_call": {
-                    "reference": opt(r.cpu[0]),
-                    "plugin": opt(r.cpu[1]),
-                    "api": opt(r.cpu[2]),
+                    "reference": opt(r.cpu[0]), "plugin": opt(r.cpu[1]), "api": opt(r.cpu[2]),
                 },
-                "plugin_over_reference": opt(ratio(r.reference, r.plugin)),
-                "api_over_reference": opt(ratio(r.reference, r.api)),
+                "plugin_over_reference": opt(ratio(reference, plugin)),
+                "api_over_reference": opt(ratio(reference, api)),
                 "target": r.target.describe(),
                 "met": met(r),
             })
@@ -250,9 +203,7 @@ pub fn json(rows: &[Row], singles: &[Single]) -> Value {
         .iter()
         .map(|s| {
             json!({
-                "metric": s.metric,
-                "unit": s.unit,
-                "value": round3(s.value),
+                "metric": s.metric, "unit": s.unit, "value": round3(s.value),
                 "cpu_ms": opt(s.cpu_ms),
                 "target": s.target.describe(),
                 "met": met_single(s),
@@ -273,10 +224,8 @@ mod tests {
         let row = |plugin, api| Row {
             metric: "ADD median".into(),
             unit: "ms",
-            reference: Some(10.0),
-            plugin: Some(plugin),
-            api: Some(api),
-            cpu: [None; 3],
+            values: [Some(10.0), Some(plugin), Some(api)],
+            cpu: [Some(4.0), None, None],
             target: Target::Ratio {
                 plugin: 0.2,
                 api_ms: Some(1.0),
@@ -285,20 +234,24 @@ mod tests {
         assert_eq!(met(&row(2.0, 0.9)), Some(true));
         assert_eq!(met(&row(2.5, 0.9)), Some(false));
         assert_eq!(met(&row(1.0, 1.5)), Some(false));
-        let text = table(&[row(2.0, 0.9)], &[]);
-        assert!(text.contains("0.20"), "{text}");
+        let text = markdown(&[row(2.0, 0.9)], &[]);
+        assert!(
+            text.contains("| 10.00 (4.00) | 2.00 | 0.90 | 0.20 | 0.09 |"),
+            "{text}"
+        );
+        assert!(text.contains("| met |"), "{text}");
     }
 
     #[test]
     fn a_target_is_judged_on_the_whole_interval() {
         let single = |value, interval| Single {
-            metric: "tracing: API ADD median, on vs off".into(),
-            unit: "% slower",
-            value,
-            cpu_ms: None,
-            target: Target::AtMost(5.0),
             interval,
-            note: None,
+            ..Single::plain(
+                "tracing: API ADD".into(),
+                "% slower",
+                value,
+                Target::AtMost(5.0),
+            )
         };
         assert_eq!(met_single(&single(3.0, None)), Some(true));
         assert_eq!(met_single(&single(6.0, None)), Some(false));
@@ -306,8 +259,15 @@ mod tests {
         assert_eq!(met_single(&single(7.0, Some((5.5, 9.0)))), Some(false));
         let straddling = single(3.0, Some((-2.0, 12.0)));
         assert_eq!(met_single(&straddling), None);
-        let text = table(&[], &[straddling]);
-        assert!(text.contains("undecided"), "{text}");
-        assert!(text.contains("[-2.0, 12.0]"), "{text}");
+        let text = markdown(&[], &[straddling]);
+        assert!(
+            text.contains("3.00 [-2.0, 12.0] % slower") && text.contains("undecided"),
+            "{text}"
+        );
+        let value = &json(&[], &[single(3.0, Some((1.0, 4.5)))])["singles"][0];
+        assert_eq!(
+            (value["met"].as_bool(), value["interval_90"][1].as_f64()),
+            (Some(true), Some(4.5))
+        );
     }
 }

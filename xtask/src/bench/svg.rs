@@ -81,39 +81,44 @@ pub fn cdf(title: &str, series: &[Series]) -> String {
         HEIGHT - 10.0
     );
     for (i, s) in series.iter().enumerate() {
-        let color = s.color;
-        let dash = if s.dashed {
-            r#" stroke-dasharray="6 4""#
-        } else {
-            ""
-        };
-        let mut ms: Vec<f64> = s.samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        ms.sort_by(f64::total_cmp);
-        #[expect(clippy::cast_precision_loss, reason = "sample counts are small")]
-        let n = ms.len() as f64;
-        let mut points = String::new();
-        for (k, v) in ms.iter().enumerate() {
-            #[expect(clippy::cast_precision_loss, reason = "sample counts are small")]
-            let frac = (k + 1) as f64 / n;
-            let _ = write!(points, "{:.1},{:.1} ", x(*v), y(frac));
-        }
-        let _ = writeln!(
-            out,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{points}"/>"#
-        );
-        let ly = TOP + 18.0 + 18.0 * f64::from(u32::try_from(i).unwrap_or(0));
-        let _ = writeln!(
-            out,
-            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            LEFT + 12.0,
-            LEFT + 36.0,
-            LEFT + 42.0,
-            ly + 4.0,
-            escape(&s.label)
-        );
+        draw(&mut out, i, s, &x, &y);
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// One series' polyline and its legend line, the `i`th.
+fn draw(out: &mut String, i: usize, s: &Series, x: &dyn Fn(f64) -> f64, y: &dyn Fn(f64) -> f64) {
+    let color = s.color;
+    let dash = if s.dashed {
+        r#" stroke-dasharray="6 4""#
+    } else {
+        ""
+    };
+    let mut ms: Vec<f64> = s.samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    #[expect(clippy::cast_precision_loss, reason = "sample counts are small")]
+    let n = ms.len() as f64;
+    let mut points = String::new();
+    for (k, v) in ms.iter().enumerate() {
+        #[expect(clippy::cast_precision_loss, reason = "sample counts are small")]
+        let frac = (k + 1) as f64 / n;
+        let _ = write!(points, "{:.1},{:.1} ", x(*v), y(frac));
+    }
+    let _ = writeln!(
+        out,
+        r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{points}"/>"#
+    );
+    let ly = TOP + 18.0 + 18.0 * f64::from(u32::try_from(i).unwrap_or(0));
+    let _ = writeln!(
+        out,
+        r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
+        LEFT + 12.0,
+        LEFT + 36.0,
+        LEFT + 42.0,
+        ly + 4.0,
+        escape(&s.label)
+    );
 }
 
 fn format_ms(v: f64) -> String {

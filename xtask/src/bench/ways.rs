@@ -4,17 +4,15 @@
 //! the kernel work a way leaves behind (deferred device deletion, RCU callbacks, workqueue
 //! items) slows whichever way runs next, and no way should always be the one that pays.
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
+use super::check_interrupted;
 use super::netns::Netns;
 use super::stats::Samples;
-use super::{INTERRUPTED, check_interrupted};
 use crate::step::detail;
 use testkit::cni::Plugin;
 use testkit::daemon::{self, Daemon, sandbox_request};
@@ -129,11 +127,6 @@ pub fn interleaved(
             let (lane, lane_ids, samples) = (&lanes[i], &ids[i], &mut out[i]);
             check_interrupted()?;
             let daemon_before = lane.way.daemon().map(Daemon::cpu_time).transpose()?;
-            let threads_before = lane
-                .way
-                .daemon()
-                .map(Daemon::cpu_time_by_thread)
-                .transpose()?;
             let started = Instant::now();
             let calls = calls(
                 lane,
@@ -147,15 +140,10 @@ pub fn interleaved(
                 (Some(d), Some(before)) => d.cpu_time()?.saturating_sub(before),
                 _ => Duration::ZERO,
             };
-            let daemon_threads = match (lane.way.daemon(), threads_before) {
-                (Some(d), Some(before)) => threads_since(&before, d.cpu_time_by_thread()?),
-                _ => BTreeMap::new(),
-            };
             samples.extend(Samples {
                 wall: calls.iter().map(|c| c.0).collect(),
                 process_cpu: calls.iter().map(|c| c.1).collect(),
                 daemon_cpu,
-                daemon_threads,
                 elapsed,
             });
         }
@@ -165,21 +153,8 @@ pub fn interleaved(
     Ok(out)
 }
 
-/// CPU each thread spent between two readings (a thread first seen in `now` from zero).
-fn threads_since(
-    before: &BTreeMap<String, Duration>,
-    now: BTreeMap<String, Duration>,
-) -> BTreeMap<String, Duration> {
-    now.into_iter()
-        .map(|(name, cpu)| {
-            let spent = cpu.saturating_sub(before.get(&name).copied().unwrap_or_default());
-            (name, spent)
-        })
-        .collect()
-}
-
 /// One block of one lane: `workers` callers (threads of their own, in the lane's node
-/// namespace) take the next id until none is left.
+/// namespace) take the next id until none is left; the first to fail stops the others.
 fn calls(
     lane: &Lane,
     verb: Verb,
@@ -187,57 +162,34 @@ fn calls(
     pods: &[Netns],
     workers: usize,
 ) -> Result<Vec<(Duration, Duration)>> {
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let samples = Mutex::new(Vec::with_capacity(ids.len()));
-    let first_error = Mutex::new(None);
-    let fail = |err: anyhow::Error| {
-        failed.store(true, Ordering::SeqCst);
-        first_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_or_insert(err);
+    let (next, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let worker = || -> Result<Vec<(Duration, Duration)>> {
+        let mut mine = Vec::new();
+        let result = lane.way.enter_node().and_then(|()| {
+            loop {
+                check_interrupted()?;
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= ids.len() || failed.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
+                mine.push(lane.way.call(verb, &ids[i], pods[i].path())?);
+            }
+        });
+        failed.fetch_or(result.is_err(), Ordering::SeqCst);
+        result.map(|()| mine)
     };
     std::thread::scope(|scope| {
-        for _ in 0..workers.max(1) {
-            scope.spawn(|| {
-                let mut mine = Vec::new();
-                if let Err(err) = lane.way.enter_node() {
-                    fail(err);
-                }
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= ids.len()
-                        || failed.load(Ordering::SeqCst)
-                        || INTERRUPTED.load(Ordering::SeqCst)
-                    {
-                        break;
-                    }
-                    match lane.way.call(verb, &ids[i], pods[i].path()) {
-                        Ok(d) => mine.push(d),
-                        Err(err) => {
-                            fail(err);
-                            break;
-                        }
-                    }
-                }
-                samples
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .extend(mine);
-            });
+        let callers: Vec<_> = (0..workers.max(1)).map(|_| scope.spawn(worker)).collect();
+        let mut all = Vec::with_capacity(ids.len());
+        for caller in callers {
+            all.extend(
+                caller
+                    .join()
+                    .map_err(|_| anyhow!("a caller thread panicked"))??,
+            );
         }
-    });
-    if let Some(err) = first_error
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-    {
-        return Err(err);
-    }
-    check_interrupted()?;
-    Ok(samples
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner))
+        Ok(all)
+    })
 }
 
 /// Waits until `node` holds no link but `lo` (every veth of the last phase is gone).
