@@ -365,17 +365,25 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving metrics on http://{addr}/metrics");
     loop {
-        let (mut stream, _) = listener.accept().await?;
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // A connection reset before it was accepted, or no fd left for now: the endpoint
+            // keeps serving.
+            Err(err) => {
+                tracing::warn!(%addr, error = %err, "metrics endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let metrics = Arc::clone(&metrics);
         let refresh = Arc::clone(&refresh);
         tokio::spawn(async move {
-            let mut head = vec![0u8; 2048];
-            let n = match tokio::time::timeout(Duration::from_secs(2), stream.read(&mut head)).await
-            {
-                Ok(Ok(n)) => n,
-                _ => return,
+            let Ok(Ok(head)) =
+                tokio::time::timeout(Duration::from_secs(2), read_head(&mut stream)).await
+            else {
+                return;
             };
-            let request = String::from_utf8_lossy(&head[..n]);
+            let request = String::from_utf8_lossy(&head);
             let path = request
                 .strip_prefix("GET ")
                 .and_then(|rest| rest.split([' ', '?']).next())
@@ -405,6 +413,21 @@ pub async fn serve(
             .await;
         });
     }
+}
+
+/// The request's head (up to the blank line, at most 2 KiB): a client may send its request
+/// line in several segments.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut head = vec![0u8; 2048];
+    let mut len = 0;
+    while len < head.len() && !head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut head[len..]).await? {
+            0 => break,
+            n => len += n,
+        }
+    }
+    head.truncate(len);
+    Ok(head)
 }
 
 fn http_response(status: &str, content_type: &str, body: &str) -> String {
@@ -556,6 +579,23 @@ mod tests {
                 "{name} missing in\n{text}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_head_sent_in_pieces_is_read_whole() -> std::io::Result<()> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let client = tokio::spawn(async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await?;
+            stream.write_all(b"GET /rea").await?;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stream.write_all(b"dyz HTTP/1.1\r\nHost: x\r\n\r\n").await
+        });
+        let (mut stream, _) = listener.accept().await?;
+        let head = read_head(&mut stream).await?;
+        client.await.map_err(std::io::Error::other)??;
+        assert_eq!(head, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+        Ok(())
     }
 
     #[test]

@@ -41,9 +41,9 @@ fn http_get(netns: &Netns, port: u16, path: &str) -> Result<(u16, String)> {
                 let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
                     .with_context(|| format!("connect to 127.0.0.1:{port} in {}", netns.name()))?;
                 stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-                write!(
-                    stream,
-                    "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                stream.write_all(
+                    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
                 )?;
                 let mut response = Vec::new();
                 stream.read_to_end(&mut response)?;
