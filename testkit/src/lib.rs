@@ -6,6 +6,7 @@
 pub mod cni;
 pub mod daemon;
 pub mod netns;
+pub mod oci;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

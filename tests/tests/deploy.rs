@@ -527,3 +527,100 @@ fn assert_no_leftovers(root: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// deploy/provisioner.service.
+fn systemd_unit() -> Result<String> {
+    let path = deploy::manifest_path().with_file_name("provisioner.service");
+    std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+}
+
+/// The values of `key=` lines of a unit file, in order.
+fn unit_values<'a>(unit: &'a str, key: &str) -> Vec<&'a str> {
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .collect()
+}
+
+/// `systemd-analyze verify` accepts the unit (its ExecStart pointed at this build's binary, as
+/// verify checks that it exists), without a warning about it.
+#[test]
+fn systemd_unit_passes_systemd_analyze_verify() -> Result<()> {
+    const ANALYZE: &str = "/usr/bin/systemd-analyze";
+    if !Path::new(ANALYZE).exists() {
+        eprintln!("skipped: {ANALYZE} is not installed (package systemd)");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let unit = dir.path().join("provisioner.service");
+    let text = systemd_unit()?.replace(IMAGE_BINARY, &provisioner_bin().display().to_string());
+    std::fs::write(&unit, text)?;
+    let out = Command::new(ANALYZE).arg("verify").arg(&unit).output()?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert!(!said.contains("provisioner.service"), "{said}");
+    Ok(())
+}
+
+/// The unit runs the daemon the binary accepts, with the DaemonSet's capabilities, writable
+/// store and socket dirs, and a stop timeout above the drain.
+#[test]
+fn systemd_unit_matches_the_daemonset() -> Result<()> {
+    let unit = systemd_unit()?;
+    let [exec] = unit_values(&unit, "ExecStart")[..] else {
+        bail!("expected one ExecStart");
+    };
+    let argv: Vec<String> = exec.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(argv.get(1).map(String::as_str), Some("daemon"), "{argv:?}");
+    assert_accepted(&argv)?;
+
+    let ds = daemon_set()?;
+    let adds: Vec<String> = container(pod_spec(&ds)?, "provisioner")?
+        .security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| format!("CAP_{c}"))
+        .collect();
+    let bounding: Vec<String> = unit_values(&unit, "CapabilityBoundingSet")
+        .iter()
+        .flat_map(|v| v.split_whitespace())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(bounding, adds);
+    assert_eq!(unit_values(&unit, "ProtectSystem"), ["strict"]);
+    assert_eq!(unit_values(&unit, "Restart"), ["on-failure"]);
+    let writable: Vec<&str> = unit_values(&unit, "ReadWritePaths")
+        .iter()
+        .flat_map(|v| v.split_whitespace())
+        .collect();
+    let value_of = |flag: &str| {
+        argv.iter()
+            .find_map(|a| a.strip_prefix(flag)?.strip_prefix('='))
+            .map(str::to_owned)
+            .with_context(|| format!("ExecStart has no {flag}"))
+    };
+    let socket = PathBuf::from(value_of("--socket")?);
+    let socket_dir = socket.parent().context("socket without a dir")?;
+    for dir in [
+        PathBuf::from(value_of("--data-dir")?),
+        socket_dir.to_path_buf(),
+    ] {
+        assert!(
+            writable.iter().any(|w| Path::new(w) == dir),
+            "{} is not in ReadWritePaths {writable:?}",
+            dir.display()
+        );
+    }
+    let [stop] = unit_values(&unit, "TimeoutStopSec")[..] else {
+        bail!("expected one TimeoutStopSec");
+    };
+    let seconds: i64 = stop.trim_end_matches('s').parse()?;
+    assert!(seconds > DRAIN_LIMIT_SECONDS, "TimeoutStopSec={stop}");
+    Ok(())
+}

@@ -6,6 +6,7 @@ mod bootstrap;
 mod demo;
 mod ebpf;
 mod fuzz;
+mod image;
 mod mutants;
 mod step;
 mod test;
@@ -78,6 +79,9 @@ enum Command {
     Demo,
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
     BuildRelease,
+    /// Build the container image archive (the static binary only) for `ctr images import`,
+    /// `podman load` or `docker load`; prints its path.
+    Image,
     /// Mutation testing (cargo-mutants) of the modules unit-tested without root; see
     /// docs/testing.md.
     Mutants {
@@ -145,6 +149,7 @@ fn main() -> Result<()> {
         Command::BenchPool { files } => bench::run_pool(&files),
         Command::Demo => demo::run(),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::Image => image::build().map(|archive| println!("{}", archive.display())),
         Command::Mutants {
             file,
             timeout,

@@ -6,11 +6,13 @@ use std::process::Stdio;
 use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{bootstrap, ebpf};
+use crate::{bootstrap, ebpf, image};
 
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
     bootstrap::apt_packages()?;
     ebpf::build()?;
+    // The image tests and the DaemonSet test run the image deploy/provisioner.yaml names.
+    let archive = image::build()?;
     let root = workspace_root();
     if lint {
         announce("lint", "cargo fmt --check");
@@ -45,7 +47,8 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         cargo("stable")
             .current_dir(&root)
             .args(["test", "--no-fail-fast"])
-            .args(cargo_test_args),
+            .args(cargo_test_args)
+            .env("PROVISIONER_IMAGE", &archive),
     )?;
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     if !totals.success || totals.failed > 0 {
