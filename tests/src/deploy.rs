@@ -108,3 +108,32 @@ pub fn cni_template() -> Result<String> {
         .find_map(|cm| cm.data.as_ref()?.get("cni.template").cloned())
         .context("no ConfigMap in deploy/ holds cni.template")
 }
+
+/// The image archive `cargo xtask image` builds (`cargo xtask test` builds it first and names it
+/// in `PROVISIONER_IMAGE`).
+pub fn image_archive() -> Result<PathBuf> {
+    let path = std::env::var_os("PROVISIONER_IMAGE").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+                "../target/image/provisioner-{}.oci.tar",
+                env!("CARGO_PKG_VERSION")
+            ))
+        },
+        PathBuf::from,
+    );
+    if !path.exists() {
+        bail!(
+            "no image archive at {}: build it with `cargo xtask image`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The image reference the manifests run, as containerd and podman name it once loaded.
+pub fn image_reference() -> String {
+    format!(
+        "docker.io/library/provisioner:{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}

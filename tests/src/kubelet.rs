@@ -1,0 +1,174 @@
+//! What the kubelet makes of a pod spec for CRI: the sandbox config and each container's
+//! config, with the spec's settings carried over as they are (namespaces, capabilities,
+//! read-only root, mounts with their propagation, command, args, env). Volumes are given by the
+//! test as host dirs, by volume name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use k8s_cri::v1 as cri;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+/// The paths the kubelet masks in a container that is not privileged
+/// (k8s.io/kubernetes pkg/securitycontext: defaultMaskedPaths).
+const MASKED_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// The paths the kubelet makes read-only in a container that is not privileged
+/// (defaultReadonlyPaths).
+const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+fn namespace_options(spec: &PodSpec) -> cri::NamespaceOption {
+    let node_or = |host: Option<bool>, otherwise: cri::NamespaceMode| {
+        if host == Some(true) {
+            cri::NamespaceMode::Node as i32
+        } else {
+            otherwise as i32
+        }
+    };
+    cri::NamespaceOption {
+        network: node_or(spec.host_network, cri::NamespaceMode::Pod),
+        pid: node_or(spec.host_pid, cri::NamespaceMode::Container),
+        ipc: node_or(spec.host_ipc, cri::NamespaceMode::Pod),
+        ..cri::NamespaceOption::default()
+    }
+}
+
+/// The sandbox of pod `name` (namespace `namespace`) of `spec`; container logs under `log_dir`.
+pub fn sandbox_config(
+    name: &str,
+    namespace: &str,
+    spec: &PodSpec,
+    log_dir: &Path,
+) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.to_owned(),
+            uid: format!("uid-{name}"),
+            namespace: namespace.to_owned(),
+            attempt: 0,
+        }),
+        hostname: name.to_owned(),
+        log_directory: log_dir.join(name).display().to_string(),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(spec)),
+                ..cri::LinuxSandboxSecurityContext::default()
+            }),
+            ..cri::LinuxPodSandboxConfig::default()
+        }),
+        ..cri::PodSandboxConfig::default()
+    }
+}
+
+fn propagation(mode: Option<&str>) -> Result<i32> {
+    Ok(match mode {
+        None | Some("None") => cri::MountPropagation::PropagationPrivate,
+        Some("HostToContainer") => cri::MountPropagation::PropagationHostToContainer,
+        Some("Bidirectional") => cri::MountPropagation::PropagationBidirectional,
+        Some(other) => bail!("unknown mountPropagation {other}"),
+    } as i32)
+}
+
+/// Container `c` of `spec` (restart number `attempt`), its volumes found in `volumes` (volume
+/// name -> host dir).
+pub fn container_config(
+    spec: &PodSpec,
+    c: &Container,
+    attempt: u32,
+    volumes: &BTreeMap<String, PathBuf>,
+) -> Result<cri::ContainerConfig> {
+    let image = c
+        .image
+        .clone()
+        .with_context(|| format!("container {}: no image", c.name))?;
+    let mut envs = Vec::new();
+    for var in c.env.iter().flatten() {
+        let value = var.value.clone().with_context(|| {
+            format!(
+                "container {}: env {} is not a plain value",
+                c.name, var.name
+            )
+        })?;
+        envs.push(cri::KeyValue {
+            key: var.name.clone(),
+            value,
+        });
+    }
+    let mut mounts = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let host = volumes
+            .get(&m.name)
+            .with_context(|| format!("container {}: no dir for volume {}", c.name, m.name))?;
+        mounts.push(cri::Mount {
+            container_path: m.mount_path.clone(),
+            host_path: host.display().to_string(),
+            readonly: m.read_only == Some(true),
+            propagation: propagation(m.mount_propagation.as_deref())?,
+            ..cri::Mount::default()
+        });
+    }
+    let sc = c.security_context.clone().unwrap_or_default();
+    let privileged = sc.privileged == Some(true);
+    let capabilities = sc.capabilities.map(|caps| cri::Capability {
+        add_capabilities: caps.add.unwrap_or_default(),
+        drop_capabilities: caps.drop.unwrap_or_default(),
+        ..cri::Capability::default()
+    });
+    let paths = |list: &[&str]| {
+        if privileged {
+            Vec::new()
+        } else {
+            list.iter().map(|p| (*p).to_owned()).collect()
+        }
+    };
+    let security = cri::LinuxContainerSecurityContext {
+        capabilities,
+        privileged,
+        namespace_options: Some(namespace_options(spec)),
+        run_as_user: sc.run_as_user.map(|value| cri::Int64Value { value }),
+        readonly_rootfs: sc.read_only_root_filesystem == Some(true),
+        no_new_privs: sc.allow_privilege_escalation == Some(false),
+        masked_paths: paths(MASKED_PATHS),
+        readonly_paths: paths(READONLY_PATHS),
+        ..cri::LinuxContainerSecurityContext::default()
+    };
+    Ok(cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt,
+        }),
+        image: Some(cri::ImageSpec {
+            image,
+            ..cri::ImageSpec::default()
+        }),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        envs,
+        mounts,
+        log_path: format!("{}_{attempt}.log", c.name),
+        linux: Some(cri::LinuxContainerConfig {
+            security_context: Some(security),
+            ..cri::LinuxContainerConfig::default()
+        }),
+        ..cri::ContainerConfig::default()
+    })
+}
