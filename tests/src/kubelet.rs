@@ -66,7 +66,13 @@ pub fn sandbox_config(
             namespace: namespace.to_owned(),
             attempt: 0,
         }),
-        hostname: name.to_owned(),
+        // A pod in the node's UTS namespace keeps the node's hostname: containerd 1.6 would pass
+        // this one to runc, which refuses to set a hostname in a namespace it does not own.
+        hostname: if spec.host_network == Some(true) {
+            String::new()
+        } else {
+            name.to_owned()
+        },
         log_directory: log_dir.join(name).display().to_string(),
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {

@@ -139,6 +139,12 @@ struct Node {
 impl Node {
     fn new(m: &Manifest) -> Result<Self> {
         let netns = Netns::new("node")?;
+        // A Kubernetes node forwards (kubeadm's preflight requires it): the daemon reads
+        // ip_forward and only writes it when off, which a container's read-only /proc/sys forbids.
+        in_netns(netns.path(), || {
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+        })?
+        .context("net.ipv4.ip_forward=1 in the node namespace")?;
         let root = tempfile::Builder::new().prefix("dsnode").tempdir()?;
         let mut host_dirs = BTreeMap::new();
         for v in m.spec.volumes.iter().flatten() {
@@ -297,28 +303,36 @@ fn container_log(path: &Path) -> String {
 /// Waits until every pod namespace in `cookies` is `networked+confirmed` in the daemon's view.
 fn wait_confirmed(node: &Node, cookies: &HashSet<u64>, log: &Path) -> Result<()> {
     let mut seen = BTreeMap::new();
+    let mut unavailable = String::new();
+    let judged = || -> Result<Option<()>> {
+        let answer = node.ask(&["sandboxes"])?;
+        if let Some(reason) = answer["tracing_unavailable"].as_str() {
+            // "starting" while the programs load; any other reason stays until the bound.
+            reason.clone_into(&mut unavailable);
+            return Ok(None);
+        }
+        unavailable.clear();
+        seen = answer["sandboxes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Some((cookie_of(v)?, verdict_and_intent(v))))
+            .filter(|(c, _)| cookies.contains(c))
+            .collect::<BTreeMap<_, _>>();
+        let all = seen.len() == cookies.len() && seen.values().all(|s| s == "networked+confirmed");
+        Ok(all.then_some(()))
+    };
     wait_until(
         "the pods networked + confirmed",
         Duration::from_secs(60),
-        || {
-            let answer = node.ask(&["sandboxes"])?;
-            if let Some(reason) = answer["tracing_unavailable"].as_str() {
-                bail!("the daemon's kernel watch is off: {reason}");
-            }
-            seen = answer["sandboxes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|v| Some((cookie_of(v)?, verdict_and_intent(v))))
-                .filter(|(c, _)| cookies.contains(c))
-                .collect::<BTreeMap<_, _>>();
-            Ok(
-                (seen.len() == cookies.len() && seen.values().all(|s| s == "networked+confirmed"))
-                    .then_some(()),
-            )
-        },
+        judged,
     )
-    .with_context(|| format!("views of the pods: {seen:?}\n{}", container_log(log)))
+    .with_context(|| {
+        format!(
+            "views of the pods: {seen:?}; kernel watch unavailable: {unavailable:?}\n{}",
+            container_log(log)
+        )
+    })
 }
 
 struct Workload {
@@ -360,10 +374,11 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     let said = cri::log_lines(&init_log)?;
     let plugin = node.host_dirs["/opt/cni/bin"].join("provisioner");
     assert!(
-        said.iter().any(
-            |l| l == &format!("installed plugin /host/opt/cni/bin/provisioner")
-                || l == &format!("replaced plugin /host/opt/cni/bin/provisioner")
-        ),
+        said.iter().any(|l| [
+            "installed plugin /host/opt/cni/bin/provisioner",
+            "replaced plugin /host/opt/cni/bin/provisioner"
+        ]
+        .contains(&l.as_str())),
         "{said:?}"
     );
     let installed = std::fs::read(&plugin)?;

@@ -1,6 +1,7 @@
 //! `cargo xtask image`: the container image to deploy, as an archive for `ctr images import`,
 //! `podman load` and `docker load`, built without a Docker daemon. It holds the static musl
-//! binary and nothing else: the binary needs no libc, shell or certificates.
+//! binary and the `/var/run` link, nothing else: the binary needs no libc, shell or
+//! certificates.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -42,6 +43,14 @@ pub fn build() -> Result<PathBuf> {
         );
     }
     let layer = layer_tar(&[
+        // Runtimes name sandbox namespaces under /var/run/netns (containerd) or /run/netns
+        // (podman, ip netns): with /var/run a link to /run, one mount at /run/netns serves both.
+        Entry::Dir { path: "run" },
+        Entry::Dir { path: "var" },
+        Entry::Symlink {
+            path: "var/run",
+            target: "../run",
+        },
         Entry::Dir { path: "usr" },
         Entry::Dir { path: "usr/local" },
         Entry::Dir {
