@@ -212,15 +212,22 @@ impl Node {
         self.host_dirs["/run/provisioner"].join("provisioner.sock")
     }
 
-    /// `provisioner <args> --socket <the daemon's socket on the host> --json`.
-    fn ask(&self, args: &[&str]) -> Result<serde_json::Value> {
-        let out = Command::new(provisioner_bin())
+    /// `provisioner <args> --socket <the daemon's socket on the host>`.
+    fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
+        Command::new(provisioner_bin())
             .args(args)
             .arg("--socket")
             .arg(self.socket())
-            .arg("--json")
             .env_remove("CNI_COMMAND")
-            .output()?;
+            .output()
+            .with_context(|| format!("run provisioner {args:?}"))
+    }
+
+    /// `provisioner <args> --json`, asked of the daemon in the container.
+    fn ask(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let mut with_json = args.to_vec();
+        with_json.push("--json");
+        let out = self.cli(&with_json)?;
         serde_json::from_slice(&out.stdout).with_context(|| {
             format!(
                 "provisioner {args:?}: {}",
@@ -335,6 +342,42 @@ fn wait_confirmed(node: &Node, cookies: &HashSet<u64>, log: &Path) -> Result<()>
     })
 }
 
+/// A process alone in a new network namespace (`unshare -n sleep`), killed by pid on drop.
+struct ProcSandbox {
+    child: std::process::Child,
+}
+
+impl ProcSandbox {
+    fn start() -> Result<Self> {
+        let child = Command::new("unshare")
+            .args(["--net", "sleep", "300"])
+            .spawn()
+            .context("spawn unshare --net sleep")?;
+        let sandbox = Self { child };
+        let ours = std::fs::read_link("/proc/self/ns/net")?;
+        wait_until(
+            "unshare to enter its namespace",
+            Duration::from_secs(5),
+            || {
+                let theirs = std::fs::read_link(sandbox.netns()).ok();
+                Ok(theirs.filter(|t| *t != ours).map(|_| ()))
+            },
+        )?;
+        Ok(sandbox)
+    }
+
+    fn netns(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.child.id()))
+    }
+}
+
+impl Drop for ProcSandbox {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 struct Workload {
     pod: Pod,
     ip: String,
@@ -432,7 +475,25 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
             ip,
         });
     }
-    let cookies: HashSet<u64> = pods.iter().map(|p| p.cookie).collect();
+    // A sandbox named by a process's namespace, as CNI_NETNS=/proc/<pid>/ns/net names one (what
+    // hostPID is for): the daemon opens another process's namespace.
+    let by_pid = ProcSandbox::start()?;
+    let added = node.cli(&[
+        "add",
+        "--container-id",
+        "ds-by-pid",
+        "--netns",
+        &by_pid.netns().display().to_string(),
+    ])?;
+    ensure!(
+        added.status.success(),
+        "ADD into {}: {}\n{}",
+        by_pid.netns().display(),
+        String::from_utf8_lossy(&added.stderr),
+        container_log(&daemon_log)
+    );
+    let mut cookies: HashSet<u64> = pods.iter().map(|p| p.cookie).collect();
+    cookies.insert(netns_cookie(&by_pid.netns())?);
     wait_confirmed(&node, &cookies, &daemon_log)?;
 
     // A rolling update: the daemon container is stopped (its grace period) and a new one
@@ -458,6 +519,13 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     let status = node.ask(&["status"])?;
     ensure!(status["ready"] == true, "after the update: {status}");
 
+    let deleted = node.cli(&["del", "--container-id", "ds-by-pid"])?;
+    ensure!(
+        deleted.status.success(),
+        "DEL ds-by-pid: {}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    drop(by_pid);
     // Tear down as a node drain does: workload pods first (their DEL goes to the daemon), then
     // the daemon's pod.
     for p in &pods {
