@@ -173,8 +173,50 @@ pub fn container_config(
         log_path: format!("{}_{attempt}.log", c.name),
         linux: Some(cri::LinuxContainerConfig {
             security_context: Some(security),
-            ..cri::LinuxContainerConfig::default()
+            resources: Some(resources(c)?),
         }),
         ..cri::ContainerConfig::default()
     })
+}
+
+/// The container's requests and limits as the kubelet passes them: memory limit in bytes, CPU
+/// request as shares (1024 per CPU, at least 2).
+fn resources(c: &Container) -> Result<cri::LinuxContainerResources> {
+    let reqs = c.resources.as_ref();
+    let memory = reqs
+        .and_then(|r| r.limits.as_ref()?.get("memory"))
+        .map(|q| bytes(&q.0))
+        .transpose()?
+        .unwrap_or(0);
+    let cpu_shares = reqs
+        .and_then(|r| r.requests.as_ref()?.get("cpu"))
+        .map(|q| millicpu(&q.0))
+        .transpose()?
+        .map_or(0, |milli| (milli * 1024 / 1000).max(2));
+    Ok(cri::LinuxContainerResources {
+        memory_limit_in_bytes: memory,
+        cpu_shares,
+        ..cri::LinuxContainerResources::default()
+    })
+}
+
+/// A memory quantity with a binary suffix (`256Mi`) or none, in bytes.
+fn bytes(quantity: &str) -> Result<i64> {
+    let (digits, factor) = [("Ki", 1i64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)]
+        .iter()
+        .find_map(|(suffix, f)| Some((quantity.strip_suffix(suffix)?, *f)))
+        .unwrap_or((quantity, 1));
+    let n: i64 = digits
+        .parse()
+        .with_context(|| format!("memory quantity {quantity}"))?;
+    Ok(n * factor)
+}
+
+/// A CPU quantity (`50m`, `1`), in thousandths of a CPU.
+fn millicpu(quantity: &str) -> Result<i64> {
+    match quantity.strip_suffix('m') {
+        Some(milli) => milli.parse(),
+        None => quantity.parse::<i64>().map(|cpus| cpus * 1000),
+    }
+    .with_context(|| format!("cpu quantity {quantity}"))
 }
