@@ -4,7 +4,6 @@
 //! the daemon inside the container, then updates the daemon as a rolling update does.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -237,25 +236,6 @@ impl Node {
     }
 }
 
-/// An HTTP GET from the node namespace, as the kubelet runs an httpGet probe of a host-network
-/// pod; the status code, or None when nothing answers.
-fn probe(node: &Netns, addr: &str, path: &str) -> Result<Option<u16>> {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    in_netns(node.path(), || -> Result<Option<u16>> {
-        let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-            return Ok(None);
-        };
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        stream.write_all(request.as_bytes())?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok()))
-    })?
-}
-
 /// The address and path of one of the daemon's httpGet probes.
 fn probe_target(c: &Container, which: &str) -> Result<(String, String, Duration)> {
     let p = match which {
@@ -284,18 +264,18 @@ fn probe_target(c: &Container, which: &str) -> Result<(String, String, Duration)
 fn run_probes(node: &Node, c: &Container, log: &Path, ready_limit: Duration) -> Result<()> {
     let (addr, path, budget) = probe_target(c, "startup")?;
     wait_until("the startup probe", budget, || {
-        Ok((probe(&node.netns, &addr, &path)? == Some(200)).then_some(()))
+        Ok((deploy::probe_status(&node.netns, &addr, &path)? == Some(200)).then_some(()))
     })
     .with_context(|| container_log(log))?;
     let (addr, path, _) = probe_target(c, "liveness")?;
     ensure!(
-        probe(&node.netns, &addr, &path)? == Some(200),
+        deploy::probe_status(&node.netns, &addr, &path)? == Some(200),
         "liveness probe failed: {}",
         container_log(log)
     );
     let (addr, path, _) = probe_target(c, "readiness")?;
     wait_until("the readiness probe", ready_limit, || {
-        Ok((probe(&node.netns, &addr, &path)? == Some(200)).then_some(()))
+        Ok((deploy::probe_status(&node.netns, &addr, &path)? == Some(200)).then_some(()))
     })
     .with_context(|| container_log(log))
 }
@@ -444,11 +424,11 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     let (ready_addr, ready_path, _) = probe_target(&m.daemon, "readiness")?;
     let (live_addr, live_path, live_budget) = probe_target(&m.daemon, "startup")?;
     wait_until("the daemon to serve its probes", live_budget, || {
-        Ok(probe(&node.netns, &live_addr, &live_path)?.map(|_| ()))
+        Ok(deploy::probe_status(&node.netns, &live_addr, &live_path)?.map(|_| ()))
     })
     .with_context(|| container_log(&daemon_log))?;
     assert_eq!(
-        probe(&node.netns, &ready_addr, &ready_path)?,
+        deploy::probe_status(&node.netns, &ready_addr, &ready_path)?,
         Some(503),
         "ready without a network: {}",
         container_log(&daemon_log)
@@ -502,6 +482,15 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
         m.spec.termination_grace_period_seconds.unwrap_or(30),
     )?);
     node.containerd.cri().stop_container(&daemon_id, grace)?;
+    let code = node
+        .containerd
+        .cri()
+        .wait_container_exit(&daemon_id, Duration::from_secs(5))?;
+    ensure!(
+        code == 0,
+        "the daemon exited {code} on SIGTERM: {}",
+        container_log(&daemon_log)
+    );
     node.containerd.cri().remove_container(&daemon_id)?;
     for p in &pods {
         node.netns

@@ -2,7 +2,6 @@
 //! accepted by the binary, and the install step and the probes do what the node relies on.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -13,7 +12,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction, PodSpec, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use provisioner_tests::daemon_harness::conflist;
-use provisioner_tests::{Netns, deploy, in_netns, provisioner_bin};
+use provisioner_tests::{Netns, deploy, provisioner_bin};
 
 /// Where the image holds the binary (the init step copies it from there).
 const IMAGE_BINARY: &str = "/usr/local/bin/provisioner";
@@ -238,26 +237,6 @@ fn http_probe<'a>(daemon: &Container, probe: Option<&'a Probe>, what: &str) -> R
     get.path.as_deref().context("probe without a path")
 }
 
-/// An HTTP GET from inside `node` (as the kubelet probes a host-network pod); the status code,
-/// or None when nothing answers.
-fn http_status(node: &Netns, addr: &str, path: &str) -> Result<Option<u16>> {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    in_netns(node.path(), || -> Result<Option<u16>> {
-        let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-            return Ok(None);
-        };
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        stream.write_all(request.as_bytes())?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let code = response
-            .split_whitespace()
-            .nth(1)
-            .with_context(|| format!("no HTTP status line: {response:?}"))?;
-        Ok(Some(code.parse()?))
-    })?
-}
-
 /// The probes against a real daemon run with the manifest's metrics address in a node
 /// namespace: startup and liveness pass while the daemon has no network (not ready is a normal
 /// state), readiness fails until the network is loaded, then passes.
@@ -286,14 +265,18 @@ fn probes_follow_daemon_liveness_and_readiness() -> Result<()> {
         "the startup probe to answer",
         Duration::from_secs(10),
         || {
-            startup_code = http_status(&node, &addr, startup)?;
+            startup_code = deploy::probe_status(&node, &addr, startup)?;
             Ok(startup_code.map(|_| ()))
         },
     )?;
     assert_eq!(startup_code, Some(200), "startup probe");
-    assert_eq!(http_status(&node, &addr, liveness)?, Some(200), "liveness");
     assert_eq!(
-        http_status(&node, &addr, readiness)?,
+        deploy::probe_status(&node, &addr, liveness)?,
+        Some(200),
+        "liveness"
+    );
+    assert_eq!(
+        deploy::probe_status(&node, &addr, readiness)?,
         Some(503),
         "readiness with no network"
     );
@@ -303,8 +286,16 @@ fn probes_follow_daemon_liveness_and_readiness() -> Result<()> {
         serde_json::to_vec(&network)?,
     )?;
     daemon.wait_ready(Duration::from_secs(10))?;
-    assert_eq!(http_status(&node, &addr, readiness)?, Some(200), "ready");
-    assert_eq!(http_status(&node, &addr, liveness)?, Some(200), "liveness");
+    assert_eq!(
+        deploy::probe_status(&node, &addr, readiness)?,
+        Some(200),
+        "ready"
+    );
+    assert_eq!(
+        deploy::probe_status(&node, &addr, liveness)?,
+        Some(200),
+        "liveness"
+    );
     Ok(())
 }
 
