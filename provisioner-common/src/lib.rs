@@ -19,6 +19,9 @@ pub const EXTACK_LEN: usize = 128;
 pub const FILENAME_LEN: usize = 128;
 /// Bytes of a mount source / target path copied.
 pub const PATH_LEN: usize = 128;
+/// Bytes of an exec'd CNI plugin's environment copied (its end: libcni appends the `CNI_*`
+/// variables after the runtime's own environment).
+pub const ENV_COPY: usize = 4096;
 
 /// `AF_NETLINK`
 pub const AF_NETLINK: u16 = 16;
@@ -51,8 +54,10 @@ pub mod kind {
     pub const EXEC: u32 = 7;
     /// [`super::BindMount`]
     pub const BIND_MOUNT: u32 = 8;
+    /// [`super::ExecEnv`]
+    pub const EXEC_ENV: u32 = 9;
     /// Number of kinds (plus one, kinds start at 1); sizes the per-kind loss counters.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 10;
 
     /// A short name for logs and metrics.
     pub fn name(kind: u32) -> &'static str {
@@ -65,6 +70,7 @@ pub mod kind {
             DEV_GONE => "dev_gone",
             EXEC => "exec",
             BIND_MOUNT => "bind_mount",
+            EXEC_ENV => "exec_env",
             _ => "unknown",
         }
     }
@@ -198,6 +204,24 @@ pub struct Exec {
     pub filename: [u8; FILENAME_LEN],
 }
 
+/// The environment of a binary executed by a container runtime or from a CNI plugin
+/// directory (where a CNI plugin gets its `CNI_*` variables), sent after its [`Exec`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecEnv {
+    pub header: EventHeader,
+    pub parent_pid: u32,
+    /// Bytes of the whole environment (`mm->env_end - mm->env_start`).
+    pub env_len: u32,
+    /// Bytes copied into `env`: the last `copied` bytes of the environment.
+    pub copied: u32,
+    /// The real uid of the process (in the initial user namespace).
+    pub uid: u32,
+    pub parent_comm: [u8; COMM_LEN],
+    /// NUL-separated `KEY=VALUE` entries; the first one is cut when `copied < env_len`.
+    pub env: [u8; ENV_COPY],
+}
+
 /// A bind mount was requested (how `ip netns add` and runtimes pin a namespace).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -220,10 +244,11 @@ const _: () = {
     assert!(core::mem::size_of::<DevEvent>() == 112);
     assert!(core::mem::size_of::<Exec>() == 216);
     assert!(core::mem::size_of::<BindMount>() == 328);
+    assert!(core::mem::size_of::<ExecEnv>() == 80 + ENV_COPY);
 };
 
 /// Bumped by hand for changes the layout hash cannot see (a field's meaning, a kind's number).
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// FNV-1a over `bytes`, continuing from `hash`.
 pub const fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
@@ -243,7 +268,7 @@ pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 /// fields after the header.
 pub const fn layout_hash() -> u64 {
     use core::mem::{offset_of, size_of};
-    let values: [usize; 25] = [
+    let values: [usize; 30] = [
         ABI_VERSION as usize,
         size_of::<EventHeader>(),
         offset_of!(EventHeader, ts_ns),
@@ -269,6 +294,11 @@ pub const fn layout_hash() -> u64 {
         offset_of!(BindMount, target),
         kind::COUNT as usize,
         NETLINK_COPY,
+        size_of::<ExecEnv>(),
+        offset_of!(ExecEnv, copied),
+        offset_of!(ExecEnv, uid),
+        offset_of!(ExecEnv, parent_comm),
+        offset_of!(ExecEnv, env),
     ];
     let mut hash = FNV_OFFSET;
     let mut i = 0;
@@ -332,4 +362,5 @@ mod pod {
     unsafe impl aya::Pod for super::DevEvent {}
     unsafe impl aya::Pod for super::Exec {}
     unsafe impl aya::Pod for super::BindMount {}
+    unsafe impl aya::Pod for super::ExecEnv {}
 }

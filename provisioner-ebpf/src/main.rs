@@ -17,17 +17,18 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
-        bpf_probe_read_user, bpf_probe_read_user_str_bytes, generated,
+        bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_str_bytes, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        generated,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use provisioner_common::{
-    AF_NETLINK, BindMount, CLONE_NEWNET, COMM_LEN, DevEvent, EventHeader, Exec, Extack, MS_BIND,
-    MSG_PEEK, NETLINK_COPY, NETLINK_ROUTE, NLMSG_ERROR, NetlinkMsg, NetnsCreated, NetnsId,
-    TC_H_ROOT, kind, origin, syscall,
+    AF_NETLINK, BindMount, CLONE_NEWNET, COMM_LEN, DevEvent, ENV_COPY, EventHeader, Exec, ExecEnv,
+    Extack, FILENAME_LEN, MS_BIND, MSG_PEEK, NETLINK_COPY, NETLINK_ROUTE, NLMSG_ERROR, NetlinkMsg,
+    NetnsCreated, NetnsId, TC_H_ROOT, kind, origin, syscall,
 };
 
 // Offsets (bytes) of kernel struct members, resolved from BTF by userspace.
@@ -79,6 +80,12 @@ static OFF_QDISC_OPS_ID: Global<u32> = Global::new(0);
 static OFF_NETDEV_QUEUE_DEV: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_BINPRM_FILENAME: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_TASK_MM: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_MM_ENV_START: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static OFF_MM_ENV_END: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static OFF_REGS_ORIG_AX: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
@@ -875,7 +882,7 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
     };
     let record = entry.as_mut_ptr();
     // SAFETY: reserved slot; kernel memory is read with BTF-checked loads or probe helpers.
-    unsafe {
+    let (parent_pid, parent_comm, cni_candidate) = unsafe {
         fill_header(&mut (*record).header, kind::EXEC);
         (*record).task_netns = to_id(task_netns(task));
         let parent: *const u8 =
@@ -887,9 +894,113 @@ pub fn sched_process_exec(ctx: BtfTracePointContext) -> i32 {
         let filename: *const u8 =
             read_field(bprm, OFF_BINPRM_FILENAME.load()).unwrap_or(core::ptr::null());
         let _ = bpf_probe_read_kernel_str_bytes(filename, &mut (*record).filename);
+        (
+            (*record).parent_pid,
+            (*record).parent_comm,
+            is_runtime_comm(&(*record).parent_comm) || in_cni_dir(&(*record).filename),
+        )
+    };
+    entry.submit(wakeup_flags());
+    if cni_candidate {
+        emit_exec_env(task, parent_pid, parent_comm);
+    }
+    0
+}
+
+/// Whether `comm` is a container runtime's (the processes that run CNI plugins, and the
+/// runtime comms of the sandbox rules): `containerd*`, `runc*`, `crun`, `crio`, `conmon`,
+/// `pinns`, `podman`, `pause`.
+#[inline(always)]
+fn is_runtime_comm(comm: &[u8; COMM_LEN]) -> bool {
+    starts_with(comm, b"containerd")
+        || starts_with(comm, b"runc")
+        || is_comm(comm, b"crun")
+        || is_comm(comm, b"crio")
+        || is_comm(comm, b"conmon")
+        || is_comm(comm, b"pinns")
+        || is_comm(comm, b"podman")
+        || is_comm(comm, b"pause")
+}
+
+/// Whether `path` is a binary of a usual CNI plugin directory.
+#[inline(always)]
+fn in_cni_dir(path: &[u8; FILENAME_LEN]) -> bool {
+    starts_with(path, b"/opt/cni/bin/")
+        || starts_with(path, b"/usr/lib/cni/")
+        || starts_with(path, b"/usr/libexec/cni/")
+}
+
+#[inline(always)]
+fn starts_with<const N: usize>(text: &[u8; N], prefix: &[u8]) -> bool {
+    if prefix.len() > N {
+        return false;
+    }
+    let mut i = 0;
+    while i < prefix.len() {
+        if text[i] != prefix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether the NUL-terminated `comm` is exactly `name`.
+#[inline(always)]
+fn is_comm(comm: &[u8; COMM_LEN], name: &[u8]) -> bool {
+    name.len() < COMM_LEN && starts_with(comm, name) && comm[name.len()] == 0
+}
+
+/// Sends the end of the environment of `task` (BTF-typed, just exec'd: its new stack holds
+/// the strings, written by the exec and so present in memory).
+#[inline(always)]
+fn emit_exec_env(task: *const u8, parent_pid: u32, parent_comm: [u8; COMM_LEN]) {
+    // SAFETY: BTF-checked loads of the task's `mm` and its members.
+    let (start, end) = unsafe {
+        let mm: *const u8 = load(task, OFF_TASK_MM.load());
+        if mm.is_null() {
+            return;
+        }
+        (
+            load::<u64>(mm, OFF_MM_ENV_START.load()),
+            load::<u64>(mm, OFF_MM_ENV_END.load()),
+        )
+    };
+    if end <= start {
+        return;
+    }
+    let env_len = end - start;
+    let Some(mut entry) = EVENTS.reserve::<ExecEnv>(0) else {
+        count_lost(kind::EXEC_ENV);
+        return;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: reserved slot; user memory is read through a probe helper, at most ENV_COPY
+    // bytes into a buffer of ENV_COPY bytes.
+    unsafe {
+        fill_header(&mut (*record).header, kind::EXEC_ENV);
+        (*record).parent_pid = parent_pid;
+        (*record).env_len = if env_len > u64::from(u32::MAX) {
+            u32::MAX
+        } else {
+            env_len as u32
+        };
+        (*record).uid = bpf_get_current_uid_gid() as u32;
+        (*record).parent_comm = parent_comm;
+        let n: u32 = if env_len > ENV_COPY as u64 {
+            ENV_COPY as u32
+        } else {
+            env_len as u32
+        };
+        let rc = generated::bpf_probe_read_user(
+            (*record).env.as_mut_ptr().cast::<c_void>(),
+            n,
+            (end - u64::from(n)) as *const c_void,
+        );
+        // An unreadable environment is sent empty (`provisioner trace` shows it so).
+        (*record).copied = if rc == 0 { n } else { 0 };
     }
     entry.submit(wakeup_flags());
-    0
 }
 
 /// A bind mount request (the record carries the caller's netns and the user's paths).

@@ -5,7 +5,7 @@
 //! feature every point compiles to nothing.
 //!
 //! Points: `add.reserved` (addresses chosen, maybe not durable yet), `setup.<step>` after each
-//! [`SetupStep`] (`setup.create-veth`, `setup.host-address`, ... `setup.sandbox-routes`),
+//! setup step (`setup.create-veth`, `setup.host-address`, ... `setup.sandbox-routes`),
 //! `add.durable` (the allocation is on disk), `add.before-reply`, `del.release-durable` (the
 //! DEL's release is on disk, its teardown may still run), `del.teardown` (kernel objects
 //! withdrawn, the release on disk, its addresses still held), `del.released` (before the reply).
@@ -14,8 +14,6 @@
 //! whose allocation is on disk waits [`PAUSE`] before it answers (the daemon serving other
 //! requests meanwhile), so that a GC certainly meets it in flight. Nor is `teardown.slow`: a
 //! DEL's teardown begins [`PAUSE`] late, so that `del.release-durable` comes before it.
-
-use crate::dataplane::SetupStep;
 
 /// Environment variable naming the point to crash at.
 pub const ENV: &str = "PROVISIONER_FAILPOINT";
@@ -38,6 +36,20 @@ fn armed() -> &'static [String] {
 #[cfg(feature = "fault-injection")]
 fn is_armed(name: &str) -> bool {
     armed().iter().any(|p| p == name)
+}
+
+/// Whether any point whose name starts with `prefix` is armed (a caller skips naming its
+/// points, e.g. formatting `setup.<step>`, when none is).
+#[cfg(feature = "fault-injection")]
+pub fn any_armed(prefix: &str) -> bool {
+    armed().iter().any(|p| p.starts_with(prefix))
+}
+
+/// Whether any point whose name starts with `prefix` is armed (compiled out: never).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn any_armed(_prefix: &str) -> bool {
+    false
 }
 
 /// Crashes the process here if the failpoint `name` is armed.
@@ -72,14 +84,6 @@ pub fn fails(_name: &str) -> bool {
     false
 }
 
-/// The point after setup step `step`: `setup.<step>`.
-#[cfg(feature = "fault-injection")]
-pub fn hit_setup(step: SetupStep) {
-    if armed().iter().any(|p| p.starts_with("setup.")) {
-        hit(&format!("setup.{step}"));
-    }
-}
-
 /// Stalls the calling thread for [`PAUSE`] if the point `name` is armed (e.g. `commit.slow`:
 /// the durable commit of a reservation comes after the kernel setup, deterministically).
 #[cfg(feature = "fault-injection")]
@@ -109,8 +113,3 @@ pub async fn pause_task(_name: &str) {}
 
 /// How long [`pause`] stalls.
 pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// The point after setup step `step` (compiled out).
-#[cfg(not(feature = "fault-injection"))]
-#[inline(always)]
-pub fn hit_setup(_step: SetupStep) {}

@@ -2,7 +2,7 @@
 //! kernel, that every sandbox really got it.
 //!
 //! Dependency direction is one way: `daemon` -> `sandbox` -> {`ipam`, `dataplane`}, and
-//! `daemon` -> {`cni`, `config`, `trace`}.
+//! `daemon` -> {`cni`, `config`, `trace`}, `trace` -> `runtime`.
 //! None of those import `daemon`; `cni` does not know netlink; `dataplane` does not know CNI JSON.
 
 pub mod cni;
@@ -13,6 +13,8 @@ pub mod failpoint;
 pub mod ipam;
 pub mod memory;
 pub mod metrics;
+pub mod names;
 pub mod pod;
+pub mod runtime;
 pub mod sandbox;
 pub mod trace;

@@ -86,6 +86,43 @@ pub fn stand_in_runtime() -> &'static Path {
     })
 }
 
+/// A stand-in runtime running a stand-in CNI plugin: `sh` named `containerd` forks and execs
+/// `/bin/true` named `plugin` (it lives about a millisecond, as containerd's `loopback` does),
+/// with `env` as its whole environment (what containerd hands a plugin); as `uid` when given.
+pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)]) -> Result<()> {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        std::env::temp_dir().join(format!("stand-in-cni-runtime-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    // Symlinks, not copies (see `stand_in_runtime`); made once per name.
+    for (name, target) in [("containerd", "/bin/sh"), (plugin, "/bin/true")] {
+        let path = dir.join(name);
+        if std::fs::symlink_metadata(&path).is_err() {
+            match std::os::unix::fs::symlink(target, &path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).with_context(|| format!("link {}", path.display())),
+            }
+        }
+    }
+    // `&` makes the shell fork, so the plugin's parent is the shell named `containerd`.
+    let mut cmd = Command::new(dir.join("containerd"));
+    if let Some(uid) = uid {
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+    }
+    let status = cmd
+        .env_clear()
+        .envs(env.iter().copied())
+        .arg("-c")
+        .arg("\"$0\" & wait $!")
+        .arg(dir.join(plugin))
+        .status()
+        .context("run the stand-in runtime's plugin")?;
+    anyhow::ensure!(status.success(), "stand-in plugin {plugin}: {status}");
+    Ok(())
+}
+
 /// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
 pub fn runtime(args: &[&str]) -> Result<String> {
     run(&stand_in_runtime().display().to_string(), args)

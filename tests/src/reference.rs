@@ -22,6 +22,17 @@ impl Ptp<'_> {
     /// Runs `command` (ADD, DEL) for `container_id` in the netns at `netns`; the plugin enters
     /// the node namespace (setns on the net namespace only) before exec.
     pub fn run(&self, command: &str, container_id: &str, netns: &Path) -> Result<PluginRun> {
+        self.run_with_args(command, container_id, netns, None)
+    }
+
+    /// [`Ptp::run`] with `CNI_ARGS` (`K=V;K=V`, e.g. the pod's `K8S_POD_*`) when given.
+    pub fn run_with_args(
+        &self,
+        command: &str,
+        container_id: &str,
+        netns: &Path,
+        cni_args: Option<&str>,
+    ) -> Result<PluginRun> {
         let plugin = Path::new(REFERENCE_DIR).join("ptp");
         if !plugin.exists() {
             bail!(
@@ -42,6 +53,9 @@ impl Ptp<'_> {
             "eth0",
             REFERENCE_DIR,
         );
+        if let Some(args) = cni_args {
+            cmd.env("CNI_ARGS", args);
+        }
         self.node.enter(&mut cmd)?;
         let run = run_with_stdin(cmd, config.to_string().as_bytes())?;
         if run.code != 0 {

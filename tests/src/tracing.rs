@@ -54,6 +54,7 @@ impl Tracing {
             correlator: CorrelatorConfig { deadline, rules },
             scan_pins: true,
             cni_fallback: CniSetup::default(),
+            pod_resolver: None,
         };
         let task = tokio::spawn(async move {
             let mut sink = Forward(tx);

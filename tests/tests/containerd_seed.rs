@@ -1,7 +1,9 @@
 //! The seed failure with the real runtime: containerd creates pod namespaces and never calls a
 //! network plugin for them. provisioner's kernel watch flags every one `skipped`, naming
 //! containerd as the creator, and says why: the conf dir containerd reads (from containerd's own
-//! config) and what it holds.
+//! config) and what it holds. Each skip names the pod RunPodSandbox was called for, from the
+//! environment of the plugin containerd ran for it (read in the kernel at exec), or says why the
+//! pod is not known; never a wrong pod.
 
 use std::time::Duration;
 
@@ -68,6 +70,33 @@ fn assert_skipped_by_containerd(
     }
 }
 
+/// The pods `failing_pods` asked for: `default/seed-0`, ...
+fn seed_pods() -> Vec<String> {
+    (0..PODS).map(|i| format!("default/seed-{i}")).collect()
+}
+
+/// The pod a view's verdict names (`namespace/name`), checked against its uid; `Err` with the
+/// reason when it names none.
+fn named_pod(view: &Value) -> Result<String, String> {
+    let pod = &view["verdict"]["pod"];
+    match pod["status"].as_str() {
+        Some("known") => {
+            let (namespace, name) = (
+                pod["pod"]["namespace"].as_str().unwrap_or_default(),
+                pod["pod"]["name"].as_str().unwrap_or_default(),
+            );
+            assert_eq!(
+                pod["pod"]["uid"].as_str(),
+                Some(format!("uid-{name}").as_str()),
+                "{view:#}"
+            );
+            Ok(format!("{namespace}/{name}"))
+        }
+        Some("unknown") => Err(pod["reason"].as_str().unwrap_or_default().to_owned()),
+        _ => panic!("a sandbox's verdict names its pod or why not: {view:#}"),
+    }
+}
+
 /// A conf dir for containerd alone: the daemon watches another, so the diagnosis must come
 /// from containerd's own config.
 fn containerd_conf_dir(files: &[(&str, &str)]) -> Result<tempfile::TempDir> {
@@ -104,6 +133,20 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
         "only the loopback plugin ran for it",
         "holds only 10-loopback.conf (type loopback): the runtime has no network to call",
     );
+    // ... and hands the loopback plugin the pod: every skip names its own pod, though the
+    // namespace was gone within ~30 ms.
+    let mut named: Vec<String> = views
+        .iter()
+        .map(|view| named_pod(view).unwrap_or_else(|why| panic!("pod unknown ({why}): {view:#}")))
+        .collect();
+    named.sort();
+    assert_eq!(named, seed_pods(), "one skip per pod, each naming its own");
+    for view in &views {
+        assert_eq!(
+            view["verdict"]["pod"]["source"]["plugin"], "loopback",
+            "{view:#}"
+        );
+    }
     containerd.shutdown()
 }
 
@@ -128,6 +171,21 @@ fn empty_conf_dir_pods_skipped() -> Result<()> {
         &containerd,
         "no CNI plugin binary was executed for it",
         "holds no network file: the runtime has no network to call",
+    );
+    // No plugin ran: the pod is the runtime's answer (when one is asked) or unknown with the
+    // reason, never another pod.
+    let mut named = Vec::new();
+    for view in &views {
+        match named_pod(view) {
+            Ok(pod) => named.push(pod),
+            Err(why) => assert!(why.contains("no CNI plugin ran"), "{why}: {view:#}"),
+        }
+    }
+    named.sort();
+    named.dedup();
+    assert!(
+        named.iter().all(|pod| seed_pods().contains(pod)),
+        "{named:?}"
     );
     containerd.shutdown()
 }

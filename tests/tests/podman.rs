@@ -69,6 +69,13 @@ fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
         views[0]["verdict"]["creator"]["comm"], "podman",
         "{views:#?}"
     );
+    // podman names the container to its CNI plugins (`K8S_POD_NAME`, no namespace): the
+    // kernel watch reads it from the plugin's environment.
+    assert_eq!(views[0]["verdict"]["pod"]["status"], "known", "{views:#?}");
+    assert_eq!(
+        views[0]["verdict"]["pod"]["pod"]["name"], "web",
+        "{views:#?}"
+    );
 
     podman.run(&["rm", "--force", "--time", "0", "web"])?;
     let started = Instant::now();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use provisioner::trace::SandboxRules;
 use provisioner::trace::session::{SessionOptions, run};
-use provisioner_tests::{require_root, stand_in_runtime, unique_name};
+use provisioner_tests::{require_root, runtime_runs_plugin, stand_in_runtime, unique_name};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::Result<()> {
@@ -24,7 +24,19 @@ async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::
         while !go.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        Command::new(&rt).args(["netns", "add", &n]).status()
+        let added = Command::new(&rt).args(["netns", "add", &n]).status()?;
+        // The runtime runs a plugin for the pod, and wires nothing.
+        runtime_runs_plugin(
+            "loopback",
+            None,
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "c0ffee00"),
+                ("CNI_NETNS", &format!("/var/run/netns/{n}")),
+                ("CNI_ARGS", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0"),
+            ],
+        )?;
+        anyhow::Ok(added)
     });
     let opts = SessionOptions {
         json: true,
@@ -69,6 +81,10 @@ async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::
         .ok_or_else(|| anyhow::anyhow!("no verdict for {}:\n{text}", path.display()))?;
     assert_eq!(verdict["verdict"], "skipped", "{verdict}");
     assert_eq!(verdict["creator"]["comm"], "containerd");
+    assert_eq!(verdict["pod"]["status"], "known", "{verdict}");
+    assert_eq!(verdict["pod"]["pod"]["namespace"], "default", "{verdict}");
+    assert_eq!(verdict["pod"]["pod"]["name"], "web-0", "{verdict}");
+    assert_eq!(verdict["pod"]["pod"]["sandbox_id"], "c0ffee00", "{verdict}");
     assert!(
         lines.iter().any(|l| l["kind"]["event"] == "netns_created"),
         "events are printed:\n{text}"

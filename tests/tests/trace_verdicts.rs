@@ -5,11 +5,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use provisioner::pod::{PodName, PodSource};
+use provisioner::trace::render::verdict_lines;
 use provisioner::trace::{NetnsVerdict, SandboxRules, Step, Verdict};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::reference::Ptp;
 use provisioner_tests::tracing::{Tracing, cookie_of, pin_path};
-use provisioner_tests::{Netns, RuntimeNetns, run, runtime, unique_name};
+use provisioner_tests::{Netns, RuntimeNetns, run, runtime, runtime_runs_plugin, unique_name};
 
 const DEADLINE: Duration = Duration::from_secs(1);
 /// Bound on a verdict's arrival after its deadline (a state read, a loaded machine).
@@ -370,5 +372,153 @@ async fn short_lived_sandboxes_wired_then_removed_are_networked_with_their_teard
             "sandbox {i} ({by}): the teardown is in its timeline:\n{text}"
         );
     }
+    Ok(())
+}
+
+/// The pod a verdict names: `namespace/name`, or why it is not known.
+fn pod_of(v: &NetnsVerdict) -> String {
+    match &v.pod {
+        Some(PodName::Known { pod, .. }) => pod.qualified_name(),
+        Some(other) => other.to_string(),
+        None => "no pod (not a sandbox)".into(),
+    }
+}
+
+/// The seed failure's shape: the runtime pins a namespace and runs only a short-lived plugin
+/// for it, with the environment containerd gives its plugins; nobody wires it. The skip names
+/// the pod from that environment, read in the kernel at exec (the plugin is long gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod() -> Result<()> {
+    let mut t = tracing().await?;
+    let sb = blocking(sandbox).await?;
+    let netns = format!("/var/run/netns/{}", sb.name());
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-seed;K8S_POD_NAME=seed-0;\
+                K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef;K8S_POD_UID=uid-seed-0";
+    blocking(move || {
+        runtime_runs_plugin(
+            "loopback",
+            None,
+            &[
+                ("PATH", "/usr/bin:/bin"),
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "4bf982a7deadbeef"),
+                ("CNI_NETNS", &netns),
+                ("CNI_ARGS", args),
+                ("CNI_IFNAME", "lo"),
+                ("CNI_PATH", "/opt/cni/bin"),
+            ],
+        )
+    })
+    .await?;
+    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let text = timeline_text(&v);
+    assert_eq!(v.verdict, Verdict::Skipped, "{}\n{text}", v.reason);
+    let Some(PodName::Known { pod, source }) = &v.pod else {
+        panic!("pod not named: {:?}\n{text}", v.pod);
+    };
+    assert_eq!(pod.qualified_name(), "e2e-seed/seed-0");
+    assert_eq!(pod.uid.as_deref(), Some("uid-seed-0"));
+    assert_eq!(
+        source,
+        &PodSource::PluginExec {
+            plugin: "loopback".into()
+        }
+    );
+    let line = verdict_lines(&v);
+    assert!(
+        line.contains(
+            "VERDICT SKIPPED pod e2e-seed/seed-0 (uid uid-seed-0, sandbox 4bf982a7, via loopback) netns"
+        ),
+        "{line}"
+    );
+    assert!(
+        text.contains("CNI ADD by loopback (run by containerd) for pod e2e-seed/seed-0"),
+        "{text}"
+    );
+    Ok(())
+}
+
+/// The reference ptp plugin (and host-local, which it runs) run by hand with the pod in
+/// `CNI_ARGS`: a plugin that is not ours names the pod too; one run without names none and
+/// the verdict says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_ptp_sandbox_run_by_hand_with_cni_args_is_named() -> Result<()> {
+    let mut t = tracing().await?;
+    let node = Netns::new("trnode")?;
+    let data = tempfile::tempdir()?;
+    let ptp = Ptp {
+        node: &node,
+        subnet: "10.244.9.0/24".into(),
+        data_dir: data.path().to_path_buf(),
+    };
+    let named = sandbox()?;
+    let unnamed = sandbox()?;
+    ptp.run_with_args(
+        "ADD",
+        named.name(),
+        &named.path(),
+        Some("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=uid-web-0"),
+    )?;
+    ptp.run_with_args(
+        "ADD",
+        unnamed.name(),
+        &unnamed.path(),
+        Some("IgnoreUnknown=1"),
+    )?;
+    let (_, v) = t.verdict(named.cookie()?, DEADLINE + SLACK).await?;
+    let text = timeline_text(&v);
+    assert_eq!(v.verdict, Verdict::Networked, "{}\n{text}", v.reason);
+    assert_eq!(pod_of(&v), "default/web-0", "{text}");
+    assert!(
+        text.contains("CNI ADD by ptp") && text.contains("for pod default/web-0"),
+        "{text}"
+    );
+    let (_, v) = t.verdict(unnamed.cookie()?, DEADLINE + SLACK).await?;
+    assert_eq!(v.verdict, Verdict::Networked, "{}", v.reason);
+    assert_eq!(
+        v.pod,
+        Some(PodName::Unknown {
+            reason: "CNI plugin ptp ran with no K8S_POD_NAME in CNI_ARGS".into()
+        }),
+        "{}",
+        timeline_text(&v)
+    );
+    Ok(())
+}
+
+/// Any user can run a binary named like a runtime's with any environment: a plugin run by a
+/// user other than root does not name the pod, and the verdict says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_run_by_another_user_than_root_names_no_pod() -> Result<()> {
+    let mut t = tracing().await?;
+    let sb = blocking(sandbox).await?;
+    let netns = format!("/run/netns/{}", sb.name());
+    blocking(move || {
+        runtime_runs_plugin(
+            "loopback",
+            Some(65_534),
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "feedface"),
+                ("CNI_NETNS", &netns),
+                (
+                    "CNI_ARGS",
+                    "K8S_POD_NAMESPACE=default;K8S_POD_NAME=not-this-one",
+                ),
+            ],
+        )
+    })
+    .await?;
+    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let text = timeline_text(&v);
+    assert_eq!(v.verdict, Verdict::Skipped, "{}\n{text}", v.reason);
+    assert_eq!(
+        v.pod,
+        Some(PodName::Unknown {
+            reason: "only CNI plugin loopback run by uid 65534, not root, named one".into()
+        }),
+        "{text}"
+    );
+    assert!(text.contains("not taken: run by uid 65534"), "{text}");
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! Installing what a fresh machine lacks: apt packages, the rust-src component, the release
-//! build's target, bpf-linker.
+//! build's target, bpf-linker, cargo-machete.
 //! Every step is announced and skipped when its result is already present.
 
 use std::path::{Path, PathBuf};
@@ -9,8 +9,16 @@ use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, cargo, detail, output, run};
 
+/// The rules provisioner's build script follows too (one copy, included by both).
+mod shared {
+    include!("../../provisioner-common/build_support/ebpf_toolchain.rs");
+}
+
 /// bpf-linker release known to build here (see docs/kernel-and-ebpf.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// cargo-machete release the lint step runs (unused dependencies).
+const CARGO_MACHETE_VERSION: &str = "0.9.2";
 
 /// The toolchain that builds the eBPF crate and how to invoke it.
 pub struct EbpfToolchain {
@@ -77,16 +85,10 @@ pub fn ebpf_toolchain() -> Result<EbpfToolchain> {
     announce("bootstrap", "toolchain for the eBPF crate");
     let list = output(Command::new("rustup").args(["toolchain", "list"]))
         .context("`rustup toolchain list` failed: rustup is required")?;
-    let toolchain = if list.lines().any(|l| l.starts_with("nightly")) {
-        EbpfToolchain {
-            name: "nightly".into(),
-            needs_bootstrap_env: false,
-        }
-    } else {
-        EbpfToolchain {
-            name: "stable".into(),
-            needs_bootstrap_env: true,
-        }
+    let (name, needs_bootstrap_env) = shared::ebpf_toolchain_choice(&list);
+    let toolchain = EbpfToolchain {
+        name: name.into(),
+        needs_bootstrap_env,
     };
     detail(&format!(
         "using {}{}",
@@ -148,11 +150,31 @@ pub fn release_target(target: &str) -> Result<()> {
 
 /// Where provisioner keeps the tools it builds for itself.
 pub fn tools_dir() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"));
-    cache.join("provisioner-tools")
+    shared::tools_dir()
+}
+
+/// Makes sure `cargo-machete` is installed; returns its path.
+pub fn cargo_machete() -> Result<PathBuf> {
+    announce(
+        "bootstrap",
+        &format!("cargo-machete {CARGO_MACHETE_VERSION}"),
+    );
+    let root = tools_dir();
+    let bin = root.join("bin").join("cargo-machete");
+    if bin.exists() {
+        detail(&format!("present in {}, skipping", bin.display()));
+        return Ok(bin);
+    }
+    detail("building it; this takes about a minute");
+    run(cargo("stable")
+        .args([
+            "install",
+            &format!("cargo-machete@{CARGO_MACHETE_VERSION}"),
+            "--locked",
+        ])
+        .arg("--root")
+        .arg(&root))?;
+    Ok(bin)
 }
 
 /// Makes sure a working `bpf-linker` exists; returns the directory to put first on PATH.

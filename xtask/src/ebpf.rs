@@ -1,4 +1,6 @@
-//! Building the eBPF crate for bpfel-unknown-none.
+//! What building the eBPF crate (for bpfel-unknown-none) needs. provisioner's build script
+//! builds the object itself (aya-build) with what [`prepare`] installs; [`build`] also builds
+//! one into `target/ebpf/` to inspect (bpftool) or to hand over in `PROVISIONER_EBPF_OBJECT`.
 
 use std::path::PathBuf;
 
@@ -7,16 +9,23 @@ use anyhow::{Context, Result};
 use crate::bootstrap;
 use crate::step::{announce, cargo, detail, run, workspace_root};
 
-/// Where the eBPF object lands; provisioner's build.rs reads it from here.
+/// Where [`build`] puts the object.
 pub fn object_path() -> PathBuf {
     workspace_root().join("target/ebpf/bpfel-unknown-none/release/provisioner-ebpf")
 }
 
-/// Bootstraps the toolchain pieces and builds the eBPF object; returns its path.
-pub fn build() -> Result<PathBuf> {
+/// Installs what provisioner's build script needs to build the eBPF programs (the rust-src
+/// component of the toolchain it uses, bpf-linker); the toolchain and bpf-linker's directory.
+pub fn prepare() -> Result<(bootstrap::EbpfToolchain, PathBuf)> {
     let toolchain = bootstrap::ebpf_toolchain()?;
     bootstrap::rust_src(&toolchain)?;
     let linker_dir = bootstrap::bpf_linker(&toolchain)?;
+    Ok((toolchain, linker_dir))
+}
+
+/// [`prepare`]s and builds the eBPF object into [`object_path`]; returns its path.
+pub fn build() -> Result<PathBuf> {
+    let (toolchain, linker_dir) = prepare()?;
     announce(
         "build",
         "eBPF programs (provisioner-ebpf, bpfel-unknown-none)",

@@ -38,7 +38,7 @@ pub fn run(opts: &Options) -> Result<()> {
     let root = workspace_root();
     install()?;
     let mold = install_mold();
-    let object = root.join("target/ebpf/bpfel-unknown-none/release/provisioner-ebpf");
+    let object = crate::ebpf::object_path();
     if !object.is_file() {
         bail!(
             "{} is missing: run `cargo xtask build-ebpf` first (the library embeds it)",

@@ -1,16 +1,19 @@
 //! `cargo xtask test`: everything CI runs.
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
 use crate::{bootstrap, ebpf, image};
 
+/// Every host crate of the workspace: the default members leave out `tests` (see Cargo.toml).
+const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
+
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
     bootstrap::apt_packages()?;
-    ebpf::build()?;
+    ebpf::prepare()?;
     // The image tests and the DaemonSet test run the image deploy/provisioner.yaml names.
     let archive = image::build()?;
     let root = workspace_root();
@@ -21,14 +24,20 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
                 .current_dir(&root)
                 .args(["fmt", "--all", "--check"]),
         )?;
-        announce("lint", "cargo clippy --all-targets -- -D warnings");
-        run_command(cargo("stable").current_dir(&root).args([
-            "clippy",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
+        announce(
+            "lint",
+            "cargo clippy --all-targets --workspace -- -D warnings",
+        );
+        run_command(
+            cargo("stable")
+                .current_dir(&root)
+                .args(["clippy", "--all-targets"])
+                .args(WORKSPACE)
+                .args(["--", "-D", "warnings"]),
+        )?;
+        let machete = bootstrap::cargo_machete()?;
+        announce("lint", "cargo machete (no unused dependency)");
+        run_command(Command::new(machete).current_dir(&root))?;
     }
     announce(
         "build",
@@ -47,6 +56,7 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         cargo("stable")
             .current_dir(&root)
             .args(["test", "--no-fail-fast"])
+            .args(WORKSPACE)
             .args(cargo_test_args)
             .env("PROVISIONER_IMAGE", &archive),
     )?;

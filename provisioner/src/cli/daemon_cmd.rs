@@ -1,6 +1,7 @@
 //! `provisioner daemon`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -9,6 +10,8 @@ use clap::Args;
 use provisioner::config::parse_pod_cidrs;
 use provisioner::daemon::api::DEFAULT_SOCKET;
 use provisioner::daemon::{DaemonOptions, Limits, RenderAtStart, TraceOptions};
+use provisioner::pod::PodResolver;
+use provisioner::runtime::CriResolver;
 use provisioner::trace::SandboxRules;
 
 #[derive(Args, Debug)]
@@ -46,6 +49,10 @@ pub struct DaemonArgs {
     /// Seconds a sandbox namespace has to get its network before its verdict.
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     trace_deadline: f64,
+    /// CRI socket asked for the pod of a sandbox no CNI plugin ran for (default: the socket of
+    /// the runtime that created its namespace, from its command line and config).
+    #[arg(long, value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
     /// Seconds an operation (ADD, DEL, CHECK, GC) has to answer; after them the caller is told
     /// to try again later (CNI code 11) while the operation finishes in the daemon.
     #[arg(long, value_name = "S", default_value_t = 30.0)]
@@ -79,6 +86,11 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         }
         _ => None,
     };
+    // MERGE: the kernel watch's `DriverOptions::pod_resolver` (trace/driver.rs), through
+    // `TraceOptions`.
+    #[allow(unused_variables)]
+    let pod_resolver: Option<Arc<dyn PodResolver>> = (!args.no_trace)
+        .then(|| Arc::new(CriResolver::new(args.cri_socket.clone())) as Arc<dyn PodResolver>);
     let trace = if args.no_trace {
         None
     } else {

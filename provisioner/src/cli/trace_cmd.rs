@@ -1,11 +1,14 @@
 //! `provisioner trace`: a live kernel-level tracing session, without the daemon.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
+use provisioner::pod::PodResolver;
+use provisioner::runtime::CriResolver;
 use provisioner::trace::SandboxRules;
 use provisioner::trace::session::{self, SessionOptions};
 
@@ -39,6 +42,10 @@ pub struct TraceArgs {
     /// CNI conf dir assumed when a runtime's own cannot be read (to explain its skips).
     #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
     cni_conf_dir: PathBuf,
+    /// CRI socket asked for the pod of a sandbox no CNI plugin ran for (default: the socket of
+    /// the runtime that created its namespace, from its command line and config).
+    #[arg(long, value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
 }
 
 fn seconds(s: f64, what: &str) -> Result<Duration> {
@@ -54,6 +61,11 @@ pub fn run(args: TraceArgs) -> Result<()> {
     if !args.pin_prefixes.is_empty() {
         rules.pin_prefixes = args.pin_prefixes;
     }
+    // MERGE: the session's `DriverOptions::pod_resolver` (trace/driver.rs), through
+    // `SessionOptions`.
+    #[allow(unused_variables)]
+    let pod_resolver: Option<Arc<dyn PodResolver>> =
+        Some(Arc::new(CriResolver::new(args.cri_socket.clone())));
     let opts = SessionOptions {
         json: args.json,
         duration: args

@@ -252,83 +252,49 @@ impl CniEnv {
     }
 }
 
-/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` (see [`crate::sandbox::validate::container_id`]), else
+/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$` (see [`crate::names::container_id`]), else
 /// code 4 naming `CNI_CONTAINERID`.
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
-    crate::sandbox::validate::container_id(id)
+    crate::names::container_id(id)
         .map_err(|e| CniError::invalid_env(format!("{CNI_CONTAINERID}: {e}")))
 }
 
-/// A Linux interface name (see [`crate::sandbox::validate::ifname`]), else code 4 naming
+/// A Linux interface name (see [`crate::names::ifname`]), else code 4 naming
 /// `CNI_IFNAME`.
 pub fn validate_ifname(name: &str) -> Result<(), CniError> {
-    crate::sandbox::validate::ifname(name)
-        .map_err(|e| CniError::invalid_env(format!("{CNI_IFNAME}: {e}")))
+    crate::names::ifname(name).map_err(|e| CniError::invalid_env(format!("{CNI_IFNAME}: {e}")))
 }
 
-/// Checks that `path` names a network namespace other than this process's own.
-///
-/// Uses `fstatfs` (must be nsfs), `ioctl(NS_GET_NSTYPE)` (must be a net namespace) and
-/// `st_dev`/`st_ino` against `/proc/self/ns/net`. Missing path -> code 3 (no container, nothing to clean up);
-/// not a namespace file, or our own netns -> code 4 naming `CNI_NETNS`; other I/O -> code 5.
+/// Checks that `path` names a network namespace other than this process's own
+/// ([`crate::dataplane::check_netns_path`]). Missing path -> code 3 (no container, nothing to
+/// clean up); not a network namespace file, or our own netns -> code 4 naming `CNI_NETNS`;
+/// other I/O -> code 5.
 pub fn validate_netns_path(path: &Path) -> Result<(), CniError> {
-    use nix::errno::Errno;
-    use nix::sys::stat::fstat;
-    use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
-    use std::os::fd::AsRawFd;
-
+    use crate::dataplane::DataplaneError;
     let shown = path.display();
-    let io_err = |what: &str, e: std::io::Error| -> CniError {
-        let code = if e.kind() == std::io::ErrorKind::NotFound {
-            CniError::UNKNOWN_CONTAINER
-        } else {
-            CniError::IO_FAILURE
-        };
-        CniError::new(code, format!("{CNI_NETNS} \"{shown}\": {what}: {e}"))
-    };
-    let nix_err = |what: &str, e: Errno| -> CniError {
-        CniError::new(
-            CniError::IO_FAILURE,
-            format!("{CNI_NETNS} \"{shown}\": {what}: {e}"),
-        )
-    };
-
-    // O_NONBLOCK: a FIFO (or a device) at the path must not hang the plugin.
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
-            .map_err(|e| io_err("cannot open", e))?
-    };
-    let fs = fstatfs(&file).map_err(|e| nix_err("fstatfs", e))?;
-    if fs.filesystem_type() != NSFS_MAGIC {
-        return Err(CniError::invalid_env(format!(
-            "invalid {CNI_NETNS} \"{shown}\": not a namespace file"
-        )));
-    }
-    // nsfs holds every namespace type: ask which one this is (Linux >= 4.11).
-    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `file` keeps open.
-    let ns_type = unsafe { libc::ioctl(file.as_raw_fd(), libc::NS_GET_NSTYPE) };
-    if ns_type < 0 {
-        return Err(nix_err("ioctl(NS_GET_NSTYPE)", Errno::last()));
-    }
-    if ns_type != libc::CLONE_NEWNET {
-        return Err(CniError::invalid_env(format!(
-            "invalid {CNI_NETNS} \"{shown}\": not a network namespace"
-        )));
-    }
-    let theirs = fstat(&file).map_err(|e| nix_err("fstat", e))?;
-    let own = std::fs::File::open("/proc/self/ns/net")
-        .map_err(|e| CniError::new(CniError::IO_FAILURE, format!("/proc/self/ns/net: {e}")))?;
-    let ours = fstat(&own).map_err(|e| nix_err("fstat /proc/self/ns/net", e))?;
-    if theirs.st_dev == ours.st_dev && theirs.st_ino == ours.st_ino {
-        return Err(CniError::invalid_env(format!(
-            "invalid {CNI_NETNS} \"{shown}\": is the plugin's own network namespace"
-        )));
-    }
-    Ok(())
+    crate::dataplane::check_netns_path(path, "the plugin's own network namespace").map_err(|err| {
+        match err {
+            DataplaneError::BadNetns { reason, .. } => {
+                CniError::invalid_env(format!("invalid {CNI_NETNS} \"{shown}\": {reason}"))
+            }
+            DataplaneError::OpenNetns { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                CniError::new(
+                    CniError::UNKNOWN_CONTAINER,
+                    format!("{CNI_NETNS} \"{shown}\": cannot open: {source}"),
+                )
+            }
+            DataplaneError::OpenNetns { source, .. } => CniError::new(
+                CniError::IO_FAILURE,
+                format!("{CNI_NETNS} \"{shown}\": cannot open: {source}"),
+            ),
+            other => CniError::new(
+                CniError::IO_FAILURE,
+                format!("{CNI_NETNS} \"{shown}\": {other}"),
+            ),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -392,6 +392,7 @@ impl KernelWatch {
                 },
                 scan_pins: true,
                 cni_fallback: settings.cni_fallback.clone(),
+                pod_resolver: None,
             };
             let stopped = async {
                 let _ = stop_rx.await;

@@ -17,7 +17,8 @@ use crate::config::{ConfigWatcher, render_config};
 use crate::dataplane::{BadNetns, Dataplane, DataplaneError};
 use crate::ipam::{AllocationKey, IpamConfig};
 use crate::metrics::Operation;
-use crate::sandbox::{Network, SandboxRef, validate};
+use crate::names;
+use crate::sandbox::{Network, SandboxRef};
 
 use super::api::{AllocationInfo, AttachmentRef, NetworkClaim, Request, Response, SandboxRequest};
 use super::errors::{cni_error, dataplane_refusal};
@@ -607,15 +608,12 @@ async fn admit(
     req: &SandboxRequest,
     op: Op,
 ) -> Result<(), Response> {
-    // DEL must be able to remove whatever an earlier version let in.
-    if !matches!(op, Op::Del) {
-        validate::names(&req.container_id, &req.ifname).map_err(|err| {
-            Response::from(CniError::invalid_env(format!(
-                "{} refused: {err}",
-                op.name()
-            )))
-        })?;
-    }
+    names::sandbox(&req.container_id, &req.ifname).map_err(|err| {
+        Response::from(CniError::invalid_env(format!(
+            "{} refused: {err}",
+            op.name()
+        )))
+    })?;
     let Some(netns) = req.netns.clone() else {
         return match op {
             Op::Del => Ok(()),

@@ -37,7 +37,7 @@ pub use inventory::{HostVeth, Inventory};
 pub use locate::{SANDBOX_PIN_DIRS, netns_files};
 pub use naming::{
     GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX, IFNAME_MAX, graveyard_ifname,
-    host_ifname, is_graveyard_ifname, is_host_ifname, valid_ifname,
+    host_ifname, is_graveyard_ifname, is_host_ifname,
 };
 pub use netlink::{
     DEFAULT_REQUEST_TIMEOUT as DEFAULT_NETLINK_TIMEOUT, request_timeout as netlink_timeout,
@@ -89,6 +89,16 @@ struct Inner {
     /// The host netns is the daemon's own: its threads are in it (but while
     /// [`NetnsFile::run_here`] runs), so they write its sysctls without entering it.
     host_is_own: bool,
+}
+
+/// Whether `path` is a network namespace other than the calling process's own (named `own`
+/// in the error): the sandbox netns check of the CNI plugin process, the same one the daemon
+/// makes against the node's and its own namespaces.
+pub fn check_netns_path(path: &Path, own: &'static str) -> Result<(), DataplaneError> {
+    let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?
+        .identity()?
+        .named(own);
+    NetnsFile::open(path)?.check_sandbox(&[own])
 }
 
 impl Dataplane {

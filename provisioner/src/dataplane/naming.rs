@@ -2,8 +2,7 @@
 
 use sha2::{Digest, Sha256};
 
-/// Maximum length of a Linux interface name (IFNAMSIZ - 1).
-pub const IFNAME_MAX: usize = 15;
+pub use crate::names::IFNAME_MAX;
 
 /// Prefix of every host veth provisioner creates; no other plugin uses it, so reconciliation can
 /// tell our links from others'.
@@ -63,18 +62,6 @@ pub fn is_graveyard_ifname(name: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Is `name` usable as a Linux interface name?
-#[must_use]
-pub fn valid_ifname(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= IFNAME_MAX
-        && name != "."
-        && name != ".."
-        && !name
-            .bytes()
-            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,7 +73,7 @@ mod tests {
         assert_eq!(a.len(), 15);
         assert!(a.starts_with(HOST_IFNAME_PREFIX) && is_host_ifname(&a));
         assert!(a[4..].bytes().all(|b| b.is_ascii_hexdigit()));
-        assert!(valid_ifname(&a));
+        assert!(crate::names::ifname(&a).is_ok());
     }
 
     #[test]
@@ -100,19 +87,9 @@ mod tests {
     fn graveyard_names() {
         let g = graveyard_ifname(42);
         assert_eq!(g, "pvx00000000002a");
-        assert!(is_graveyard_ifname(&g) && valid_ifname(&g));
+        assert!(is_graveyard_ifname(&g) && crate::names::ifname(&g).is_ok());
         assert!(is_graveyard_ifname(&graveyard_ifname(u32::MAX)));
         assert!(!is_host_ifname(&g));
         assert!(!is_graveyard_ifname(&host_ifname("abc", "eth0")));
-    }
-
-    #[test]
-    fn ifname_validation() {
-        assert!(valid_ifname("eth0"));
-        assert!(!valid_ifname(""));
-        assert!(!valid_ifname("0123456789abcdef"));
-        assert!(!valid_ifname("a/b"));
-        assert!(!valid_ifname("a b"));
-        assert!(!valid_ifname(".."));
     }
 }

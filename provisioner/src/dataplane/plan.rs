@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use super::error::DataplaneError;
-use super::naming::{host_ifname, valid_ifname};
+use super::naming::host_ifname;
 use super::route::{Route, Scope};
 use super::spec::SandboxSpec;
 
@@ -43,12 +43,7 @@ pub(crate) fn check_link(
     ifname: &str,
     mtu: Option<u32>,
 ) -> Result<(), DataplaneError> {
-    if container_id.is_empty() {
-        return Err(invalid("empty container id".to_owned()));
-    }
-    if !valid_ifname(ifname) {
-        return Err(invalid(format!("bad interface name {ifname:?}")));
-    }
+    crate::names::sandbox(container_id, ifname).map_err(|err| invalid(err.to_string()))?;
     if let Some(mtu) = mtu
         && !(68..=65535).contains(&mtu)
     {

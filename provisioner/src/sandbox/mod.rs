@@ -14,7 +14,6 @@ mod observer;
 mod ports;
 mod queries;
 mod service;
-pub mod validate;
 
 pub use error::SandboxError;
 pub use key_locks::{KeyGuard, KeyLocks};

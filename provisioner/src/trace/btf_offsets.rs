@@ -44,6 +44,9 @@ const WANTED: &[(&str, &str, &str)] = &[
     ("OFF_QDISC_OPS_ID", "Qdisc_ops", "id"),
     ("OFF_NETDEV_QUEUE_DEV", "netdev_queue", "dev"),
     ("OFF_BINPRM_FILENAME", "linux_binprm", "filename"),
+    ("OFF_TASK_MM", "task_struct", "mm"),
+    ("OFF_MM_ENV_START", "mm_struct", "env_start"),
+    ("OFF_MM_ENV_END", "mm_struct", "env_end"),
     // x86_64 saved user registers: syscall number and arguments.
     ("OFF_REGS_ORIG_AX", "pt_regs", "orig_ax"),
     ("OFF_REGS_DI", "pt_regs", "di"),

@@ -6,6 +6,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::runtime::process::{self, CrioConfig, flag, read_toml, value_at};
+
 /// Where a runtime looks for its CNI networks and plugins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CniSetup {
@@ -22,14 +24,9 @@ const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
 /// The CNI setup of runtime process `pid` (named `comm`); `fallback` when it cannot be told.
 pub fn runtime_cni_setup(pid: u32, comm: &str, fallback: &CniSetup) -> CniSetup {
     // A runtime process that is gone (a short-lived helper) cannot tell its setup.
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+    let Some(args) = process::cmdline(pid) else {
         return fallback.clone();
     };
-    let args: Vec<String> = raw
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
     let found = match comm {
         c if c.starts_with("containerd") => containerd(&args),
         "crio" => crio(&args),
@@ -37,32 +34,6 @@ pub fn runtime_cni_setup(pid: u32, comm: &str, fallback: &CniSetup) -> CniSetup 
         _ => None,
     };
     found.unwrap_or_else(|| fallback.clone())
-}
-
-/// The value of `--flag value`, `--flag=value` or, for a short flag, `-c value`.
-fn flag<'a>(args: &'a [String], names: &[&str]) -> Option<&'a str> {
-    args.iter().enumerate().find_map(|(i, a)| {
-        names.iter().find_map(|n| {
-            if a == n {
-                args.get(i + 1).map(String::as_str)
-            } else {
-                a.strip_prefix(n).and_then(|rest| rest.strip_prefix('='))
-            }
-        })
-    })
-}
-
-fn read_toml(path: &Path) -> Option<toml::Table> {
-    std::fs::read_to_string(path).ok()?.parse().ok()
-}
-
-fn str_at<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
-    let (last, head) = path.split_last()?;
-    let mut at = table;
-    for key in head {
-        at = at.get(*key)?.as_table()?;
-    }
-    at.get(*last)
 }
 
 fn dirs(value: Option<&toml::Value>) -> Vec<PathBuf> {
@@ -80,13 +51,11 @@ fn dirs(value: Option<&toml::Value>) -> Vec<PathBuf> {
 /// containerd: `--config` (default /etc/containerd/config.toml); the CRI plugin's `cni` section
 /// (config version 2: `io.containerd.grpc.v1.cri`, version 3: `io.containerd.cri.v1.runtime`).
 fn containerd(args: &[String]) -> Option<CniSetup> {
-    let config =
-        PathBuf::from(flag(args, &["--config", "-c"]).unwrap_or("/etc/containerd/config.toml"));
-    let table = read_toml(&config).unwrap_or_default();
+    let (config, table) = process::containerd_config(args);
     let cni = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"]
         .iter()
         .find_map(|plugin| {
-            str_at(&table, &["plugins", plugin, "cni"]).and_then(toml::Value::as_table)
+            value_at(&table, &["plugins", plugin, "cni"]).and_then(toml::Value::as_table)
         });
     let conf_dir = cni
         .and_then(|c| c.get("conf_dir"))
@@ -103,26 +72,33 @@ fn containerd(args: &[String]) -> Option<CniSetup> {
     })
 }
 
-/// CRI-O: `--cni-config-dir`, `--cni-plugin-dir`, else `[crio.network]` of its config.
+/// CRI-O: `--cni-config-dir`, `--cni-plugin-dir`, else `[crio.network]` of its config (and its
+/// drop-in files).
 fn crio(args: &[String]) -> Option<CniSetup> {
-    let config = PathBuf::from(flag(args, &["--config", "-c"]).unwrap_or("/etc/crio/crio.conf"));
-    let table = read_toml(&config).unwrap_or_default();
+    let config = CrioConfig::of(args);
     let conf_dir = flag(args, &["--cni-config-dir"])
         .map(PathBuf::from)
         .or_else(|| {
-            str_at(&table, &["crio", "network", "network_dir"])
-                .and_then(toml::Value::as_str)
+            config
+                .value(&["crio", "network", "network_dir"])
+                .and_then(|(v, _)| v.as_str())
                 .map(PathBuf::from)
         })
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONF_DIR));
     let mut bin_dirs: Vec<PathBuf> = flag(args, &["--cni-plugin-dir"])
         .map(|d| vec![PathBuf::from(d)])
-        .unwrap_or_else(|| dirs(str_at(&table, &["crio", "network", "plugin_dirs"])));
+        .unwrap_or_else(|| {
+            dirs(
+                config
+                    .value(&["crio", "network", "plugin_dirs"])
+                    .map(|(v, _)| v),
+            )
+        });
     if bin_dirs.is_empty() {
         bin_dirs.push(PathBuf::from(DEFAULT_BIN_DIR));
     }
     Some(CniSetup {
-        source: format!("CRI-O's config {}", config.display()),
+        source: format!("CRI-O's config {}", config.path.display()),
         conf_dir,
         bin_dirs,
     })
@@ -137,10 +113,10 @@ fn podman(pid: u32) -> Option<CniSetup> {
         .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
         .unwrap_or_else(|| PathBuf::from("/etc/containers/containers.conf"));
     let table = read_toml(&config).unwrap_or_default();
-    let conf_dir = str_at(&table, &["network", "network_config_dir"])
+    let conf_dir = value_at(&table, &["network", "network_config_dir"])
         .and_then(toml::Value::as_str)
         .map_or_else(|| PathBuf::from(DEFAULT_CONF_DIR), PathBuf::from);
-    let mut bin_dirs = dirs(str_at(&table, &["network", "cni_plugin_dirs"]));
+    let mut bin_dirs = dirs(value_at(&table, &["network", "cni_plugin_dirs"]));
     if bin_dirs.is_empty() {
         bin_dirs.push(PathBuf::from(DEFAULT_BIN_DIR));
     }

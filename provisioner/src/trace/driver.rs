@@ -5,12 +5,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::dataplane::NetnsSnapshot;
+use crate::pod::{PodName, PodResolver};
 
 use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
 use super::diagnosis::{CniSetup, diagnose};
@@ -101,13 +103,27 @@ pub trait Sink {
 }
 
 /// Options of one tracing run.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DriverOptions {
     pub correlator: CorrelatorConfig,
     /// Judge the sandbox namespaces pinned when tracing starts (from their state).
     pub scan_pins: bool,
     /// The CNI setup assumed for a runtime whose own cannot be read (skip diagnoses).
     pub cni_fallback: CniSetup,
+    /// Asked who a sandbox belongs to when an alarm is due on it and no CNI plugin's
+    /// environment named its pod (at most once per namespace, with the read of its state).
+    pub pod_resolver: Option<Arc<dyn PodResolver>>,
+}
+
+impl std::fmt::Debug for DriverOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverOptions")
+            .field("correlator", &self.correlator)
+            .field("scan_pins", &self.scan_pins)
+            .field("cni_fallback", &self.cni_fallback)
+            .field("pod_resolver", &self.pod_resolver.is_some())
+            .finish()
+    }
 }
 
 /// What a run ends with.
@@ -127,7 +143,13 @@ struct Identified {
 enum Done {
     Identified(Identified),
     Expected(PathBuf, std::io::Result<NetnsRef>),
-    Read(u64, SystemTime, Result<NetnsSnapshot, String>),
+    /// A state read, with the pod resolver's answer when it was asked too.
+    Read(
+        u64,
+        SystemTime,
+        Result<NetnsSnapshot, String>,
+        Option<PodName>,
+    ),
     Found(PathBuf, SystemTime, Result<NetnsSnapshot, String>),
 }
 
@@ -245,10 +267,12 @@ pub async fn run<S: Sink>(
         while reads_in_flight < CONCURRENT_READS && !queued_reads.is_empty() {
             let request = queued_reads.remove(0);
             reads_in_flight += 1;
+            let resolver = opts.pod_resolver.clone();
             work.spawn(async move {
                 let at = SystemTime::now();
-                let read = read_cookie(&request).await;
-                Done::Read(request.cookie, at, read)
+                let (read, pod) =
+                    tokio::join!(read_cookie(&request), resolve_pod(resolver, &request));
+                Done::Read(request.cookie, at, read, pod)
             });
         }
     }
@@ -410,10 +434,15 @@ fn finish(
             }
             (Vec::new(), false)
         }
-        Done::Read(cookie, at, read) => (
-            correlator.snapshot_taken(cookie, read.as_ref().map_err(Clone::clone), at, now),
-            true,
-        ),
+        Done::Read(cookie, at, read, pod) => {
+            if let Some(pod) = pod {
+                correlator.pod_resolved(cookie, pod);
+            }
+            (
+                correlator.snapshot_taken(cookie, read.as_ref().map_err(Clone::clone), at, now),
+                true,
+            )
+        }
         Done::Found(path, at, read) => match read {
             Ok(snapshot) if rules.is_sandbox_pin(&path) => {
                 (correlator.found(path, &snapshot, at, now), false)
@@ -438,6 +467,28 @@ async fn read_state(path: &Path) -> Result<NetnsSnapshot, String> {
             SNAPSHOT_WAIT.as_millis()
         )),
     }
+}
+
+/// Who the sandbox of `request` belongs to, when the request asks and a resolver is at hand.
+async fn resolve_pod(
+    resolver: Option<Arc<dyn PodResolver>>,
+    request: &SnapshotRequest,
+) -> Option<PodName> {
+    let query = request.pod_query.as_ref()?;
+    let resolver = resolver?;
+    // The read waits for the answer: a resolver that does not bound itself is cut off at the
+    // read's own bound.
+    let asked = resolver.pod_of_netns(&request.paths, query.creator.as_ref());
+    Some(
+        tokio::time::timeout(SNAPSHOT_WAIT, asked)
+            .await
+            .unwrap_or_else(|_| PodName::Unknown {
+                reason: format!(
+                    "the runtime was asked and did not answer within {} ms",
+                    SNAPSHOT_WAIT.as_millis()
+                ),
+            }),
+    )
 }
 
 /// Reads the state of namespace `request.cookie` from the first of its files that still is it.
@@ -518,6 +569,7 @@ mod tests {
             correlator: CorrelatorConfig::default(),
             scan_pins: false,
             cni_fallback: CniSetup::assumed(Path::new("/nonexistent/cni")),
+            pod_resolver: None,
         };
         let mut correlator = Correlator::new(opts.correlator.clone());
         let mut work = JoinSet::new();
@@ -550,6 +602,163 @@ mod tests {
         assert!(
             !correlator.is_tracked(own),
             "the older command's identification is dropped"
+        );
+    }
+
+    /// Answers with the pod `web-0`, counting the questions and keeping the last one.
+    #[derive(Default)]
+    struct FakeResolver {
+        asked: std::sync::Mutex<Vec<(Vec<PathBuf>, Option<crate::pod::NetnsCreator>)>>,
+    }
+
+    impl PodResolver for FakeResolver {
+        fn pod_of_netns<'a>(
+            &'a self,
+            netns_paths: &'a [PathBuf],
+            creator: Option<&'a crate::pod::NetnsCreator>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = PodName> + Send + 'a>> {
+            Box::pin(async move {
+                if let Ok(mut asked) = self.asked.lock() {
+                    asked.push((netns_paths.to_vec(), creator.cloned()));
+                }
+                PodName::Known {
+                    pod: crate::pod::Pod::from_cni_args("K8S_POD_NAME=web-0").unwrap_or_default(),
+                    source: crate::pod::PodSource::Cri {
+                        runtime: "containerd".into(),
+                    },
+                }
+            })
+        }
+    }
+
+    /// A finished read that carries the resolver's answer gives it to the correlator before
+    /// the state: the alarm it leads to names the pod.
+    #[test]
+    fn the_resolvers_answer_is_taken_before_the_read_is_judged() {
+        use crate::trace::events::{EventKind, NetnsCreated, NetnsOrigin, TaskInfo, TraceEvent};
+        let config = CorrelatorConfig {
+            deadline: Duration::from_millis(100),
+            ..CorrelatorConfig::default()
+        };
+        let mut correlator = Correlator::new(config.clone());
+        let created_at = SystemTime::now() - Duration::from_secs(1);
+        correlator.feed(&TraceEvent {
+            at: created_at,
+            task: TaskInfo {
+                pid: 42,
+                tid: 42,
+                comm: "containerd".into(),
+                cgroup_id: 1,
+            },
+            kind: EventKind::NetnsCreated(NetnsCreated {
+                netns_cookie: 9,
+                netns_inode: 4_026_532_009,
+                origin: NetnsOrigin::Unshare,
+                flags: 0x4000_0000,
+                owner_pid: 42,
+                parent_pid: 1,
+                parent_comm: "init".into(),
+            }),
+        });
+        let now = SystemTime::now();
+        assert!(correlator.tick(now).is_empty(), "no alarm before a read");
+        let requests = correlator.take_snapshot_requests(now);
+        assert_eq!(requests.len(), 1);
+        assert!(requests[0].pod_query.is_some(), "{requests:?}");
+        let pod = PodName::Known {
+            pod: crate::pod::Pod::from_cni_args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0")
+                .unwrap_or_default(),
+            source: crate::pod::PodSource::Cri {
+                runtime: "containerd".into(),
+            },
+        };
+        let lo_only = NetnsSnapshot {
+            cookie: 9,
+            inode: 4_026_532_009,
+            links: Vec::new(),
+            addresses: Vec::new(),
+            routes: Vec::new(),
+        };
+        let (reports, was_read) = finish(
+            &mut correlator,
+            &mut HashMap::new(),
+            Done::Read(9, now, Ok(lo_only), Some(pod.clone())),
+            &config.rules,
+        );
+        assert!(was_read);
+        let verdict = reports.iter().find_map(|r| match r {
+            Report::Verdict(v) => Some(v),
+            _ => None,
+        });
+        assert_eq!(verdict.map(|v| v.verdict), Some(Verdict::Skipped));
+        assert_eq!(verdict.and_then(|v| v.pod.clone()), Some(pod));
+    }
+
+    /// Never answers.
+    struct SilentResolver;
+
+    impl PodResolver for SilentResolver {
+        fn pod_of_netns<'a>(
+            &'a self,
+            _netns_paths: &'a [PathBuf],
+            _creator: Option<&'a crate::pod::NetnsCreator>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = PodName> + Send + 'a>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A resolver that does not answer does not hold the read beyond its own bound.
+    #[tokio::test]
+    async fn a_silent_resolver_is_cut_off_at_the_reads_bound() {
+        let request = SnapshotRequest {
+            cookie: 7,
+            paths: Vec::new(),
+            pod_query: Some(super::super::PodQuery { creator: None }),
+        };
+        let answer = resolve_pod(Some(Arc::new(SilentResolver)), &request).await;
+        assert_eq!(
+            answer,
+            Some(PodName::Unknown {
+                reason: format!(
+                    "the runtime was asked and did not answer within {} ms",
+                    SNAPSHOT_WAIT.as_millis()
+                )
+            })
+        );
+    }
+
+    /// The resolver is asked only for a read that carries a query, with the namespace's files
+    /// and creator; without a resolver, nothing answers.
+    #[tokio::test]
+    async fn the_resolver_is_asked_only_for_reads_that_carry_a_query() {
+        let fake = Arc::new(FakeResolver::default());
+        let resolver: Arc<dyn PodResolver> = fake.clone();
+        let creator = crate::pod::NetnsCreator {
+            pid: 42,
+            comm: "containerd".into(),
+        };
+        let mut request = SnapshotRequest {
+            cookie: 7,
+            paths: vec![PathBuf::from("/run/netns/cni-1")],
+            pod_query: None,
+        };
+        assert_eq!(resolve_pod(Some(resolver.clone()), &request).await, None);
+        request.pod_query = Some(super::super::PodQuery {
+            creator: Some(creator.clone()),
+        });
+        let answer = resolve_pod(Some(resolver), &request).await;
+        assert_eq!(
+            answer
+                .as_ref()
+                .and_then(PodName::known)
+                .map(|p| p.name.as_str()),
+            Some("web-0")
+        );
+        assert_eq!(resolve_pod(None, &request).await, None);
+        let asked = fake.asked.lock().map(|a| a.clone()).unwrap_or_default();
+        assert_eq!(
+            asked,
+            vec![(vec![PathBuf::from("/run/netns/cni-1")], Some(creator))]
         );
     }
 }

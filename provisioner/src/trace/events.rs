@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use provisioner_common as common;
 
+use super::cni_env::CniEnv;
 use super::netlink_parse::{NlReply, NlRequest, parse_replies, parse_requests};
 
 /// The task that caused an event.
@@ -117,6 +118,21 @@ pub struct Exec {
     pub parent_comm: String,
 }
 
+/// The environment of a binary executed by a runtime or from a CNI plugin directory: the CNI
+/// call it was given, when it was one.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExecEnv {
+    pub parent_pid: u32,
+    pub parent_comm: String,
+    /// The process's real uid: runtimes run their plugins as root.
+    pub uid: u32,
+    /// `None` when the environment copied holds no `CNI_COMMAND` (or could not be read).
+    pub cni: Option<CniEnv>,
+    /// Bytes of the whole environment and of its end that was copied.
+    pub env_len: u32,
+    pub copied: u32,
+}
+
 /// A bind mount was requested (namespace pinning).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct BindMount {
@@ -146,6 +162,7 @@ pub enum EventKind {
     DevGone(DevChange),
     Exec(Exec),
     BindMount(BindMount),
+    ExecEnv(ExecEnv),
 }
 
 impl EventKind {
@@ -161,6 +178,7 @@ impl EventKind {
             Self::DevGone(_) => kind::DEV_GONE,
             Self::Exec(_) => kind::EXEC,
             Self::BindMount(_) => kind::BIND_MOUNT,
+            Self::ExecEnv(_) => kind::EXEC_ENV,
         }
     }
 
@@ -176,6 +194,8 @@ impl EventKind {
             Self::DevUp(d) | Self::DevGone(d) => vec![d.netns.cookie],
             Self::Exec(e) => vec![e.task_netns.cookie],
             Self::BindMount(b) => vec![b.task_netns.cookie],
+            // A plugin runs outside the namespace it is given (named by a path).
+            Self::ExecEnv(_) => Vec::new(),
         }
     }
 }
@@ -332,6 +352,18 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
                 source: comm_string(&r.source),
                 target: comm_string(&r.target),
                 flags: r.flags,
+            })
+        }
+        common::kind::EXEC_ENV => {
+            let r: common::ExecEnv = read_record(bytes, header.kind)?;
+            let copied = (r.copied as usize).min(r.env.len());
+            EventKind::ExecEnv(ExecEnv {
+                parent_pid: r.parent_pid,
+                parent_comm: comm_string(&r.parent_comm),
+                uid: r.uid,
+                cni: CniEnv::parse(&r.env[..copied], r.copied < r.env_len),
+                env_len: r.env_len,
+                copied: r.copied,
             })
         }
         other => return Err(DecodeError::UnknownKind(other)),
@@ -564,6 +596,66 @@ mod tests {
             assert_eq!(event.kind(), kind, "{event:?}");
             assert_eq!(event.netns_cookies(), cookies, "{event:?}");
         }
+    }
+
+    /// A plugin's environment as the kernel copies it: its end, the first entry cut when the
+    /// whole did not fit.
+    fn exec_env(entries: &[&str], env_len: u32) -> Vec<u8> {
+        let mut env = [0u8; common::ENV_COPY];
+        let mut at = 0;
+        for e in entries {
+            env[at..at + e.len()].copy_from_slice(e.as_bytes());
+            at += e.len() + 1;
+        }
+        let copied = u32::try_from(at).unwrap_or(0);
+        bytes_of(&common::ExecEnv {
+            header: header(common::kind::EXEC_ENV),
+            parent_pid: 42,
+            env_len: env_len.max(copied),
+            copied,
+            uid: 0,
+            parent_comm: text("containerd"),
+            env,
+        })
+    }
+
+    #[test]
+    fn a_plugins_environment_decodes_to_its_cni_call() {
+        let entries = [
+            "NT=cut",
+            "CNI_COMMAND=ADD",
+            "CNI_CONTAINERID=4bf9",
+            "CNI_NETNS=/var/run/netns/cni-1",
+            "CNI_ARGS=K8S_POD_NAME=web-0",
+        ];
+        let event = decoded(&exec_env(&entries, 9_000));
+        assert_eq!(
+            (event.kind(), event.netns_cookies()),
+            (common::kind::EXEC_ENV, vec![])
+        );
+        let EventKind::ExecEnv(env) = event else {
+            panic!("not an exec env");
+        };
+        assert_eq!(
+            (env.parent_pid, env.parent_comm.as_str()),
+            (42, "containerd")
+        );
+        assert_eq!(env.env_len, 9_000);
+        let cni = env.cni.expect("a CNI call");
+        assert_eq!(cni.command, "ADD");
+        assert_eq!(cni.netns, "/var/run/netns/cni-1");
+        assert_eq!(cni.args.as_deref(), Some("K8S_POD_NAME=web-0"));
+
+        // Whole (not cut), without CNI_COMMAND: an exec, not a CNI call.
+        let EventKind::ExecEnv(env) = decoded(&exec_env(&["PATH=/bin"], 0)) else {
+            panic!("not an exec env");
+        };
+        assert_eq!(env.cni, None);
+        // Cut, the CNI_COMMAND entry first: not trusted.
+        let EventKind::ExecEnv(env) = decoded(&exec_env(&["CNI_COMMAND=ADD"], 100)) else {
+            panic!("not an exec env");
+        };
+        assert_eq!(env.cni, None);
     }
 
     #[test]

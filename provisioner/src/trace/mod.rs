@@ -2,6 +2,7 @@
 
 mod background;
 mod btf_offsets;
+pub mod cni_env;
 pub mod correlator;
 pub mod diagnosis;
 pub mod driver;
@@ -19,12 +20,13 @@ pub mod verdict;
 
 pub use btf_offsets::KernelOffsets;
 pub use correlator::{
-    Correlator, CorrelatorConfig, CorrelatorMetrics, IntentCounts, SNAPSHOT_WAIT, SnapshotRequest,
+    Correlator, CorrelatorConfig, CorrelatorMetrics, IntentCounts, PodQuery, SNAPSHOT_WAIT,
+    SnapshotRequest,
 };
 pub use error::TraceError;
 pub use events::{
-    BindMount, DevChange, EventKind, Exec, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
-    NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
+    BindMount, DevChange, EventKind, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply,
+    NetlinkRequest, NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
 };
 /// The ring-buffer record decoder, public for the fuzz targets (fuzz/).
 #[doc(hidden)]

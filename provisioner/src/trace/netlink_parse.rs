@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-pub const NLMSG_ERROR: u16 = 2;
+pub use provisioner_common::NLMSG_ERROR;
 pub const RTM_NEWLINK: u16 = 16;
 pub const RTM_DELLINK: u16 = 17;
 pub const RTM_SETLINK: u16 = 19;

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use super::events::{EventKind, TraceEvent};
 use super::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
+use crate::pod::{PodName, PodSource, short_id};
 
 /// `HH:MM:SS.mmm comm[pid] <what>`
 pub fn event_line(event: &TraceEvent) -> String {
@@ -87,6 +88,25 @@ pub fn event_line(event: &TraceEvent) -> String {
             "bind-mount {} -> {} netns={}",
             b.source, b.target, b.task_netns.cookie
         ),
+        EventKind::ExecEnv(x) => {
+            let _ = write!(
+                line,
+                "exec-env (parent {}[{}])",
+                x.parent_comm, x.parent_pid
+            );
+            match &x.cni {
+                Some(cni) => write!(
+                    line,
+                    " CNI {} netns={} container={} args={}",
+                    cni.command,
+                    cni.netns,
+                    cni.container_id,
+                    cni.args.as_deref().unwrap_or("-")
+                ),
+                None if x.copied == 0 => write!(line, " environment not readable"),
+                None => write!(line, " no CNI call"),
+            }
+        }
     };
     line
 }
@@ -216,15 +236,21 @@ impl serde::Serialize for RequestDetail {
     }
 }
 
-/// A verdict and its timeline (indented lines).
+/// A verdict and its timeline (indented lines); the pod first, where it is a sandbox's.
 pub fn verdict_lines(v: &NetnsVerdict) -> String {
     let mut s = format!(
-        "{} VERDICT {} netns cookie={} inode={} creator={}",
+        "{} VERDICT {} ",
         format_time(v.destroyed_at.unwrap_or(v.created_at)),
         v.verdict.as_str().to_uppercase(),
-        v.netns.cookie,
-        v.netns.inode,
-        v.creator
+    );
+    if let Some(pod) = &v.pod {
+        s.push_str(&pod_label(pod));
+        s.push(' ');
+    }
+    let _ = write!(
+        s,
+        "netns cookie={} inode={} creator={}",
+        v.netns.cookie, v.netns.inode, v.creator
     );
     if let Some(why) = &v.sandbox {
         let _ = write!(s, " sandbox: {why}");
@@ -256,6 +282,27 @@ pub fn verdict_lines(v: &NetnsVerdict) -> String {
         let _ = write!(s, "\n    {entry}");
     }
     s
+}
+
+/// `pod default/web-0 (uid .., sandbox 4bf982a7, via loopback)`: who named it last in the
+/// parentheses; `pod unknown (reason)`.
+pub fn pod_label(pod: &PodName) -> String {
+    let PodName::Known { pod, source } = pod else {
+        return pod.to_string();
+    };
+    let mut extra = Vec::with_capacity(3);
+    if let Some(uid) = &pod.uid {
+        extra.push(format!("uid {uid}"));
+    }
+    if let Some(id) = &pod.sandbox_id {
+        extra.push(format!("sandbox {}", short_id(id)));
+    }
+    extra.push(match source {
+        PodSource::CniCall => "via its CNI call".to_owned(),
+        PodSource::PluginExec { plugin } => format!("via {plugin}"),
+        PodSource::Cri { runtime } => format!("via {runtime}"),
+    });
+    format!("pod {} ({})", pod.qualified_name(), extra.join(", "))
 }
 
 /// A report and, for verdicts, its timeline (indented lines).

@@ -202,6 +202,7 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
         },
         scan_pins: true,
         cni_fallback: CniSetup::assumed(&opts.cni_conf_dir),
+        pod_resolver: None,
     };
     let run = driver::run(driver_opts, rx, &mut printer, stop).await?;
     drop(commands);

@@ -9,6 +9,7 @@ use ipnetwork::IpNetwork;
 
 use super::events::NetnsRef;
 use super::sandbox_rules::SandboxReason;
+use crate::pod::{Pod, PodName};
 
 /// The outcome of one namespace's network setup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -159,6 +160,17 @@ pub enum Step {
     SnapshotFailed {
         error: String,
     },
+    /// A CNI plugin was executed for this namespace (its environment named it).
+    CniCall {
+        command: String,
+        plugin: String,
+        /// The process that ran it (the runtime).
+        parent: String,
+        /// The plugin's real uid; only root's plugins name a pod.
+        uid: u32,
+        /// The pod its `CNI_ARGS` named.
+        pod: Option<Pod>,
+    },
     /// A verdict was given (a later one revises it).
     Verdict {
         verdict: Verdict,
@@ -197,6 +209,20 @@ impl std::fmt::Display for Step {
             Self::DevGone { ifname, ifindex } => write!(f, "device {ifname} (#{ifindex}) gone"),
             Self::Snapshot { summary } => write!(f, "state read from the kernel: {summary}"),
             Self::SnapshotFailed { error } => write!(f, "state could not be read: {error}"),
+            Self::CniCall {
+                command,
+                plugin,
+                parent,
+                uid,
+                pod,
+            } => {
+                write!(f, "CNI {command} by {plugin} (run by {parent}) ")?;
+                match pod {
+                    Some(pod) if *uid == 0 => write!(f, "for pod {pod}"),
+                    Some(pod) => write!(f, "for pod {pod}, not taken: run by uid {uid}, not root"),
+                    None => f.write_str("naming no pod (no K8S_POD_NAME in CNI_ARGS)"),
+                }
+            }
             Self::Verdict { verdict } => write!(f, "verdict {}", verdict.as_str()),
             Self::Destroyed => write!(f, "netns destroyed"),
         }
@@ -249,6 +275,9 @@ pub struct SkipSummary {
 /// The verdict for one namespace.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct NetnsVerdict {
+    /// The pod of the sandbox, or why it cannot be named (`None` for a namespace that is not
+    /// a sandbox).
+    pub pod: Option<PodName>,
     pub netns: NetnsRef,
     pub verdict: Verdict,
     /// Why the namespace counts as a sandbox (`None` for `gone` namespaces).

@@ -14,13 +14,15 @@
 //! Parts: `timeline` (entries of one namespace, bounded), `effects` (what a request does),
 //! `state` (the timeline folded), `requests` (request/answer pairing), `execs` (binaries
 //! that led to a change), `judge` (sandbox or not, and the verdict), `intents` (the
-//! daemon's intents and drift).
+//! daemon's intents and drift), `pods` (the pod a CNI plugin's environment or a resolver
+//! named).
 
 mod effects;
 mod execs;
 mod intents;
 mod judge;
 mod name_set;
+mod pods;
 mod requests;
 mod state;
 mod timeline;
@@ -31,8 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::dataplane::NetnsSnapshot;
+use crate::pod::{NetnsCreator, PodName};
 
-use super::events::{DevChange, EventKind, NetlinkReply, NetlinkRequest, NetnsRef, TraceEvent};
+use super::events::{
+    DevChange, EventKind, ExecEnv, NetlinkReply, NetlinkRequest, NetnsRef, TraceEvent,
+};
 use super::netlink_parse::{is_change_type, op_name};
 use super::sandbox_rules::{PinSource, SandboxRules, parse_pin_source};
 use super::verdict::{
@@ -45,6 +50,7 @@ use execs::{RecentExec, RecentExecs};
 pub use intents::IntentCounts;
 use intents::Intents;
 use judge::{judge, sandbox_reason};
+use pods::{NetnsName, PendingCall, PendingCalls};
 use requests::Requests;
 use state::State;
 use timeline::Ns;
@@ -90,6 +96,16 @@ pub struct SnapshotRequest {
     pub cookie: u64,
     /// Namespace files that may be it, most likely first; the reader checks the cookie.
     pub paths: Vec<PathBuf>,
+    /// Ask who the sandbox belongs to as well (an alarm is due and its pod is not known):
+    /// the answer goes to [`Correlator::pod_resolved`] before the state read's.
+    pub pod_query: Option<PodQuery>,
+}
+
+/// What a [`crate::pod::PodResolver`] is told of the namespace besides its files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodQuery {
+    /// The process that created it, when the trace saw it: its runtime is the one to ask.
+    pub creator: Option<NetnsCreator>,
 }
 
 /// Counters for metrics.
@@ -106,6 +122,8 @@ pub struct CorrelatorMetrics {
     pub snapshots_failed: u64,
     /// Namespaces dropped to stay within bounds, and requests whose pairing was dropped.
     pub evicted_namespaces: u64,
+    /// CNI calls whose namespace did not become known in time (or that did not fit).
+    pub unmatched_cni_calls: u64,
     pub dropped_requests: u64,
     /// Namespaces currently tracked.
     pub tracked_namespaces: usize,
@@ -119,6 +137,8 @@ pub struct Correlator {
     by_pid: HashMap<u32, u64>,
     requests: Requests,
     execs: RecentExecs,
+    /// CNI calls naming a namespace not known yet.
+    pending_cni: PendingCalls,
     /// Skips by creator comm (a runtime forks a new helper per sandbox: the pid varies).
     skips: HashMap<String, SkipSummary>,
     intents: Intents,
@@ -142,6 +162,7 @@ impl Correlator {
             by_pid: HashMap::new(),
             requests: Requests::default(),
             execs: RecentExecs::default(),
+            pending_cni: PendingCalls::default(),
             skips: HashMap::new(),
             intents: Intents::default(),
             wanted: Vec::new(),
@@ -162,6 +183,7 @@ impl Correlator {
             tracked_namespaces: self.namespaces.len(),
             intents: self.intents.counts.clone(),
             dropped_requests: self.requests.dropped,
+            unmatched_cni_calls: self.pending_cni.dropped,
             ..self.metrics.clone()
         }
     }
@@ -279,12 +301,27 @@ impl Correlator {
                 continue;
             }
             ns.snapshot.pending_since = Some(now);
+            let pod_query = ns.pod.take_query().then(|| PodQuery {
+                creator: (!ns.creator.comm.is_empty()).then(|| NetnsCreator {
+                    pid: ns.creator.pid,
+                    comm: ns.creator.comm.clone(),
+                }),
+            });
             requests.push(SnapshotRequest {
                 cookie,
                 paths: ns.handles.iter().rev().cloned().collect(),
+                pod_query,
             });
         }
         requests
+    }
+
+    /// Who namespace `cookie` belongs to, as a [`crate::pod::PodResolver`] answered a
+    /// [`SnapshotRequest::pod_query`] (kept unless a CNI plugin's environment named the pod).
+    pub fn pod_resolved(&mut self, cookie: u64, answer: PodName) {
+        if let Some(ns) = self.namespaces.get_mut(&cookie) {
+            ns.pod.resolved(answer);
+        }
     }
 
     /// The answer to a [`SnapshotRequest`]: the state of namespace `cookie` read from `read_at`
@@ -373,6 +410,7 @@ impl Correlator {
                 }
             }
             EventKind::Exec(exec) => self.on_exec(event, exec),
+            EventKind::ExecEnv(env) => self.on_exec_env(event, env),
         };
         if let Some(cookie) = touched {
             reports.extend(self.changed(cookie, Evidence::Trace));
@@ -494,6 +532,15 @@ impl Correlator {
         if !self.namespaces.contains_key(&netns.cookie) && self.namespaces.len() >= MAX_NAMESPACES {
             self.evict_one();
         }
+        let waiting = if self.pending_cni.is_empty() {
+            Vec::new()
+        } else {
+            let pids = [created.owner_pid, event.task.pid];
+            self.pending_cni.take(
+                event.at,
+                |name| matches!(name, NetnsName::Process { pid, .. } if pids.contains(pid)),
+            )
+        };
         if let Some(previous) = self.namespaces.insert(netns.cookie, ns)
             && let Some(ns) = self.namespaces.get_mut(&netns.cookie)
         {
@@ -506,6 +553,10 @@ impl Correlator {
             for entry in previous.entries {
                 ns.push_at(entry.public, entry.effect);
             }
+            ns.pod = previous.pod;
+        }
+        for call in waiting {
+            self.cni_call(netns.cookie, &call);
         }
     }
 
@@ -531,8 +582,94 @@ impl Correlator {
         if !ns.add_pin(target.clone()) {
             return None;
         }
-        ns.push(event, Step::Pinned { path: target }, None);
+        ns.push(
+            event,
+            Step::Pinned {
+                path: target.clone(),
+            },
+            None,
+        );
+        if !self.pending_cni.is_empty() {
+            let pin = pods::normal(&target);
+            for call in self
+                .pending_cni
+                .take(event.at, |name| *name == NetnsName::Path(pin.clone()))
+            {
+                self.cni_call(cookie, &call);
+            }
+        }
         Some(cookie)
+    }
+
+    /// A binary's environment at exec: when it is a CNI call, its step and its pod go to the
+    /// namespace `CNI_NETNS` names. An ADD naming one not known yet is kept a while (its pin
+    /// may come later); other calls name namespaces that existed before (a DEL's may be judged
+    /// and no longer followed).
+    fn on_exec_env(&mut self, event: &TraceEvent, env: &ExecEnv) -> Option<u64> {
+        let cni = env.cni.as_ref()?;
+        let netns = NetnsName::parse(&cni.netns)?;
+        let call = PendingCall {
+            event: event.clone(),
+            cni: cni.clone(),
+            parent: env.parent_comm.clone(),
+            uid: env.uid,
+            netns,
+        };
+        let Some(cookie) = self.named_netns(&call.netns) else {
+            if call.cni.command == "ADD" {
+                self.pending_cni.push(call);
+            }
+            return None;
+        };
+        self.cni_call(cookie, &call);
+        Some(cookie)
+    }
+
+    /// The tracked namespace a CNI call names (the latest created, when a pin path was
+    /// reused).
+    fn named_netns(&self, name: &NetnsName) -> Option<u64> {
+        let has = |path: &std::path::Path| {
+            self.namespaces
+                .iter()
+                .filter(|(_, ns)| {
+                    ns.pins
+                        .iter()
+                        .chain(&ns.handles)
+                        .any(|p| pods::spelled_alike(p, path))
+                })
+                .max_by_key(|(_, ns)| ns.created_at)
+                .map(|(cookie, _)| *cookie)
+        };
+        match name {
+            NetnsName::Path(path) => has(path),
+            NetnsName::Process { pid, path } => self
+                .by_pid
+                .get(pid)
+                .copied()
+                .filter(|c| self.namespaces.contains_key(c))
+                .or_else(|| has(path)),
+        }
+    }
+
+    /// Adds a CNI call to the timeline of namespace `cookie`, and the pod it names.
+    fn cni_call(&mut self, cookie: u64, call: &PendingCall) {
+        let Some(ns) = self.namespaces.get_mut(&cookie) else {
+            return;
+        };
+        let pod = pods::pod_of(&call.cni);
+        let plugin = call.event.task.comm.clone();
+        ns.pod.plugin_ran(&plugin, call.uid, pod.as_ref());
+        ns.push(
+            &call.event,
+            Step::CniCall {
+                command: call.cni.command.clone(),
+                plugin,
+                parent: call.parent.clone(),
+                uid: call.uid,
+                pod,
+            },
+            None,
+        );
     }
 
     fn on_exec(&mut self, event: &TraceEvent, exec: &super::events::Exec) -> Option<u64> {
@@ -815,6 +952,10 @@ impl Correlator {
                 reports.push(Report::Verdict(verdict));
             }
         } else if !pending {
+            // An alarm is due: who the sandbox belongs to is asked with the read.
+            if let Some(ns) = self.namespaces.get_mut(&cookie) {
+                ns.pod.wanted = true;
+            }
             self.want(cookie);
         }
         reports
@@ -903,6 +1044,9 @@ impl Correlator {
             None,
         );
         let mut verdict = NetnsVerdict {
+            pod: sandbox
+                .is_some()
+                .then(|| ns.pod.for_verdict(!ns.attributed_pids.is_empty())),
             netns: ns.netns,
             verdict: judgement.verdict,
             sandbox,

@@ -1150,3 +1150,356 @@ fn a_namespace_found_twice_is_judged_once() {
     );
     assert!(verdicts(reports).is_empty(), "judged once");
 }
+
+/// The environment of CNI plugin `plugin` (pid `pid`, run by containerd pid 42) for a call
+/// naming `netns`, with `args` as its `CNI_ARGS`.
+fn cni_exec(ms: u64, pid: u32, plugin: &str, netns: &str, args: Option<&str>) -> TraceEvent {
+    cni_exec_by(0, ms, pid, plugin, netns, args)
+}
+
+/// [`cni_exec`] of a plugin run by `uid`.
+fn cni_exec_by(
+    uid: u32,
+    ms: u64,
+    pid: u32,
+    plugin: &str,
+    netns: &str,
+    args: Option<&str>,
+) -> TraceEvent {
+    ev(
+        ms,
+        pid,
+        plugin,
+        EventKind::ExecEnv(ExecEnv {
+            parent_pid: 42,
+            parent_comm: "containerd".into(),
+            uid,
+            cni: Some(crate::trace::cni_env::CniEnv {
+                command: "ADD".into(),
+                netns: netns.into(),
+                container_id: "4bf982a7deadbeef".into(),
+                args: args.map(str::to_owned),
+            }),
+            env_len: 300,
+            copied: 300,
+        }),
+    )
+}
+
+const SEED_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-seed;K8S_POD_NAME=seed-0;K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef;K8S_POD_UID=u-0";
+
+fn pinned_at(ms: u64, cookie: u64, target: &str) -> TraceEvent {
+    ev(
+        ms,
+        43,
+        "containerd",
+        EventKind::BindMount(BindMount {
+            task_netns: ns(cookie),
+            source: "/proc/43/task/43/ns/net".into(),
+            target: target.into(),
+            flags: 4096,
+        }),
+    )
+}
+
+fn seed_pod() -> crate::pod::Pod {
+    crate::pod::Pod::from_cni_args(SEED_ARGS).expect("a pod")
+}
+
+/// containerd's seed failure: the netns pinned, only the loopback plugin run, the netns gone
+/// within 30 ms. The verdict names the pod the plugin was run for, first.
+#[test]
+fn a_plugins_environment_names_the_pod_of_a_pinned_netns() {
+    let mut c = correlator();
+    c.feed(&created(0, 43, "containerd", SANDBOX));
+    c.feed(&pinned_at(1, SANDBOX, "/run/netns/cni-abc"));
+    // The runtime spells the pin /var/run/netns (a link to /run).
+    c.feed(&cni_exec(
+        2,
+        600,
+        "loopback",
+        "/var/run/netns/cni-abc",
+        Some(SEED_ARGS),
+    ));
+    c.feed(&request(3, 600, SANDBOX, 1, link_up(1)));
+    c.feed(&dev(4, SANDBOX, 1, "lo", true, false));
+    let v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].verdict, Verdict::Skipped);
+    assert_eq!(
+        v[0].pod,
+        Some(PodName::Known {
+            pod: seed_pod(),
+            source: crate::pod::PodSource::PluginExec {
+                plugin: "loopback".into()
+            }
+        })
+    );
+    let line = crate::trace::render::verdict_lines(&v[0]);
+    let first = line.lines().next().unwrap_or_default();
+    let after_verdict = first
+        .split_once("VERDICT SKIPPED ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    assert!(
+        after_verdict.starts_with(
+            "pod e2e-seed/seed-0 (uid u-0, sandbox 4bf982a7, via loopback) netns cookie=100 "
+        ),
+        "{line}"
+    );
+    assert!(
+        line.contains(
+            "loopback[600] CNI ADD by loopback (run by containerd) for pod e2e-seed/seed-0"
+        ),
+        "{line}"
+    );
+    let json = serde_json::to_value(Report::Verdict(v[0].clone())).expect("serialises");
+    assert_eq!(json["pod"]["status"], "known");
+    assert_eq!(json["pod"]["pod"]["name"], "seed-0");
+    assert_eq!(json["pod"]["source"]["by"], "plugin_exec");
+}
+
+/// `ctr run --cni` names the namespace by its process; a call whose namespace is pinned only
+/// after the plugin ran waits for the pin; one naming a namespace never seen is dropped in
+/// time and counted.
+#[test]
+fn a_netns_named_by_its_process_or_pinned_after_the_call_is_found() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    c.feed(&cni_exec(2, 600, "ptp", "/proc/42/ns/net", Some(SEED_ARGS)));
+    c.feed(&created(0, 44, "containerd", SANDBOX + 1));
+    c.feed(&cni_exec(
+        3,
+        601,
+        "loopback",
+        "/run/netns/cni-late",
+        Some("K8S_POD_NAMESPACE=default;K8S_POD_NAME=late-0"),
+    ));
+    c.feed(&pinned_at(4, SANDBOX + 1, "/var/run/netns/cni-late"));
+    c.feed(&cni_exec(
+        5,
+        602,
+        "loopback",
+        "/run/netns/cni-never",
+        Some("K8S_POD_NAME=never"),
+    ));
+    let v = verdicts(tick_reading(&mut c, 1_000, lo_only));
+    assert_eq!(v.len(), 2, "{v:?}");
+    for v in &v {
+        let pod = v
+            .pod
+            .as_ref()
+            .and_then(PodName::known)
+            .map(|p| p.qualified_name());
+        let want = if v.netns.cookie == SANDBOX {
+            "e2e-seed/seed-0"
+        } else {
+            "default/late-0"
+        };
+        assert_eq!(pod.as_deref(), Some(want), "{v:?}");
+    }
+    // The ADD for a namespace never seen is dropped once it waited long enough; a DEL for a
+    // namespace no longer followed is not kept at all.
+    let mut del = cni_exec(2_000, 603, "loopback", "/run/netns/cni-gone", None);
+    if let EventKind::ExecEnv(ExecEnv { cni: Some(cni), .. }) = &mut del.kind {
+        cni.command = "DEL".into();
+    }
+    c.feed(&del);
+    c.feed(&pinned_at(5_000, SANDBOX + 1, "/run/netns/cni-other"));
+    assert_eq!(c.metrics().unmatched_cni_calls, 1);
+}
+
+/// A plugin run without a pod in CNI_ARGS names none: the verdict says why, never a guess.
+#[test]
+fn cni_args_without_a_pod_name_leave_the_pod_unknown_with_the_reason() {
+    let mut c = correlator();
+    c.feed(&created(0, 43, "containerd", SANDBOX));
+    c.feed(&pinned_at(1, SANDBOX, "/run/netns/cni-abc"));
+    c.feed(&cni_exec(
+        2,
+        600,
+        "loopback",
+        "/run/netns/cni-abc",
+        Some("IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-seed"),
+    ));
+    let v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
+    assert_eq!(
+        v[0].pod,
+        Some(PodName::Unknown {
+            reason: "CNI plugin loopback ran with no K8S_POD_NAME in CNI_ARGS".into()
+        })
+    );
+    let line = crate::trace::render::verdict_lines(&v[0]);
+    assert!(
+        line.contains(
+            "VERDICT SKIPPED pod unknown (CNI plugin loopback ran with no K8S_POD_NAME in CNI_ARGS) netns cookie="
+        ),
+        "{line}"
+    );
+    assert!(line.contains("naming no pod"), "{line}");
+}
+
+/// No plugin ran and no resolver answered: the reason says so. A namespace that is not a
+/// sandbox names no pod at all.
+#[test]
+fn no_plugin_and_no_resolver_is_said_and_a_non_sandbox_names_no_pod() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    c.feed(&created(0, 77, "unshare", SANDBOX + 1));
+    let mut v = verdicts(c.feed(&dev(500, SANDBOX + 1, 1, "lo", false, true)));
+    v.extend(verdicts(tick_reading(&mut c, 1_000, lo_only)));
+    let sandbox = v
+        .iter()
+        .find(|v| v.netns.cookie == SANDBOX)
+        .expect("sandbox");
+    assert_eq!(
+        sandbox.pod,
+        Some(PodName::Unknown {
+            reason: "no CNI plugin ran and no runtime was asked".into()
+        })
+    );
+    let other = v.iter().find(|v| v.netns.cookie == SANDBOX + 1);
+    assert_eq!(other.map(|v| v.pod.clone()), Some(None), "{v:?}");
+}
+
+/// The resolver is asked with the read before an alarm, once per namespace, with the
+/// namespace's creator; never for a sandbox seen networked or one a plugin named.
+#[test]
+fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_pod() {
+    let mut c = correlator();
+    c.feed(&created(0, 42, "containerd", SANDBOX));
+    c.feed(&created(0, 43, "containerd", SANDBOX + 1));
+    c.feed(&pinned_at(1, SANDBOX + 1, "/run/netns/cni-named"));
+    c.feed(&cni_exec(
+        2,
+        600,
+        "loopback",
+        "/run/netns/cni-named",
+        Some(SEED_ARGS),
+    ));
+    c.feed(&created(0, 44, "containerd", SANDBOX + 2));
+    wire(&mut c, SANDBOX + 2);
+
+    let mut reports = c.tick(t(1_000));
+    let requests = c.take_snapshot_requests(t(1_000));
+    let asked: Vec<(u64, Option<PodQuery>)> = requests
+        .iter()
+        .map(|r| (r.cookie, r.pod_query.clone()))
+        .collect();
+    assert!(
+        asked.contains(&(
+            SANDBOX,
+            Some(PodQuery {
+                creator: Some(NetnsCreator {
+                    pid: 42,
+                    comm: "containerd".into()
+                })
+            })
+        )),
+        "{asked:?}"
+    );
+    assert!(asked.contains(&(SANDBOX + 1, None)), "{asked:?}");
+    assert!(
+        asked.iter().all(|(cookie, _)| *cookie != SANDBOX + 2),
+        "the networked sandbox is not read: {asked:?}"
+    );
+    let from_cri = crate::pod::Pod::from_cni_args("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0")
+        .expect("pod");
+    c.pod_resolved(
+        SANDBOX,
+        PodName::Known {
+            pod: from_cri.clone(),
+            source: crate::pod::PodSource::Cri {
+                runtime: "containerd".into(),
+            },
+        },
+    );
+    // An answer for the named one (it was not asked) does not replace the plugin's pod.
+    c.pod_resolved(SANDBOX + 1, PodName::Unknown { reason: "x".into() });
+    for request in requests {
+        reports.extend(c.snapshot_taken(
+            request.cookie,
+            Ok(&state(request.cookie, None)),
+            t(1_000),
+            t(1_000),
+        ));
+    }
+    let v = verdicts(reports);
+    let pod_of = |cookie| {
+        v.iter()
+            .find(|v| v.netns.cookie == cookie)
+            .and_then(|v| v.pod.as_ref())
+            .and_then(PodName::known)
+            .cloned()
+    };
+    assert_eq!(pod_of(SANDBOX), Some(from_cri));
+    assert_eq!(pod_of(SANDBOX + 1), Some(seed_pod()));
+    assert_eq!(
+        pod_of(SANDBOX + 2).map(|_| ()),
+        None,
+        "networked, no pod named"
+    );
+
+    // Read again while the alarm stands: the resolver is not asked again.
+    let again = {
+        c.tick(t(2_500));
+        c.take_snapshot_requests(t(2_500))
+    };
+    assert!(!again.is_empty(), "the alarms are read again");
+    assert!(again.iter().all(|r| r.pod_query.is_none()), "{again:?}");
+}
+
+/// Anybody can exec a binary named like a runtime's with any environment: a plugin not run by
+/// root does not name the pod (the verdict says so), and a root one after it still does.
+#[test]
+fn a_plugin_not_run_by_root_names_no_pod() {
+    let mut c = correlator();
+    c.feed(&created(0, 43, "containerd", SANDBOX));
+    c.feed(&pinned_at(1, SANDBOX, "/run/netns/cni-abc"));
+    c.feed(&created(0, 44, "containerd", SANDBOX + 1));
+    c.feed(&pinned_at(1, SANDBOX + 1, "/run/netns/cni-def"));
+    for netns in ["/run/netns/cni-abc", "/run/netns/cni-def"] {
+        c.feed(&cni_exec_by(
+            1000,
+            2,
+            600,
+            "loopback",
+            netns,
+            Some("K8S_POD_NAME=evil"),
+        ));
+    }
+    c.feed(&cni_exec(
+        3,
+        601,
+        "loopback",
+        "/run/netns/cni-def",
+        Some(SEED_ARGS),
+    ));
+    let mut v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
+    v.extend(verdicts(c.feed(&dev(
+        31,
+        SANDBOX + 1,
+        1,
+        "lo",
+        false,
+        true,
+    ))));
+    assert_eq!(v.len(), 2);
+    assert_eq!(
+        v[0].pod,
+        Some(PodName::Unknown {
+            reason: "only CNI plugin loopback run by uid 1000, not root, named one".into()
+        })
+    );
+    let text: Vec<String> = v[0].timeline.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|l| l
+                .contains("for pod evil (sandbox 4bf982a7), not taken: run by uid 1000, not root")),
+        "{text:?}"
+    );
+    assert_eq!(
+        v[1].pod.as_ref().and_then(PodName::known),
+        Some(&seed_pod())
+    );
+}

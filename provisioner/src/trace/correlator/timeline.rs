@@ -9,6 +9,7 @@ use crate::trace::events::{NetnsRef, TraceEvent};
 use crate::trace::verdict::{Creator, RequestStatus, Step, TimelineEntry, Verdict};
 
 use super::effects::Effect;
+use super::pods::PodState;
 use super::state::Progress;
 
 /// Entries kept per namespace; older ones are folded into its [`Progress`] so that a flood of
@@ -84,6 +85,7 @@ pub(super) struct Ns {
     /// by a path the trace does not see).
     pub recheck: Option<(SystemTime, std::time::Duration)>,
     pub attributed_pids: HashSet<u32>,
+    pub pod: PodState,
 }
 
 impl Ns {
@@ -109,6 +111,7 @@ impl Ns {
             snapshot: SnapshotState::default(),
             recheck: None,
             attributed_pids: HashSet::new(),
+            pod: PodState::default(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! What the names of a sandbox must be before anything is allocated for it: a container id the
-//! store and the host interface name derive from, an interface name the kernel accepts.
+//! store and the host interface name derive from, an interface name the kernel accepts. One
+//! rule for every verb and every layer (the CNI plugin, the daemon, the dataplane's own names).
 
-use crate::dataplane::IFNAME_MAX;
+/// Longest Linux interface name (`IFNAMSIZ` - 1).
+pub const IFNAME_MAX: usize = 15;
 
 /// Longest container id accepted (runtimes use 64 hex digits).
 pub const CONTAINER_ID_MAX: usize = 1024;
@@ -63,7 +65,7 @@ pub fn ifname(name: &str) -> Result<(), InvalidName> {
 }
 
 /// Both names of a sandbox.
-pub fn names(container_id: &str, ifname: &str) -> Result<(), InvalidName> {
+pub fn sandbox(container_id: &str, ifname: &str) -> Result<(), InvalidName> {
     self::container_id(container_id)?;
     self::ifname(ifname)
 }
@@ -127,13 +129,13 @@ mod tests {
 
     #[test]
     fn names_checks_both() {
-        assert_eq!(names("abc", "eth0"), Ok(()));
+        assert_eq!(sandbox("abc", "eth0"), Ok(()));
         assert!(matches!(
-            names("-x", "eth0"),
+            sandbox("-x", "eth0"),
             Err(InvalidName::ContainerId { .. })
         ));
         assert!(matches!(
-            names("abc", "e/0"),
+            sandbox("abc", "e/0"),
             Err(InvalidName::Ifname { .. })
         ));
     }

@@ -1,0 +1,247 @@
+//! Where a runtime serves CRI: found from the process that created a namespace, through its
+//! command line and configuration, as the runtime itself finds it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::process::{self, CrioConfig, flag, value_at};
+
+/// containerd's and CRI-O's sockets when their command line and config name none.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+pub const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
+
+/// A CRI socket and the runtime serving it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CriEndpoint {
+    /// The runtime's name as it reports itself ("containerd", "cri-o"); `None` when not known
+    /// yet (a socket given on the command line).
+    pub runtime: Option<String>,
+    pub socket: PathBuf,
+}
+
+impl CriEndpoint {
+    /// The name used in answers: the runtime's, else "the CRI runtime".
+    pub fn runtime_name(&self) -> &str {
+        self.runtime.as_deref().unwrap_or("the CRI runtime")
+    }
+}
+
+/// `containerd's CRI socket /run/containerd/containerd.sock`.
+impl fmt::Display for CriEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.runtime {
+            Some(runtime) => write!(f, "{runtime}'s CRI socket {}", self.socket.display()),
+            None => write!(f, "CRI socket {}", self.socket.display()),
+        }
+    }
+}
+
+fn containerd_at(socket: impl Into<PathBuf>) -> CriEndpoint {
+    CriEndpoint {
+        runtime: Some("containerd".to_owned()),
+        socket: socket_path(&socket.into()),
+    }
+}
+
+fn crio_at(socket: impl Into<PathBuf>) -> CriEndpoint {
+    CriEndpoint {
+        runtime: Some("cri-o".to_owned()),
+        socket: socket_path(&socket.into()),
+    }
+}
+
+/// The CRI endpoint of the runtime that process `pid` (named `comm`) belongs to, or `None`
+/// when it is not a CRI runtime's. A runtime process that is gone is assumed to use its
+/// runtime's default socket.
+pub fn endpoint_of(pid: u32, comm: &str) -> Option<CriEndpoint> {
+    let args = process::cmdline(pid);
+    match comm {
+        // Its comm is cut to 15 bytes: "containerd-shim" for containerd-shim-runc-v2.
+        c if c.starts_with("containerd-shim") => {
+            Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd_shim(&a)))
+        }
+        c if c.starts_with("containerd") => {
+            Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd(&a)))
+        }
+        "crio" => Some(args.map_or_else(|| crio_at(CRIO_SOCKET), |a| crio(&a))),
+        // CRI-O's helpers: ask the CRI-O that started them when it can be told.
+        "pinns" | "conmon" => {
+            let parent = process::parent(pid)
+                .filter(|p| process::comm(*p).is_some_and(|c| c == "crio"))
+                .and_then(process::cmdline);
+            match (parent, comm) {
+                (Some(crio_args), _) => Some(crio(&crio_args)),
+                // pinns is CRI-O's alone; conmon is podman's too.
+                (None, "pinns") => Some(crio_at(CRIO_SOCKET)),
+                (None, _) => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The CRI runtime a process named `comm` belongs to, when only its name can tell.
+pub fn runtime_of_comm(comm: &str) -> Option<&'static str> {
+    match comm {
+        c if c.starts_with("containerd") => Some("containerd"),
+        "crio" | "pinns" => Some("cri-o"),
+        _ => None,
+    }
+}
+
+/// The default sockets of the CRI runtimes that exist on this node (containerd's first).
+pub fn default_endpoints() -> Vec<CriEndpoint> {
+    [containerd_at(CONTAINERD_SOCKET), crio_at(CRIO_SOCKET)]
+        .into_iter()
+        .filter(|e| e.socket.exists())
+        .collect()
+}
+
+/// containerd: `--address`/`-a`, else `[grpc] address` of its config, else the default.
+fn containerd(args: &[String]) -> CriEndpoint {
+    if let Some(address) = flag(args, &["--address", "-a", "-address"]) {
+        return containerd_at(address);
+    }
+    let (_, table) = process::containerd_config(args);
+    let address = value_at(&table, &["grpc", "address"])
+        .and_then(toml::Value::as_str)
+        .filter(|a| !a.is_empty())
+        .unwrap_or(CONTAINERD_SOCKET);
+    containerd_at(address)
+}
+
+/// A containerd shim is started with its containerd's address (`-address`).
+fn containerd_shim(args: &[String]) -> CriEndpoint {
+    containerd_at(flag(args, &["-address", "--address"]).unwrap_or(CONTAINERD_SOCKET))
+}
+
+/// CRI-O: `--listen`, else `[crio.api] listen` of its config and drop-ins, else the default.
+fn crio(args: &[String]) -> CriEndpoint {
+    if let Some(listen) = flag(args, &["--listen"]) {
+        return crio_at(listen);
+    }
+    let config = CrioConfig::of(args);
+    let listen = config
+        .value(&["crio", "api", "listen"])
+        .and_then(|(v, _)| v.as_str())
+        .filter(|l| !l.is_empty())
+        .unwrap_or(CRIO_SOCKET);
+    crio_at(listen)
+}
+
+/// A socket path as given, without a `unix://` scheme (containerd and CRI-O accept both).
+pub fn socket_path(given: &Path) -> PathBuf {
+    given
+        .to_str()
+        .and_then(|s| s.strip_prefix("unix://"))
+        .map_or_else(|| given.to_path_buf(), PathBuf::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(all: &[&str]) -> Vec<String> {
+        all.iter().map(|a| (*a).to_owned()).collect()
+    }
+
+    #[test]
+    fn containerds_socket_from_its_flag_its_config_or_the_default() {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            "version = 2\n[grpc]\n  address = \"/x/containerd.sock\"\n",
+        )
+        .expect("write");
+        let config = config.to_str().expect("utf-8");
+        assert_eq!(
+            containerd(&args(&["containerd", "--config", config])).socket,
+            PathBuf::from("/x/containerd.sock")
+        );
+        let flagged = containerd(&args(&["containerd", "-c", config, "-a", "/y.sock"]));
+        assert_eq!(flagged.socket, PathBuf::from("/y.sock"));
+        assert_eq!(
+            flagged.to_string(),
+            "containerd's CRI socket /y.sock",
+            "how answers name it"
+        );
+        assert_eq!(
+            containerd(&args(&["containerd", "--address=/z.sock"])).socket,
+            PathBuf::from("/z.sock")
+        );
+        assert_eq!(
+            containerd(&args(&["containerd", "--config", "/nonexistent.toml"])).socket,
+            PathBuf::from(CONTAINERD_SOCKET)
+        );
+        let shim = containerd_shim(&args(&[
+            "/usr/bin/containerd-shim-runc-v2",
+            "-namespace",
+            "k8s.io",
+            "-id",
+            "4bf9",
+            "-address",
+            "/run/k3s/containerd/containerd.sock",
+        ]));
+        assert_eq!(
+            shim.socket,
+            PathBuf::from("/run/k3s/containerd/containerd.sock")
+        );
+    }
+
+    #[test]
+    fn crios_socket_from_its_flag_its_config_or_the_default() {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = dir.path().join("crio.conf");
+        std::fs::write(&config, "[crio.api]\nlisten = \"/x/crio.sock\"\n").expect("write");
+        let empty_drop_ins = dir.path().join("none.d");
+        let base = [
+            "crio",
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--config-dir",
+            empty_drop_ins.to_str().expect("utf-8"),
+        ];
+        let found = crio(&args(&base));
+        assert_eq!(found.socket, PathBuf::from("/x/crio.sock"));
+        assert_eq!(found.runtime.as_deref(), Some("cri-o"));
+        let mut flagged = base.to_vec();
+        flagged.push("--listen=/y/crio.sock");
+        assert_eq!(crio(&args(&flagged)).socket, PathBuf::from("/y/crio.sock"));
+        assert_eq!(
+            crio(&args(&[
+                "crio",
+                "-c",
+                "/nonexistent",
+                "-d",
+                "/nonexistent.d"
+            ]))
+            .socket,
+            PathBuf::from(CRIO_SOCKET)
+        );
+    }
+
+    #[test]
+    fn only_runtimes_have_a_cri_endpoint() {
+        let me = std::process::id();
+        assert_eq!(endpoint_of(me, "unshare"), None);
+        assert_eq!(endpoint_of(me, "podman"), None);
+        // A conmon whose parent is not CRI-O (this test's parent is not) is podman's.
+        assert_eq!(endpoint_of(me, "conmon"), None);
+        // A gone containerd: its default socket.
+        assert_eq!(
+            endpoint_of(u32::MAX, "containerd"),
+            Some(containerd_at(CONTAINERD_SOCKET))
+        );
+        assert_eq!(endpoint_of(u32::MAX, "pinns"), Some(crio_at(CRIO_SOCKET)));
+    }
+
+    #[test]
+    fn a_unix_scheme_is_dropped() {
+        assert_eq!(
+            socket_path(Path::new("unix:///run/crio/crio.sock")),
+            PathBuf::from("/run/crio/crio.sock")
+        );
+        assert_eq!(socket_path(Path::new("/a.sock")), PathBuf::from("/a.sock"));
+    }
+}

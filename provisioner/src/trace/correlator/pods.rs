@@ -1,0 +1,276 @@
+//! Which pod a namespace belongs to: named by the environment of a CNI plugin executed for it,
+//! or by a [`crate::pod::PodResolver`]'s answer; and the CNI calls that name a namespace the
+//! correlator does not know yet.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::pod::{Pod, PodName, PodSource};
+use crate::trace::cni_env::CniEnv;
+use crate::trace::events::TraceEvent;
+use crate::trace::sandbox_rules::{PinSource, parse_pin_source};
+
+/// CNI calls kept while the namespace they name is not known yet.
+const MAX_PENDING: usize = 64;
+/// How long such a call waits for its namespace to become known (pinned, created).
+pub(super) const PENDING_FOR: Duration = Duration::from_secs(2);
+
+/// The pod of one namespace, as far as it is known.
+#[derive(Clone, Debug, Default)]
+pub(super) struct PodState {
+    /// Named by a plugin's environment, or the resolver's answer (known or why not).
+    pub named: Option<PodName>,
+    /// A CNI plugin that ran for the namespace without naming a pod.
+    pub plugin_without_pod: Option<String>,
+    /// A plugin not run by root that named a pod (not taken: any user can exec a binary with
+    /// any environment), and its uid.
+    pub untrusted: Option<(String, u32)>,
+    /// An alarm is due and the pod is not known: the next read of the state asks a resolver.
+    pub wanted: bool,
+    /// A resolver was asked (at most once per namespace).
+    pub asked: bool,
+}
+
+impl PodState {
+    /// Takes the pod named by a CNI call's environment (of a plugin run by `uid`: only root's
+    /// are believed); the first pod named stays.
+    pub(super) fn plugin_ran(&mut self, plugin: &str, uid: u32, pod: Option<&Pod>) {
+        if uid != 0 {
+            if pod.is_some() && self.untrusted.is_none() {
+                self.untrusted = Some((plugin.to_owned(), uid));
+            }
+            return;
+        }
+        match pod {
+            Some(pod) if self.named.as_ref().and_then(PodName::known).is_none() => {
+                self.named = Some(PodName::Known {
+                    pod: pod.clone(),
+                    source: PodSource::PluginExec {
+                        plugin: plugin.to_owned(),
+                    },
+                });
+            }
+            Some(_) => {}
+            None => {
+                if self.plugin_without_pod.is_none() {
+                    self.plugin_without_pod = Some(plugin.to_owned());
+                }
+            }
+        }
+    }
+
+    /// Whether a resolver should be asked with the next read of the namespace's state.
+    pub(super) fn take_query(&mut self) -> bool {
+        let ask = self.wanted && !self.asked && self.named.as_ref().is_none_or(is_unknown);
+        if ask {
+            self.asked = true;
+        }
+        self.wanted = false;
+        ask
+    }
+
+    /// A resolver's answer: kept unless a plugin named the pod meanwhile.
+    pub(super) fn resolved(&mut self, answer: PodName) {
+        if self.named.as_ref().and_then(PodName::known).is_none() {
+            self.named = Some(answer);
+        }
+    }
+
+    /// The pod a verdict names: known, or why not. `configured`: some process was seen
+    /// changing the namespace (a plugin may have run whose environment was not read: one not
+    /// run by a runtime nor from a CNI plugin directory).
+    pub(super) fn for_verdict(&self, configured: bool) -> PodName {
+        if let Some(named) = &self.named {
+            return named.clone();
+        }
+        let reason = match (&self.plugin_without_pod, &self.untrusted) {
+            (Some(plugin), _) => {
+                format!("CNI plugin {plugin} ran with no K8S_POD_NAME in CNI_ARGS")
+            }
+            (None, Some((plugin, uid))) => {
+                format!("only CNI plugin {plugin} run by uid {uid}, not root, named one")
+            }
+            (None, None) if configured => {
+                "no CNI call naming it was seen and no runtime was asked".to_owned()
+            }
+            (None, None) => "no CNI plugin ran and no runtime was asked".to_owned(),
+        };
+        PodName::Unknown { reason }
+    }
+}
+
+fn is_unknown(name: &PodName) -> bool {
+    matches!(name, PodName::Unknown { .. })
+}
+
+/// The pod a CNI call's environment names: `CNI_ARGS`, its sandbox id completed from
+/// `CNI_CONTAINERID` when the runtime gives none.
+pub(super) fn pod_of(cni: &CniEnv) -> Option<Pod> {
+    let mut pod = Pod::from_cni_args(cni.args.as_deref()?)?;
+    if pod.sandbox_id.is_none() && !cni.container_id.is_empty() {
+        pod.sandbox_id = Some(cni.container_id.clone());
+    }
+    Some(pod)
+}
+
+/// How a CNI call names its namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum NetnsName {
+    /// A file, `/var/run` spelled `/run` (the usual link).
+    Path(PathBuf),
+    /// `/proc/<pid>[/task/<tid>]/ns/net`: the namespace of that process.
+    Process { pid: u32, path: PathBuf },
+}
+
+impl NetnsName {
+    /// How `CNI_NETNS` names the namespace; `None` when it names none (empty, or the plugin's
+    /// own `/proc/self`).
+    pub(super) fn parse(netns: &str) -> Option<Self> {
+        if netns.is_empty() {
+            return None;
+        }
+        match parse_pin_source(netns) {
+            Some(PinSource::Task { pid, .. }) => Some(Self::Process {
+                pid,
+                path: PathBuf::from(netns),
+            }),
+            Some(PinSource::Caller) => None,
+            None => Some(Self::Path(normal(Path::new(netns)))),
+        }
+    }
+}
+
+/// `path` with a leading `/var/run` spelled `/run`.
+pub(super) fn normal(path: &Path) -> PathBuf {
+    match path.strip_prefix("/var/run") {
+        Ok(rest) => Path::new("/run").join(rest),
+        Err(_) => path.to_path_buf(),
+    }
+}
+
+/// Whether `path` is `normal` (a [`normal`] path), `/var/run` spelled `/run`; without
+/// allocating (it is asked of every file of every tracked namespace).
+pub(super) fn spelled_alike(path: &Path, normal: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let path = path.as_os_str().as_bytes();
+    let normal = normal.as_os_str().as_bytes();
+    path == normal || path.strip_prefix(b"/var".as_slice()) == Some(normal)
+}
+
+/// A CNI call whose namespace was not known when its plugin was executed.
+#[derive(Clone, Debug)]
+pub(super) struct PendingCall {
+    pub event: TraceEvent,
+    pub cni: CniEnv,
+    pub parent: String,
+    pub uid: u32,
+    pub netns: NetnsName,
+}
+
+/// CNI calls waiting for their namespace, bounded in number and time.
+#[derive(Default)]
+pub(super) struct PendingCalls {
+    calls: VecDeque<PendingCall>,
+    pub dropped: u64,
+}
+
+impl PendingCalls {
+    pub(super) fn push(&mut self, call: PendingCall) {
+        if self.calls.len() >= MAX_PENDING {
+            self.calls.pop_front();
+            self.dropped += 1;
+        }
+        self.calls.push_back(call);
+    }
+
+    /// Takes the calls that `matches` (their namespace became known), and drops the ones that
+    /// waited longer than [`PENDING_FOR`] before `now`.
+    pub(super) fn take(
+        &mut self,
+        now: SystemTime,
+        matches: impl Fn(&NetnsName) -> bool,
+    ) -> Vec<PendingCall> {
+        let before = self.calls.len();
+        self.calls
+            .retain(|c| now.duration_since(c.event.at).unwrap_or_default() <= PENDING_FOR);
+        self.dropped += (before - self.calls.len()) as u64;
+        let (found, waiting): (Vec<_>, Vec<_>) =
+            self.calls.drain(..).partition(|c| matches(&c.netns));
+        self.calls = waiting.into();
+        found
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_names_are_read_as_runtimes_write_them() {
+        assert_eq!(
+            NetnsName::parse("/var/run/netns/cni-1"),
+            Some(NetnsName::Path(PathBuf::from("/run/netns/cni-1")))
+        );
+        assert_eq!(
+            NetnsName::parse("/proc/42/ns/net"),
+            Some(NetnsName::Process {
+                pid: 42,
+                path: PathBuf::from("/proc/42/ns/net")
+            })
+        );
+        assert_eq!(NetnsName::parse(""), None);
+        let pin = Path::new("/run/netns/cni-1");
+        assert!(spelled_alike(Path::new("/var/run/netns/cni-1"), pin));
+        assert!(spelled_alike(pin, pin));
+        assert!(!spelled_alike(Path::new("/var/run/netns/cni-2"), pin));
+        assert!(!spelled_alike(Path::new("/var/lib/netns/cni-1"), pin));
+        assert_eq!(NetnsName::parse("/proc/self/ns/net"), None);
+    }
+
+    #[test]
+    fn the_reason_never_says_no_plugin_ran_where_something_configured_the_namespace() {
+        let state = PodState::default();
+        let reason = |configured| match state.for_verdict(configured) {
+            PodName::Unknown { reason } => reason,
+            known => panic!("{known:?}"),
+        };
+        assert_eq!(reason(false), "no CNI plugin ran and no runtime was asked");
+        assert_eq!(
+            reason(true),
+            "no CNI call naming it was seen and no runtime was asked"
+        );
+    }
+
+    #[test]
+    fn a_resolver_is_asked_once_and_a_plugin_wins_over_its_answer() {
+        let mut state = PodState::default();
+        assert!(!state.take_query(), "not wanted");
+        state.wanted = true;
+        assert!(state.take_query());
+        state.wanted = true;
+        assert!(!state.take_query(), "asked once");
+        state.resolved(PodName::Unknown {
+            reason: "containerd's CRI socket did not answer".into(),
+        });
+        let pod = Pod::from_cni_args("K8S_POD_NAME=web-0").expect("pod");
+        state.plugin_ran("loopback", 1000, Some(&pod));
+        assert_eq!(
+            state.for_verdict(false).known(),
+            None,
+            "not root: not taken"
+        );
+        state.plugin_ran("loopback", 0, Some(&pod));
+        assert_eq!(state.for_verdict(false).known(), Some(&pod));
+        state.resolved(PodName::Unknown { reason: "x".into() });
+        assert_eq!(
+            state.for_verdict(false).known(),
+            Some(&pod),
+            "the plugin's pod stays"
+        );
+    }
+}
