@@ -6,6 +6,7 @@
 pub mod cni;
 pub mod daemon;
 pub mod netns;
+pub mod oci;
 pub mod soak;
 
 use std::process::Command;

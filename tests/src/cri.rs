@@ -353,6 +353,16 @@ impl Cri {
             linux: Some(cri::LinuxContainerConfig::default()),
             ..cri::ContainerConfig::default()
         };
+        self.run_container(pod, config)
+    }
+
+    /// CreateContainer + StartContainer of `config` in `pod`. Returns the container id.
+    pub fn run_container(&mut self, pod: &Pod, config: cri::ContainerConfig) -> Result<String> {
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         let id = self
             .rt
             .block_on(self.runtime.create_container(cri::CreateContainerRequest {
@@ -393,6 +403,32 @@ impl Cri {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// `StopContainer`: SIGTERM, then SIGKILL after `grace`, as the kubelet stops one.
+    pub fn stop_container(&mut self, id: &str, grace: Duration) -> Result<()> {
+        self.rt
+            .block_on(self.runtime.stop_container(cri::StopContainerRequest {
+                container_id: id.to_owned(),
+                timeout: i64::try_from(grace.as_secs())?,
+            }))
+            .with_context(|| format!("CRI StopContainer {id}"))?;
+        Ok(())
+    }
+
+    /// Whether container `id` is running.
+    pub fn container_running(&mut self, id: &str) -> Result<bool> {
+        let status = self
+            .rt
+            .block_on(self.runtime.container_status(cri::ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            }))
+            .with_context(|| format!("CRI ContainerStatus {id}"))?
+            .into_inner()
+            .status
+            .with_context(|| format!("CRI ContainerStatus {id}: no status"))?;
+        Ok(status.state == ContainerState::ContainerRunning as i32)
     }
 
     pub fn remove_container(&mut self, id: &str) -> Result<()> {

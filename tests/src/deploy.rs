@@ -1,6 +1,8 @@
 //! The Kubernetes manifests in `deploy/`, read as typed objects.
 
+use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -107,4 +109,53 @@ pub fn cni_template() -> Result<String> {
         .iter()
         .find_map(|cm| cm.data.as_ref()?.get("cni.template").cloned())
         .context("no ConfigMap in deploy/ holds cni.template")
+}
+
+/// The image archive `cargo xtask image` builds (`cargo xtask test` builds it first and names it
+/// in `PROVISIONER_IMAGE`).
+pub fn image_archive() -> Result<PathBuf> {
+    let path = std::env::var_os("PROVISIONER_IMAGE").map_or_else(
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+                "../target/image/provisioner-{}.oci.tar",
+                env!("CARGO_PKG_VERSION")
+            ))
+        },
+        PathBuf::from,
+    );
+    if !path.exists() {
+        bail!(
+            "no image archive at {}: build it with `cargo xtask image`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The image reference the manifests run, as containerd and podman name it once loaded.
+pub fn image_reference() -> String {
+    format!(
+        "docker.io/library/provisioner:{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// An HTTP GET from inside `node`, as the kubelet runs an httpGet probe of a host-network pod:
+/// the status code, or None when nothing listens at `addr`.
+pub fn probe_status(node: &crate::Netns, addr: &str, path: &str) -> Result<Option<u16>> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    crate::in_netns(node.path(), || -> Result<Option<u16>> {
+        let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+            return Ok(None);
+        };
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(request.as_bytes())?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let code = response
+            .split_whitespace()
+            .nth(1)
+            .with_context(|| format!("GET {addr}{path}: no HTTP status line in {response:?}"))?;
+        Ok(Some(code.parse()?))
+    })?
 }

@@ -17,6 +17,7 @@ pub mod cri;
 pub mod daemon_harness;
 pub mod daemon_queries;
 pub mod deploy;
+pub mod kubelet;
 pub mod oci_image;
 pub mod pod_net;
 pub mod podman;

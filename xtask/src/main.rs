@@ -7,6 +7,7 @@ mod demo;
 mod ebpf;
 mod failpoint_check;
 mod fuzz;
+mod image;
 mod mutants;
 mod soak;
 mod step;
@@ -93,6 +94,9 @@ enum Command {
     },
     /// Build the binary to install (LTO, statically linked: the fastest CNI plugin start).
     BuildRelease,
+    /// Build the container image archive (the static binary only) for `ctr images import`,
+    /// `podman load` or `docker load`; prints its path.
+    Image,
     /// Mutation testing (cargo-mutants) of the modules unit-tested without root; see
     /// docs/testing.md.
     Mutants {
@@ -169,6 +173,7 @@ fn main() -> Result<()> {
             bin,
         }),
         Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::Image => image::build().map(|archive| println!("{}", archive.display())),
         Command::Mutants {
             file,
             timeout,

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{bootstrap, ebpf};
+use crate::{bootstrap, ebpf, image};
 
 /// Every host crate of the workspace: the default members leave out `tests` (see Cargo.toml).
 const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
@@ -14,6 +14,8 @@ const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
     bootstrap::apt_packages()?;
     ebpf::prepare()?;
+    // The image tests and the DaemonSet test run the image deploy/provisioner.yaml names.
+    let archive = image::build()?;
     let root = workspace_root();
     if lint {
         announce("lint", "cargo fmt --check");
@@ -55,7 +57,8 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
             .current_dir(&root)
             .args(["test", "--no-fail-fast"])
             .args(WORKSPACE)
-            .args(cargo_test_args),
+            .args(cargo_test_args)
+            .env("PROVISIONER_IMAGE", &archive),
     )?;
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
     if !totals.success || totals.failed > 0 {

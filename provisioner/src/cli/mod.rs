@@ -1,6 +1,7 @@
 //! Command line: argument parsing and dispatch to one module per command.
 
 mod daemon_cmd;
+mod install;
 mod local_ops;
 mod output;
 mod plugin;
@@ -54,6 +55,11 @@ enum Command {
     Trace(trace_cmd::TraceArgs),
     /// Render a containerd-style CNI conf template from the node's pod CIDRs.
     RenderConfig(render::RenderArgs),
+    /// Copy this binary into the CNI bin dir as the `provisioner` plugin (and a conf template
+    /// into place), atomically; files already up to date are left alone.
+    Install(install::InstallArgs),
+    /// Remove what `install` put in place, if it is still ours.
+    Uninstall(install::InstallArgs),
 }
 
 /// Which sandbox, and whom to ask.
@@ -179,6 +185,8 @@ pub fn main() -> ExitCode {
         }
         Command::Trace(args) => trace_cmd::run(args),
         Command::RenderConfig(args) => render::run(&args),
+        Command::Install(args) => install::install(&args),
+        Command::Uninstall(args) => install::uninstall(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
