@@ -6,11 +6,11 @@
 //! already holding the same bytes is left alone. A binary in the way that is not a provisioner
 //! binary (it lacks [`MARKER`]) is neither overwritten nor removed unless `--force` is given.
 
+use provisioner::config::write_atomically;
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -192,42 +192,6 @@ fn uninstall_one(target: &Target, force: bool) -> Result<Outcome> {
 fn mode_of(path: &Path) -> Result<u32> {
     let meta = fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
     Ok(meta.permissions().mode() & 0o7777)
-}
-
-static TEMP_COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// Replaces `path` with `bytes` and `mode` at once: the mode is set on the temp file before the
-/// rename, so no reader ever finds the plugin present but not executable.
-fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{}: no file name", path.display()),
-        ));
-    };
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.{}.{n}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

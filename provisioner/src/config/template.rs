@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -449,7 +449,7 @@ pub fn render_config(
     if fs::read(output).is_ok_and(|old| old == rendered.as_bytes()) {
         return Ok(RenderOutcome::Unchanged { ours });
     }
-    write_atomically(output, rendered.as_bytes()).map_err(|source| ConfigError::Write {
+    write_atomically(output, rendered.as_bytes(), 0o644).map_err(|source| ConfigError::Write {
         path: output.to_owned(),
         source,
     })?;
@@ -467,17 +467,11 @@ fn directory_of(path: &Path) -> PathBuf {
     }
 }
 
-/// Replaces `path` with `bytes` atomically: a temp file in the same dir is written, fsynced
-/// and renamed over `path`, then the dir is fsynced. Readers see the old content or the new,
-/// never a part; on error the temp file is removed and `path` is untouched. The file gets
-/// mode 0644 (less the umask).
-///
-/// The temp file is named `.<name>.<pid>.<n>.tmp`: its extension is none that libcni loads,
-/// so a runtime listing the dir meanwhile ignores it.
-///
-/// # Errors
-/// Any I/O error of those steps; `InvalidInput` if `path` has no file name.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Replaces `path` with `bytes` atomically, as a file of `mode`: a temp file in the same dir is
+/// written with that mode (set before the rename, whatever the umask), fsynced and renamed over
+/// `path`, then the dir is fsynced. Readers see the old content or the new, never a part nor a
+/// file without its mode; on error the temp file is removed and `path` is untouched.
+pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let name = path.file_name().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -495,9 +489,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
         drop(f);
         fs::rename(&tmp, path)?;
@@ -843,11 +838,12 @@ mod tests {
     fn write_atomically_replaces_and_leaves_no_temp() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("a.conf");
-        write_atomically(&p, b"one").unwrap();
-        write_atomically(&p, b"two").unwrap();
+        write_atomically(&p, b"one", 0o644).unwrap();
+        write_atomically(&p, b"two", 0o644).unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
-        let e = write_atomically(&d.path().join("missing").join("a.conf"), b"x").unwrap_err();
+        let e =
+            write_atomically(&d.path().join("missing").join("a.conf"), b"x", 0o644).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 
