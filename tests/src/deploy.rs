@@ -35,13 +35,13 @@ pub fn load() -> Result<Manifests> {
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     let mut manifests = Manifests::default();
-    for (i, document) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-        let value = serde_yaml::Value::deserialize(document)
+    for (i, document) in serde_norway::Deserializer::from_str(&text).enumerate() {
+        let value = serde_norway::Value::deserialize(document)
             .with_context(|| format!("{} document {i}: not YAML", path.display()))?;
         if value.is_null() {
             continue;
         }
-        let meta: TypeMeta = serde_yaml::from_value(value.clone())
+        let meta: TypeMeta = serde_norway::from_value(value.clone())
             .with_context(|| format!("{} document {i}: no apiVersion/kind", path.display()))?;
         let what = format!(
             "{} document {i} ({} {})",
@@ -64,11 +64,11 @@ pub fn load() -> Result<Manifests> {
 
 /// Deserializes `value` as `T` and checks that nothing was dropped on the way: k8s-openapi
 /// ignores unknown fields, so a misspelt one would otherwise pass unnoticed.
-fn strict<T>(value: &serde_yaml::Value) -> Result<T>
+fn strict<T>(value: &serde_norway::Value) -> Result<T>
 where
     T: serde::de::DeserializeOwned + serde::Serialize,
 {
-    let typed: T = serde_yaml::from_value(value.clone())?;
+    let typed: T = serde_norway::from_value(value.clone())?;
     let back = serde_json::to_value(&typed)?;
     let original = serde_json::to_value(value)?;
     if let Some(field) = first_dropped(&original, &back, "") {

@@ -179,7 +179,7 @@ async fn replaced_by_rename() {
     assert_eq!((mtu(&s), s.generation), (Some(1460), 1));
 
     // The project's atomic writer: temp file in the dir, rename over.
-    write_atomically(&file, ours(1400).as_bytes()).unwrap();
+    write_atomically(&file, ours(1400).as_bytes(), 0o644).unwrap();
     assert_eq!(wait_loaded(&mut rx, &file, 1400).await.generation, 2);
 
     // A hand-made temp file with a loadable extension, then renamed over.

@@ -198,7 +198,7 @@ impl<'n> Prometheus<'n> {
 /// Every (alert name, expression) of rules.yaml.
 fn rule_expressions() -> Result<Vec<(String, String)>> {
     let text = std::fs::read_to_string(monitoring_dir().join("rules.yaml"))?;
-    let rules: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let rules: serde_norway::Value = serde_norway::from_str(&text)?;
     let mut out = Vec::new();
     for group in rules["groups"].as_sequence().into_iter().flatten() {
         for rule in group["rules"].as_sequence().into_iter().flatten() {
