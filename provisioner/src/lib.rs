@@ -1,9 +1,16 @@
 //! provisioner: gives container sandboxes their network through netlink and proves, from the
 //! kernel, that every sandbox really got it.
 //!
-//! Dependency direction is one way: `daemon` -> `sandbox` -> {`ipam`, `dataplane`}, and
-//! `daemon` -> {`cni`, `config`, `trace`}, `trace` -> `runtime`.
-//! None of those import `daemon`; `cni` does not know netlink; `dataplane` does not know CNI JSON.
+//! Dependency direction is one way, top to bottom ([`layering`] holds the code to it):
+//! - `daemon` (socket API, readiness, the kernel watch) uses any module below;
+//! - `sandbox` (ADD/DEL/CHECK/GC) -> `config`, `ipam`, `dataplane`;
+//! - `metrics` -> `ipam`, `trace` (what it exposes);
+//! - `cni` -> `dataplane` (the netns path check only: no netlink);
+//! - `trace` -> `dataplane` (namespace snapshots), `runtime`;
+//! - `config` -> `ipam` (ranges);
+//! - `ipam`, `dataplane` and `runtime` use only the leaves `pod`, `names`, `failpoint`,
+//!   `memory`: ipam knows nothing of the dataplane, the dataplane nothing of CNI JSON, the
+//!   runtime module no tracing and no netlink.
 
 pub mod cni;
 pub mod config;
@@ -18,3 +25,68 @@ pub mod pod;
 pub mod runtime;
 pub mod sandbox;
 pub mod trace;
+
+#[cfg(test)]
+mod layering {
+    //! The graph above, checked against the `crate::` paths each module's sources name.
+
+    const LEAVES: &[&str] = &["pod", "names", "failpoint", "memory"];
+
+    /// Module -> the modules (besides the leaves) it may use.
+    const ALLOWED: &[(&str, &[&str])] = &[
+        ("sandbox", &["config", "ipam", "dataplane"]),
+        ("metrics", &["ipam", "trace"]),
+        ("cni", &["dataplane"]),
+        ("trace", &["dataplane", "runtime"]),
+        ("config", &["ipam"]),
+        ("ipam", &[]),
+        ("dataplane", &[]),
+        ("runtime", &[]),
+        ("pod", &[]),
+        ("names", &[]),
+        ("failpoint", &[]),
+        ("memory", &[]),
+    ];
+
+    fn sources(module: &str) -> Vec<(std::path::PathBuf, String)> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&src.join(module), &mut files);
+        files.push(src.join(format!("{module}.rs")));
+        files
+            .into_iter()
+            .filter_map(|f| Some((f.clone(), std::fs::read_to_string(&f).ok()?)))
+            .collect()
+    }
+
+    #[test]
+    fn modules_use_only_what_the_graph_allows() {
+        let modules: Vec<&str> = ALLOWED.iter().map(|(m, _)| *m).chain(["daemon"]).collect();
+        for (module, allowed) in ALLOWED {
+            for (file, text) in sources(module) {
+                for used in &modules {
+                    let path = format!("crate::{used}");
+                    let uses = text.match_indices(&path).any(|(at, _)| {
+                        !text[at + path.len()..]
+                            .starts_with(|c: char| c.is_alphanumeric() || c == '_')
+                    });
+                    assert!(
+                        !uses || used == module || LEAVES.contains(used) || allowed.contains(used),
+                        "{} uses crate::{used}, which `{module}` may not (src/lib.rs)",
+                        file.display()
+                    );
+                }
+            }
+        }
+    }
+}
