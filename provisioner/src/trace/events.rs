@@ -271,108 +271,130 @@ pub fn decode(bytes: &[u8], clock: &Clock) -> Result<TraceEvent, DecodeError> {
         comm: comm_string(&header.comm),
         cgroup_id: header.cgroup_id,
     };
-    let kind = match header.kind {
-        common::kind::NETNS_CREATED => {
-            let r: common::NetnsCreated = read_record(bytes, header.kind)?;
-            EventKind::NetnsCreated(NetnsCreated {
-                netns_cookie: r.netns_cookie,
-                netns_inode: r.netns_inum,
-                origin: if r.origin == common::origin::UNSHARE {
-                    NetnsOrigin::Unshare
-                } else {
-                    NetnsOrigin::Clone
-                },
-                flags: r.flags,
-                owner_pid: r.owner_pid,
-                parent_pid: r.parent_pid,
-                parent_comm: comm_string(&r.parent_comm),
-            })
-        }
-        common::kind::NETLINK_REQUEST => {
-            let r: common::NetlinkMsg = read_record(bytes, header.kind)?;
-            let (io, data) = netlink_io(&r);
-            let (messages, parse_error) = match parse_requests(data) {
-                Ok(m) => (m, None),
-                Err(e) => (Vec::new(), Some(e.to_string())),
-            };
-            EventKind::NetlinkRequest(NetlinkRequest {
-                io: NetlinkIo { parse_error, ..io },
-                messages,
-                answer: (r.answered != 0).then_some(r.answer),
-            })
-        }
-        common::kind::NETLINK_REPLY => {
-            let r: common::NetlinkMsg = read_record(bytes, header.kind)?;
-            let (io, data) = netlink_io(&r);
-            let (replies, parse_error) = match parse_replies(data) {
-                Ok(m) => (m, None),
-                Err(e) => (Vec::new(), Some(e.to_string())),
-            };
-            EventKind::NetlinkReply(NetlinkReply {
-                io: NetlinkIo { parse_error, ..io },
-                replies,
-            })
-        }
-        common::kind::EXTACK => {
-            let r: common::Extack = read_record(bytes, header.kind)?;
-            EventKind::Extack(Extack {
-                task_netns: r.task_netns.into(),
-                message: comm_string(&r.msg),
-            })
-        }
-        common::kind::DEV_UP | common::kind::DEV_GONE => {
-            let r: common::DevEvent = read_record(bytes, header.kind)?;
-            let change = DevChange {
-                netns: r.netns.into(),
-                ifindex: r.ifindex,
-                ifname: comm_string(&r.ifname),
-                dev_flags: r.dev_flags,
-                netns_dying: r.netns_dying != 0,
-                qdisc: comm_string(&r.qdisc),
-            };
-            if header.kind == common::kind::DEV_UP {
-                EventKind::DevUp(change)
-            } else {
-                EventKind::DevGone(change)
-            }
-        }
-        common::kind::EXEC => {
-            let r: common::Exec = read_record(bytes, header.kind)?;
-            EventKind::Exec(Exec {
-                task_netns: r.task_netns.into(),
-                filename: comm_string(&r.filename),
-                parent_pid: r.parent_pid,
-                parent_comm: comm_string(&r.parent_comm),
-            })
-        }
-        common::kind::BIND_MOUNT => {
-            let r: common::BindMount = read_record(bytes, header.kind)?;
-            EventKind::BindMount(BindMount {
-                task_netns: r.task_netns.into(),
-                source: comm_string(&r.source),
-                target: comm_string(&r.target),
-                flags: r.flags,
-            })
-        }
-        common::kind::EXEC_ENV => {
-            let r: common::ExecEnv = read_record(bytes, header.kind)?;
-            let copied = (r.copied as usize).min(r.env.len());
-            EventKind::ExecEnv(ExecEnv {
-                parent_pid: r.parent_pid,
-                parent_comm: comm_string(&r.parent_comm),
-                uid: r.uid,
-                cni: CniEnv::parse(&r.env[..copied], r.copied < r.env_len),
-                env_len: r.env_len,
-                copied: r.copied,
-            })
-        }
-        other => return Err(DecodeError::UnknownKind(other)),
-    };
+    let kind = decode_kind(bytes, header.kind)?;
     Ok(TraceEvent {
         at: clock.wall(header.ts_ns),
         task,
         kind,
     })
+}
+
+/// Decodes the kind-specific part of a record whose header names `kind`.
+fn decode_kind(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    match kind {
+        common::kind::NETNS_CREATED => decode_netns_created(bytes, kind),
+        common::kind::NETLINK_REQUEST => decode_netlink_request(bytes, kind),
+        common::kind::NETLINK_REPLY => decode_netlink_reply(bytes, kind),
+        common::kind::EXTACK => decode_extack(bytes, kind),
+        common::kind::DEV_UP | common::kind::DEV_GONE => decode_dev_change(bytes, kind),
+        common::kind::EXEC => decode_exec(bytes, kind),
+        common::kind::BIND_MOUNT => decode_bind_mount(bytes, kind),
+        common::kind::EXEC_ENV => decode_exec_env(bytes, kind),
+        other => Err(DecodeError::UnknownKind(other)),
+    }
+}
+
+fn decode_netns_created(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::NetnsCreated = read_record(bytes, kind)?;
+    Ok(EventKind::NetnsCreated(NetnsCreated {
+        netns_cookie: r.netns_cookie,
+        netns_inode: r.netns_inum,
+        origin: if r.origin == common::origin::UNSHARE {
+            NetnsOrigin::Unshare
+        } else {
+            NetnsOrigin::Clone
+        },
+        flags: r.flags,
+        owner_pid: r.owner_pid,
+        parent_pid: r.parent_pid,
+        parent_comm: comm_string(&r.parent_comm),
+    }))
+}
+
+fn decode_netlink_request(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::NetlinkMsg = read_record(bytes, kind)?;
+    let (io, data) = netlink_io(&r);
+    let (messages, parse_error) = match parse_requests(data) {
+        Ok(m) => (m, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Ok(EventKind::NetlinkRequest(NetlinkRequest {
+        io: NetlinkIo { parse_error, ..io },
+        messages,
+        answer: (r.answered != 0).then_some(r.answer),
+    }))
+}
+
+fn decode_netlink_reply(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::NetlinkMsg = read_record(bytes, kind)?;
+    let (io, data) = netlink_io(&r);
+    let (replies, parse_error) = match parse_replies(data) {
+        Ok(m) => (m, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    Ok(EventKind::NetlinkReply(NetlinkReply {
+        io: NetlinkIo { parse_error, ..io },
+        replies,
+    }))
+}
+
+fn decode_extack(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::Extack = read_record(bytes, kind)?;
+    Ok(EventKind::Extack(Extack {
+        task_netns: r.task_netns.into(),
+        message: comm_string(&r.msg),
+    }))
+}
+
+/// Decodes a DEV_UP or DEV_GONE record (`kind` says which).
+fn decode_dev_change(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::DevEvent = read_record(bytes, kind)?;
+    let change = DevChange {
+        netns: r.netns.into(),
+        ifindex: r.ifindex,
+        ifname: comm_string(&r.ifname),
+        dev_flags: r.dev_flags,
+        netns_dying: r.netns_dying != 0,
+        qdisc: comm_string(&r.qdisc),
+    };
+    Ok(if kind == common::kind::DEV_UP {
+        EventKind::DevUp(change)
+    } else {
+        EventKind::DevGone(change)
+    })
+}
+
+fn decode_exec(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::Exec = read_record(bytes, kind)?;
+    Ok(EventKind::Exec(Exec {
+        task_netns: r.task_netns.into(),
+        filename: comm_string(&r.filename),
+        parent_pid: r.parent_pid,
+        parent_comm: comm_string(&r.parent_comm),
+    }))
+}
+
+fn decode_bind_mount(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::BindMount = read_record(bytes, kind)?;
+    Ok(EventKind::BindMount(BindMount {
+        task_netns: r.task_netns.into(),
+        source: comm_string(&r.source),
+        target: comm_string(&r.target),
+        flags: r.flags,
+    }))
+}
+
+fn decode_exec_env(bytes: &[u8], kind: u32) -> Result<EventKind, DecodeError> {
+    let r: common::ExecEnv = read_record(bytes, kind)?;
+    let copied = (r.copied as usize).min(r.env.len());
+    Ok(EventKind::ExecEnv(ExecEnv {
+        parent_pid: r.parent_pid,
+        parent_comm: comm_string(&r.parent_comm),
+        uid: r.uid,
+        cni: CniEnv::parse(&r.env[..copied], r.copied < r.env_len),
+        env_len: r.env_len,
+        copied: r.copied,
+    }))
 }
 
 fn netlink_io(r: &common::NetlinkMsg) -> (NetlinkIo, &[u8]) {
