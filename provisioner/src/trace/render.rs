@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use super::events::{EventKind, TraceEvent};
+use super::events::{EventKind, ExecEnv, NetlinkReply, NetlinkRequest, TraceEvent};
 use super::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
 use crate::pod::{PodName, PodSource, short_id};
@@ -23,37 +23,11 @@ pub fn event_line(event: &TraceEvent) -> String {
             c.netns_cookie, c.netns_inode, c.origin, c.parent_comm, c.parent_pid
         ),
         EventKind::NetlinkRequest(r) => {
-            let _ = write!(line, "rtnl-request netns={}", r.io.sock_netns.cookie);
-            if r.io.sock_netns.cookie != r.io.task_netns.cookie {
-                let _ = write!(line, " (task netns={})", r.io.task_netns.cookie);
-            }
-            for m in &r.messages {
-                let _ = write!(line, " {}", m.body.op());
-                if let Some(detail) = RequestDetail::new(&m.body, &HashMap::new()) {
-                    let _ = write!(line, " {detail}");
-                }
-                if m.truncated {
-                    line.push_str(" [truncated]");
-                }
-            }
-            if let Some(e) = &r.io.parse_error {
-                let _ = write!(line, " unparsed: {e}");
-            }
+            write_netlink_request(&mut line, r);
             Ok(())
         }
         EventKind::NetlinkReply(r) => {
-            let _ = write!(line, "rtnl-reply netns={}", r.io.sock_netns.cookie);
-            for a in &r.replies {
-                let op = a.request.map_or("?", |h| op_name(h.msg_type));
-                if a.error == 0 {
-                    let _ = write!(line, " {op} ack");
-                } else {
-                    let _ = write!(line, " {op} {}", errno_text(a.error));
-                }
-                if let Some(msg) = &a.extack {
-                    let _ = write!(line, " ({msg})");
-                }
-            }
+            write_netlink_reply(&mut line, r);
             Ok(())
         }
         EventKind::Extack(e) => write!(
@@ -88,27 +62,63 @@ pub fn event_line(event: &TraceEvent) -> String {
             "bind-mount {} -> {} netns={}",
             b.source, b.target, b.task_netns.cookie
         ),
-        EventKind::ExecEnv(x) => {
-            let _ = write!(
-                line,
-                "exec-env (parent {}[{}])",
-                x.parent_comm, x.parent_pid
-            );
-            match &x.cni {
-                Some(cni) => write!(
-                    line,
-                    " CNI {} netns={} container={} args={}",
-                    cni.command,
-                    cni.netns,
-                    cni.container_id,
-                    cni.args.as_deref().unwrap_or("-")
-                ),
-                None if x.copied == 0 => write!(line, " environment not readable"),
-                None => write!(line, " no CNI call"),
-            }
-        }
+        EventKind::ExecEnv(x) => write_exec_env(&mut line, x),
     };
     line
+}
+
+fn write_netlink_request(line: &mut String, r: &NetlinkRequest) {
+    let _ = write!(line, "rtnl-request netns={}", r.io.sock_netns.cookie);
+    if r.io.sock_netns.cookie != r.io.task_netns.cookie {
+        let _ = write!(line, " (task netns={})", r.io.task_netns.cookie);
+    }
+    for m in &r.messages {
+        let _ = write!(line, " {}", m.body.op());
+        if let Some(detail) = RequestDetail::new(&m.body, &HashMap::new()) {
+            let _ = write!(line, " {detail}");
+        }
+        if m.truncated {
+            line.push_str(" [truncated]");
+        }
+    }
+    if let Some(e) = &r.io.parse_error {
+        let _ = write!(line, " unparsed: {e}");
+    }
+}
+
+fn write_netlink_reply(line: &mut String, r: &NetlinkReply) {
+    let _ = write!(line, "rtnl-reply netns={}", r.io.sock_netns.cookie);
+    for a in &r.replies {
+        let op = a.request.map_or("?", |h| op_name(h.msg_type));
+        if a.error == 0 {
+            let _ = write!(line, " {op} ack");
+        } else {
+            let _ = write!(line, " {op} {}", errno_text(a.error));
+        }
+        if let Some(msg) = &a.extack {
+            let _ = write!(line, " ({msg})");
+        }
+    }
+}
+
+fn write_exec_env(line: &mut String, x: &ExecEnv) -> std::fmt::Result {
+    let _ = write!(
+        line,
+        "exec-env (parent {}[{}])",
+        x.parent_comm, x.parent_pid
+    );
+    match &x.cni {
+        Some(cni) => write!(
+            line,
+            " CNI {} netns={} container={} args={}",
+            cni.command,
+            cni.netns,
+            cni.container_id,
+            cni.args.as_deref().unwrap_or("-")
+        ),
+        None if x.copied == 0 => write!(line, " environment not readable"),
+        None => write!(line, " no CNI call"),
+    }
 }
 
 /// What a change request does, in words (`eth0 up`, `10.0.0.2/24 dev eth0`,
