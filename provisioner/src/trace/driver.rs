@@ -17,7 +17,7 @@ use crate::pod::{PodName, PodResolver};
 use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
 use super::diagnosis::{CniSetup, diagnose};
 use super::events::{NetnsRef, TraceEvent};
-use super::loader::{KernelTracer, LossCounters};
+use super::loader::{EventBatch, KernelTracer, LossCounters};
 use super::metrics::TraceMetrics;
 use super::netns_id::identify;
 use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent, Verdict};
@@ -189,25 +189,14 @@ pub async fn run<S: Sink>(
     sink.attached();
     let mut correlator = Correlator::new(opts.correlator.clone());
     let mut work: JoinSet<Done> = JoinSet::new();
-    let mut reads_in_flight = 0usize;
-    let mut queued_reads: Vec<SnapshotRequest> = Vec::new();
+    let mut reads = Reads::default();
     let mut intake = Intake {
         commands,
         latest: HashMap::new(),
         seq: 0,
     };
     if opts.scan_pins {
-        let rules = opts.correlator.rules.clone();
-        let pins = tokio::task::spawn_blocking(move || sandbox_pins(&rules))
-            .await
-            .unwrap_or_default();
-        for path in pins {
-            work.spawn(async move {
-                let at = SystemTime::now();
-                let read = read_state(&path).await;
-                Done::Found(path, at, read)
-            });
-        }
+        spawn_pin_reads(&opts.correlator.rules, &mut work).await;
     }
     let mut ticker = tokio::time::interval(TICK);
     let mut turns = background::CpuTurns::new();
@@ -225,7 +214,7 @@ pub async fn run<S: Sink>(
                 Ok(done) => {
                     let (reports, was_read) =
                         finish(&mut correlator, &mut intake.latest, done, &opts.correlator.rules);
-                    reads_in_flight = reads_in_flight.saturating_sub(usize::from(was_read));
+                    reads.ended(was_read);
                     reports
                 }
                 Err(err) => {
@@ -238,10 +227,7 @@ pub async fn run<S: Sink>(
                     // Taken first: a forget sent before a teardown (while the driver waited for
                     // this batch) is in effect before the teardown's events are fed.
                     intake.take(&mut correlator, &mut work, sink, &opts);
-                    for events in batch.chunks(OFFER_EVERY) {
-                        feed(&mut correlator, events, sink, &opts.cni_fallback);
-                        turns.offer();
-                    }
+                    feed_batch(&mut correlator, &batch, sink, &opts.cni_fallback, &mut turns);
                     tracer.recycle(batch);
                     Vec::new()
                 }
@@ -250,24 +236,48 @@ pub async fn run<S: Sink>(
                     break;
                 }
             },
-            _ = ticker.tick() => {
-                let reports = correlator.tick(SystemTime::now());
-                sink.metrics(TraceMetrics::collect(
-                    &correlator.metrics(),
-                    &tracer.loss_counters(),
-                    tracer.ring_usage(),
-                ));
-                reports
-            }
+            _ = ticker.tick() => tick(&mut correlator, &tracer, sink),
         };
         if !reports.is_empty() {
             sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
         }
-        queued_reads.extend(correlator.take_snapshot_requests(SystemTime::now()));
-        while reads_in_flight < CONCURRENT_READS && !queued_reads.is_empty() {
-            let request = queued_reads.remove(0);
-            reads_in_flight += 1;
-            let resolver = opts.pod_resolver.clone();
+        reads.queue(correlator.take_snapshot_requests(SystemTime::now()));
+        reads.start(&mut work, &opts.pod_resolver);
+    }
+    Ok(wind_down(
+        &mut correlator,
+        &tracer,
+        &mut events,
+        sink,
+        &opts.cni_fallback,
+    ))
+}
+
+/// Reads of namespace states the correlator asked for: at most [`CONCURRENT_READS`] at once,
+/// the rest queued in the order asked.
+#[derive(Default)]
+struct Reads {
+    in_flight: usize,
+    queued: Vec<SnapshotRequest>,
+}
+
+impl Reads {
+    fn queue(&mut self, requests: impl IntoIterator<Item = SnapshotRequest>) {
+        self.queued.extend(requests);
+    }
+
+    /// A helper task ended; `was_read` says whether it was one of these reads.
+    fn ended(&mut self, was_read: bool) {
+        self.in_flight = self.in_flight.saturating_sub(usize::from(was_read));
+    }
+
+    /// Starts queued reads (each with the pod resolver's question when it carries one) while
+    /// fewer than [`CONCURRENT_READS`] are under way.
+    fn start(&mut self, work: &mut JoinSet<Done>, resolver: &Option<Arc<dyn PodResolver>>) {
+        while self.in_flight < CONCURRENT_READS && !self.queued.is_empty() {
+            let request = self.queued.remove(0);
+            self.in_flight += 1;
+            let resolver = resolver.clone();
             work.spawn(async move {
                 let at = SystemTime::now();
                 let (read, pod) =
@@ -276,17 +286,67 @@ pub async fn run<S: Sink>(
             });
         }
     }
+}
+
+/// Starts a read of each sandbox pin present now (listed off the async workers).
+async fn spawn_pin_reads(rules: &super::SandboxRules, work: &mut JoinSet<Done>) {
+    let rules = rules.clone();
+    let pins = tokio::task::spawn_blocking(move || sandbox_pins(&rules))
+        .await
+        .unwrap_or_default();
+    for path in pins {
+        work.spawn(async move {
+            let at = SystemTime::now();
+            let read = read_state(&path).await;
+            Done::Found(path, at, read)
+        });
+    }
+}
+
+/// Feeds a batch of kernel events, offering the CPU every [`OFFER_EVERY`] events.
+fn feed_batch<S: Sink>(
+    correlator: &mut Correlator,
+    batch: &[TraceEvent],
+    sink: &mut S,
+    fallback: &CniSetup,
+    turns: &mut background::CpuTurns,
+) {
+    for events in batch.chunks(OFFER_EVERY) {
+        feed(correlator, events, sink, fallback);
+        turns.offer();
+    }
+}
+
+/// The verdicts that came due, and the counters refreshed out to `sink`.
+fn tick<S: Sink>(correlator: &mut Correlator, tracer: &KernelTracer, sink: &mut S) -> Vec<Report> {
+    let reports = correlator.tick(SystemTime::now());
+    sink.metrics(TraceMetrics::collect(
+        &correlator.metrics(),
+        &tracer.loss_counters(),
+        tracer.ring_usage(),
+    ));
+    reports
+}
+
+/// Feeds the events still buffered, gives the verdicts due and the final counters.
+fn wind_down<S: Sink>(
+    correlator: &mut Correlator,
+    tracer: &KernelTracer,
+    events: &mut mpsc::Receiver<EventBatch>,
+    sink: &mut S,
+    fallback: &CniSetup,
+) -> RunSummary {
     while let Ok(batch) = events.try_recv() {
-        feed(&mut correlator, &batch, sink, &opts.cni_fallback);
+        feed(correlator, &batch, sink, fallback);
     }
     let reports = correlator.tick(SystemTime::now());
     if !reports.is_empty() {
-        sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
+        sink.reports(diagnosed(correlator, reports, fallback));
     }
     let loss = tracer.loss_counters();
     let metrics = TraceMetrics::collect(&correlator.metrics(), &loss, tracer.ring_usage());
     sink.metrics(metrics.clone());
-    Ok(RunSummary { loss, metrics })
+    RunSummary { loss, metrics }
 }
 
 /// The commands from the daemon, and what is needed to take them in order.
