@@ -8,8 +8,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::pod::{Pod, PodName, PodSource};
 use crate::trace::cni_env::CniEnv;
-use crate::trace::events::TraceEvent;
+use crate::trace::events::{ExecEnv, TraceEvent};
 use crate::trace::sandbox_rules::{PinSource, parse_pin_source};
+use crate::trace::verdict::Step;
+
+use super::Correlator;
 
 /// CNI calls kept while the namespace they name is not known yet.
 const MAX_PENDING: usize = 64;
@@ -203,6 +206,79 @@ impl PendingCalls {
 
     pub(super) fn is_empty(&self) -> bool {
         self.calls.is_empty()
+    }
+}
+
+impl Correlator {
+    /// A binary's environment at exec: when it is a CNI call, its step and its pod go to the
+    /// namespace `CNI_NETNS` names. An ADD naming one not known yet is kept a while (its pin
+    /// may come later); other calls name namespaces that existed before (a DEL's may be judged
+    /// and no longer followed).
+    pub(super) fn on_exec_env(&mut self, event: &TraceEvent, env: &ExecEnv) -> Option<u64> {
+        let cni = env.cni.as_ref()?;
+        let netns = NetnsName::parse(&cni.netns)?;
+        let call = PendingCall {
+            event: event.clone(),
+            cni: cni.clone(),
+            parent: env.parent_comm.clone(),
+            uid: env.uid,
+            netns,
+        };
+        let Some(cookie) = self.named_netns(&call.netns) else {
+            if call.cni.command == "ADD" {
+                self.pending_cni.push(call);
+            }
+            return None;
+        };
+        self.cni_call(cookie, &call);
+        Some(cookie)
+    }
+
+    /// The tracked namespace a CNI call names (the latest created, when a pin path was
+    /// reused).
+    fn named_netns(&self, name: &NetnsName) -> Option<u64> {
+        let has = |path: &std::path::Path| {
+            self.namespaces
+                .iter()
+                .filter(|(_, ns)| {
+                    ns.pins
+                        .iter()
+                        .chain(&ns.handles)
+                        .any(|p| spelled_alike(p, path))
+                })
+                .max_by_key(|(_, ns)| ns.created_at)
+                .map(|(cookie, _)| *cookie)
+        };
+        match name {
+            NetnsName::Path(path) => has(path),
+            NetnsName::Process { pid, path } => self
+                .by_pid
+                .get(pid)
+                .copied()
+                .filter(|c| self.namespaces.contains_key(c))
+                .or_else(|| has(path)),
+        }
+    }
+
+    /// Adds a CNI call to the timeline of namespace `cookie`, and the pod it names.
+    pub(super) fn cni_call(&mut self, cookie: u64, call: &PendingCall) {
+        let Some(ns) = self.namespaces.get_mut(&cookie) else {
+            return;
+        };
+        let pod = pod_of(&call.cni);
+        let plugin = call.event.task.comm.clone();
+        ns.pod.plugin_ran(&plugin, call.uid, pod.as_ref());
+        ns.push(
+            &call.event,
+            Step::CniCall {
+                command: call.cni.command.clone(),
+                plugin,
+                parent: call.parent.clone(),
+                uid: call.uid,
+                pod,
+            },
+            None,
+        );
     }
 }
 

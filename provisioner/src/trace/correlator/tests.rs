@@ -4,15 +4,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::*;
 use crate::dataplane::{SnapshotAddress, SnapshotLink, SnapshotRoute};
+use crate::pod::{NetnsCreator, PodName};
 use crate::trace::events::{
-    BindMount, DevChange, Exec, Extack, NetlinkIo, NetnsCreated, NetnsOrigin, TaskInfo,
+    BindMount, DevChange, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
+    NetnsCreated, NetnsOrigin, TaskInfo,
 };
 use crate::trace::netlink_parse::{
     AddrMsg, LinkMsg, NlHeader, NlReply, NlRequest, RTM_DELADDR, RTM_DELLINK, RTM_DELROUTE,
     RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE, RTM_SETLINK, RouteMsg, RtRequest,
 };
 use crate::trace::sandbox_rules::SandboxReason;
-use crate::trace::verdict::{IntentOrigin, IntentStatus, IntentVerdict, RouteIntent};
+use crate::trace::verdict::{
+    IntentOrigin, IntentStatus, IntentVerdict, NetnsVerdict, RouteIntent, Step,
+};
 
 const SANDBOX: u64 = 100;
 const SANDBOX_INODE: u32 = 4_026_532_100;
