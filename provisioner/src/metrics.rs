@@ -249,106 +249,133 @@ impl Collector for TraceCollector {
         let Some(trace) = &export.0 else {
             return Ok(());
         };
-        let m = &trace.correlator;
-        let c = MetricType::Counter;
-        family(
-            &mut encoder,
-            "sandbox_verdicts",
-            "Verdicts on sandbox network setups (a revised verdict counts again)",
-            c,
-            "verdict",
-            m.verdicts.iter().map(|(k, v)| (*k, *v)),
-        )?;
-        family(
-            &mut encoder,
-            "sandbox_verdicts_revised",
-            "Alarms revised to networked because the network arrived after the deadline",
-            c,
-            "alarm",
-            revised_by_alarm(&m.revised),
-        )?;
-        family(
-            &mut encoder,
-            "sandbox_intents",
-            "The daemon's setups checked against the kernel, by outcome",
-            c,
-            "status",
-            [
-                ("confirmed", m.intents.confirmed),
-                ("unconfirmed", m.intents.unconfirmed),
-                ("drifted", m.intents.drifted),
-            ],
-        )?;
-        single(
-            &mut encoder,
-            "sandbox_drifts",
-            "Interfaces, addresses or routes of confirmed sandboxes that went missing",
-            c,
-            m.intents.drifts,
-        )?;
-        family(
-            &mut encoder,
-            "trace_events",
-            "Kernel events correlated, by kind",
-            c,
-            "kind",
-            m.events.iter().map(|(k, v)| (*k, *v)),
-        )?;
-        let mut lost = encoder.encode_descriptor(
-            "trace_lost_events",
-            "Kernel events lost, by kind and cause",
-            None,
-            c,
-        )?;
-        let causes = [
-            ("ring_buffer_full", &trace.lost_by_kind),
-            ("undecodable", &trace.undecodable_by_kind),
-            ("netns_unreadable", &trace.netns_unreadable_by_kind),
-        ];
-        for (cause, by_kind) in causes {
-            for (kind, n) in by_kind {
-                let labels = [("kind", *kind), ("cause", cause)];
-                ConstCounter::new(*n).encode(lost.encode_family(&labels)?)?;
-            }
-        }
-        for (kind, n) in [
-            ("namespace", m.evicted_namespaces),
-            ("request_pairing", m.dropped_requests),
-        ] {
-            let labels = [("kind", kind), ("cause", "memory_bound")];
-            ConstCounter::new(n).encode(lost.encode_family(&labels)?)?;
-        }
-        family(
-            &mut encoder,
-            "trace_snapshots",
-            "Namespace states read from the kernel, by result",
-            c,
-            "result",
-            [("ok", m.snapshots_taken), ("failed", m.snapshots_failed)],
-        )?;
-        single(
-            &mut encoder,
-            "trace_tracked_namespaces",
-            "Network namespaces the correlator tracks now",
-            MetricType::Gauge,
-            m.tracked_namespaces as u64,
-        )?;
-        single(
-            &mut encoder,
-            "trace_ring_bytes",
-            "Size of the kernel-to-daemon ring buffer of trace records",
-            MetricType::Gauge,
-            trace.ring.bytes,
-        )?;
-        single(
-            &mut encoder,
-            "trace_ring_backlog_peak_bytes",
-            "The most bytes of trace records drained from the ring buffer at once",
-            MetricType::Gauge,
-            trace.ring.backlog_peak_bytes,
-        )?;
-        Ok(())
+        encode_verdicts(&mut encoder, trace)?;
+        encode_events(&mut encoder, trace)?;
+        encode_tracker_state(&mut encoder, trace)
     }
+}
+
+/// The verdicts on sandboxes, their revisions, and the daemon's setups checked against them.
+fn encode_verdicts(
+    encoder: &mut DescriptorEncoder,
+    trace: &TraceMetrics,
+) -> Result<(), std::fmt::Error> {
+    let m = &trace.correlator;
+    let c = MetricType::Counter;
+    family(
+        encoder,
+        "sandbox_verdicts",
+        "Verdicts on sandbox network setups (a revised verdict counts again)",
+        c,
+        "verdict",
+        m.verdicts.iter().map(|(k, v)| (*k, *v)),
+    )?;
+    family(
+        encoder,
+        "sandbox_verdicts_revised",
+        "Alarms revised to networked because the network arrived after the deadline",
+        c,
+        "alarm",
+        revised_by_alarm(&m.revised),
+    )?;
+    family(
+        encoder,
+        "sandbox_intents",
+        "The daemon's setups checked against the kernel, by outcome",
+        c,
+        "status",
+        [
+            ("confirmed", m.intents.confirmed),
+            ("unconfirmed", m.intents.unconfirmed),
+            ("drifted", m.intents.drifted),
+        ],
+    )?;
+    single(
+        encoder,
+        "sandbox_drifts",
+        "Interfaces, addresses or routes of confirmed sandboxes that went missing",
+        c,
+        m.intents.drifts,
+    )
+}
+
+/// The kernel events correlated and those lost, by kind (and cause).
+fn encode_events(
+    encoder: &mut DescriptorEncoder,
+    trace: &TraceMetrics,
+) -> Result<(), std::fmt::Error> {
+    let m = &trace.correlator;
+    let c = MetricType::Counter;
+    family(
+        encoder,
+        "trace_events",
+        "Kernel events correlated, by kind",
+        c,
+        "kind",
+        m.events.iter().map(|(k, v)| (*k, *v)),
+    )?;
+    let mut lost = encoder.encode_descriptor(
+        "trace_lost_events",
+        "Kernel events lost, by kind and cause",
+        None,
+        c,
+    )?;
+    let causes = [
+        ("ring_buffer_full", &trace.lost_by_kind),
+        ("undecodable", &trace.undecodable_by_kind),
+        ("netns_unreadable", &trace.netns_unreadable_by_kind),
+    ];
+    for (cause, by_kind) in causes {
+        for (kind, n) in by_kind {
+            let labels = [("kind", *kind), ("cause", cause)];
+            ConstCounter::new(*n).encode(lost.encode_family(&labels)?)?;
+        }
+    }
+    for (kind, n) in [
+        ("namespace", m.evicted_namespaces),
+        ("request_pairing", m.dropped_requests),
+    ] {
+        let labels = [("kind", kind), ("cause", "memory_bound")];
+        ConstCounter::new(n).encode(lost.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The namespace snapshots, the namespaces tracked and the ring buffer's use.
+fn encode_tracker_state(
+    encoder: &mut DescriptorEncoder,
+    trace: &TraceMetrics,
+) -> Result<(), std::fmt::Error> {
+    let m = &trace.correlator;
+    family(
+        encoder,
+        "trace_snapshots",
+        "Namespace states read from the kernel, by result",
+        MetricType::Counter,
+        "result",
+        [("ok", m.snapshots_taken), ("failed", m.snapshots_failed)],
+    )?;
+    single(
+        encoder,
+        "trace_tracked_namespaces",
+        "Network namespaces the correlator tracks now",
+        MetricType::Gauge,
+        m.tracked_namespaces as u64,
+    )?;
+    single(
+        encoder,
+        "trace_ring_bytes",
+        "Size of the kernel-to-daemon ring buffer of trace records",
+        MetricType::Gauge,
+        trace.ring.bytes,
+    )?;
+    single(
+        encoder,
+        "trace_ring_backlog_peak_bytes",
+        "The most bytes of trace records drained from the ring buffer at once",
+        MetricType::Gauge,
+        trace.ring.backlog_peak_bytes,
+    )
 }
 
 /// Serves `GET /metrics`, `/healthz` (200 while the process serves) and `/readyz` (200 while

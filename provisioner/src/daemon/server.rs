@@ -99,38 +99,93 @@ pub struct RenderAtStart {
 /// Runs until SIGTERM or SIGINT, then finishes the operations in flight and returns.
 pub async fn run(opts: DaemonOptions) -> Result<()> {
     if let Some(render) = &opts.render {
-        render_config(&render.template, &render.pod_cidrs, &render.output).with_context(|| {
-            format!(
-                "render {} into {}",
-                render.template.display(),
-                render.output.display()
-            )
-        })?;
+        render_at_start(render)?;
     }
     crate::dataplane::set_netlink_timeout(opts.netlink_timeout);
-    let dataplane = match &opts.host_netns {
-        Some(path) => Dataplane::with_host_netns(path),
-        None => Dataplane::new(),
-    }
-    .context("open netlink in the host network namespace")?;
-    // A runtime whose own CNI setup cannot be read is assumed to read the conf dir we watch.
-    let cni_conf_dir = if opts.config_source.is_dir() {
-        opts.config_source.clone()
-    } else {
-        opts.config_source
-            .parent()
-            .map_or_else(|| opts.config_source.clone(), Path::to_path_buf)
-    };
+    let dataplane = open_dataplane(opts.host_netns.as_deref())?;
     let kernel = opts.trace.as_ref().map(|t| {
         KernelWatch::start(
             t.deadline,
             t.rules.clone(),
-            &cni_conf_dir,
+            &cni_conf_dir(&opts.config_source),
             t.pod_resolver.clone(),
         )
     });
     let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
         .with_context(|| format!("watch {}", opts.config_source.display()))?;
+    let state = Arc::new(new_state(&opts, dataplane, kernel));
+    let initial = config_rx.borrow_and_update().clone();
+    state.apply_config(initial).await;
+
+    let follower = spawn_config_follower(Arc::clone(&state), config_rx);
+    let metrics_server = opts
+        .metrics_addr
+        .map(|addr| spawn_metrics_server(addr, Arc::clone(&state)));
+    let (listener, socket_file) = bind(&opts.socket)?;
+    let status = state.status().await;
+    tracing::info!(
+        socket = %opts.socket.display(),
+        ready = status.ready,
+        reasons = ?status.reasons,
+        "daemon listening"
+    );
+    let mut in_flight = serve_until_signal(&listener, &state, &opts.limits).await?;
+    tracing::info!(
+        in_flight = in_flight.len(),
+        "shutting down: finishing operations in flight"
+    );
+    drop(listener);
+    // Gone with the listener, so that a successor started meanwhile binds at once; only while
+    // the path is still the socket bound here, never a successor's.
+    socket_file.remove_if_ours();
+    drain(&mut in_flight, &state).await;
+    follower.abort();
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
+    drop(watcher);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Renders the conf template into its output file.
+fn render_at_start(render: &RenderAtStart) -> Result<()> {
+    render_config(&render.template, &render.pod_cidrs, &render.output).with_context(|| {
+        format!(
+            "render {} into {}",
+            render.template.display(),
+            render.output.display()
+        )
+    })?;
+    Ok(())
+}
+
+/// Netlink in the given host network namespace, or in the daemon's own.
+fn open_dataplane(host_netns: Option<&Path>) -> Result<Dataplane> {
+    match host_netns {
+        Some(path) => Dataplane::with_host_netns(path),
+        None => Dataplane::new(),
+    }
+    .context("open netlink in the host network namespace")
+}
+
+/// The CNI conf dir of `config_source`: itself when a dir, else the dir of the file.
+/// A runtime whose own CNI setup cannot be read is assumed to read the conf dir we watch.
+fn cni_conf_dir(config_source: &Path) -> PathBuf {
+    if config_source.is_dir() {
+        config_source.to_path_buf()
+    } else {
+        config_source
+            .parent()
+            .map_or_else(|| config_source.to_path_buf(), Path::to_path_buf)
+    }
+}
+
+fn new_state(
+    opts: &DaemonOptions,
+    dataplane: Dataplane,
+    kernel: Option<KernelWatch>,
+) -> DaemonState {
     let mut state = DaemonState::new(
         Paths {
             socket: opts.socket.clone(),
@@ -144,53 +199,56 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     state.metrics = Arc::new(crate::metrics::Metrics::with_operation_deadline(
         opts.limits.operation_deadline,
     ));
-    let state = Arc::new(state);
-    let initial = config_rx.borrow_and_update().clone();
-    state.apply_config(initial).await;
+    state
+}
 
-    let follower = tokio::spawn({
-        let state = Arc::clone(&state);
-        async move {
-            let mut check = tokio::time::interval(STORE_CHECK);
-            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    changed = config_rx.changed() => {
-                        if changed.is_err() {
-                            break;
-                        }
-                        let next = config_rx.borrow_and_update().clone();
-                        state.apply_config(next).await;
+/// Applies each config change as it comes, and checks the store every `STORE_CHECK`.
+fn spawn_config_follower(
+    state: Arc<DaemonState>,
+    mut config_rx: tokio::sync::watch::Receiver<crate::config::ConfigState>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut check = tokio::time::interval(STORE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = config_rx.changed() => {
+                    if changed.is_err() {
+                        break;
                     }
-                    _ = check.tick() => state.heal_store().await,
+                    let next = config_rx.borrow_and_update().clone();
+                    state.apply_config(next).await;
                 }
+                _ = check.tick() => state.heal_store().await,
             }
         }
-    });
+    })
+}
 
-    let metrics_server = opts.metrics_addr.map(|addr| {
-        let metrics = Arc::clone(&state.metrics);
-        let state = Arc::clone(&state);
-        let refresh = Arc::new(move |m: &crate::metrics::Metrics| {
-            refresh_trace_metrics(m, state.kernel.as_ref());
-            refresh_ipam_metrics(m, state.active().as_deref());
-        });
-        tokio::spawn(async move {
-            if let Err(err) = crate::metrics::serve(addr, metrics, refresh).await {
-                tracing::error!(%addr, error = %err, "metrics endpoint failed");
-            }
-        })
+/// Serves Prometheus metrics on `addr`, refreshing the kernel watch's and the ranges' figures
+/// at each scrape.
+fn spawn_metrics_server(addr: std::net::SocketAddr, state: Arc<DaemonState>) -> JoinHandle<()> {
+    let metrics = Arc::clone(&state.metrics);
+    let refresh = Arc::new(move |m: &crate::metrics::Metrics| {
+        refresh_trace_metrics(m, state.kernel.as_ref());
+        refresh_ipam_metrics(m, state.active().as_deref());
     });
-    let (listener, socket_file) = bind(&opts.socket)?;
-    let status = state.status().await;
-    tracing::info!(
-        socket = %opts.socket.display(),
-        ready = status.ready,
-        reasons = ?status.reasons,
-        "daemon listening"
-    );
+    tokio::spawn(async move {
+        if let Err(err) = crate::metrics::serve(addr, metrics, refresh).await {
+            tracing::error!(%addr, error = %err, "metrics endpoint failed");
+        }
+    })
+}
+
+/// Accepts connections, each served as a task of its own, until SIGTERM or SIGINT; returns the
+/// connections still being served.
+async fn serve_until_signal(
+    listener: &UnixListener,
+    state: &Arc<DaemonState>,
+    limits: &Limits,
+) -> Result<JoinSet<()>> {
     let mut in_flight = JoinSet::new();
-    let limits = Arc::new(opts.limits.clone());
+    let limits = Arc::new(limits.clone());
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("install SIGTERM handler")?;
@@ -199,7 +257,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => match Arc::clone(&connections).try_acquire_owned() {
                     Ok(permit) => {
-                        let state = Arc::clone(&state);
+                        let state = Arc::clone(state);
                         let limits = Arc::clone(&limits);
                         in_flight.spawn(async move {
                             serve(&state, &limits, stream).await;
@@ -218,14 +276,12 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    tracing::info!(
-        in_flight = in_flight.len(),
-        "shutting down: finishing operations in flight"
-    );
-    drop(listener);
-    // Gone with the listener, so that a successor started meanwhile binds at once; only while
-    // the path is still the socket bound here, never a successor's.
-    socket_file.remove_if_ours();
+    Ok(in_flight)
+}
+
+/// Waits up to `DRAIN_TIMEOUT` for the connections and the operations in flight, then deletes
+/// the retired links still queued.
+async fn drain(in_flight: &mut JoinSet<()>, state: &DaemonState) {
     let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
         while in_flight.join_next().await.is_some() {}
     })
@@ -247,13 +303,6 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             "retired links not deleted yet; the next start removes them"
         );
     }
-    follower.abort();
-    if let Some(server) = metrics_server {
-        server.abort();
-    }
-    drop(watcher);
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// The socket file this daemon bound, told apart from one bound later at the same path (by a

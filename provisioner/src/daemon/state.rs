@@ -55,6 +55,21 @@ struct Applied {
     dataplane_error: Option<String>,
 }
 
+/// What opening a store told of its past, for reconciliation.
+struct StoreHistory {
+    same_boot: bool,
+    /// Why the store started empty although one existed.
+    lost: Option<String>,
+}
+
+impl StoreHistory {
+    /// A store kept open: nothing lost, the same boot.
+    const KEPT: Self = Self {
+        same_boot: true,
+        lost: None,
+    };
+}
+
 /// Held by a sandbox operation while it runs (see [`DaemonState::begin_operation`]).
 pub type OperationGuard = OwnedRwLockReadGuard<()>;
 
@@ -178,6 +193,20 @@ impl DaemonState {
         }
         // Operations in flight finish on the service they started with; new ones wait.
         let _exclusive = self.operations.write().await;
+        let Some((allocator, history)) = self.store_for(&network, reopen).await else {
+            return;
+        };
+        self.put_in_force(loaded, network, allocator, history).await;
+    }
+
+    /// The allocation store of `network`: the one in force when the network kept its name and
+    /// ranges and the store still commits (and no `reopen`), else one opened anew. `None` when
+    /// it cannot be opened (not ready). Called with the operations excluded.
+    async fn store_for(
+        &self,
+        network: &Network,
+        reopen: bool,
+    ) -> Option<(Arc<Allocator>, StoreHistory)> {
         let current = self.active();
         let reuse = current.as_ref().and_then(|current| {
             let same_store = current.service.network().name == network.name
@@ -186,44 +215,59 @@ impl DaemonState {
                 && !reopen;
             same_store.then(|| Arc::clone(current.service.allocator()))
         });
-        let mut same_boot = true;
-        let mut lost = None;
         let previous_store = current
             .as_ref()
             .map(|current| Arc::downgrade(current.service.allocator()));
         drop(current);
-        let allocator = match reuse {
-            Some(allocator) => allocator,
-            None => {
-                // The store file allows one open handle: close the old one first. No operation
-                // runs; a STATUS may still count on it for a moment.
-                self.set_active(None);
-                if let Some(previous) = previous_store {
-                    wait_released(&previous).await;
-                }
-                match Allocator::open(&self.paths.data_dir, &network.name, &network.ranges) {
-                    Ok((allocator, report)) => {
-                        reconcile::report_store(&report);
-                        same_boot = report.same_boot;
-                        lost = report.lost;
-                        self.applied().store_error = None;
-                        Arc::new(allocator)
-                    }
-                    Err(err) => {
-                        let err = err.to_string();
-                        let mut applied = self.applied();
-                        // Retried every second: said again only when the reason changes.
-                        if applied.store_error.as_ref() != Some(&err) {
-                            tracing::error!(error = %err, "cannot open the allocation store");
-                        }
-                        applied.store_error = Some(err);
-                        drop(applied);
-                        self.metrics.ready.set(0);
-                        return;
-                    }
-                }
+        if let Some(allocator) = reuse {
+            return Some((allocator, StoreHistory::KEPT));
+        }
+        // The store file allows one open handle: close the old one first. No operation
+        // runs; a STATUS may still count on it for a moment.
+        self.set_active(None);
+        if let Some(previous) = previous_store {
+            wait_released(&previous).await;
+        }
+        self.open_store(network)
+    }
+
+    /// Opens the store of `network`; a failure is logged when its reason is new, and kept for
+    /// STATUS.
+    fn open_store(&self, network: &Network) -> Option<(Arc<Allocator>, StoreHistory)> {
+        match Allocator::open(&self.paths.data_dir, &network.name, &network.ranges) {
+            Ok((allocator, report)) => {
+                reconcile::report_store(&report);
+                self.applied().store_error = None;
+                let history = StoreHistory {
+                    same_boot: report.same_boot,
+                    lost: report.lost,
+                };
+                Some((Arc::new(allocator), history))
             }
-        };
+            Err(err) => {
+                let err = err.to_string();
+                let mut applied = self.applied();
+                // Retried every second: said again only when the reason changes.
+                if applied.store_error.as_ref() != Some(&err) {
+                    tracing::error!(error = %err, "cannot open the allocation store");
+                }
+                applied.store_error = Some(err);
+                drop(applied);
+                self.metrics.ready.set(0);
+                None
+            }
+        }
+    }
+
+    /// Builds the service of `network` over `allocator`, reconciles it with the kernel and puts
+    /// it in force (ready), unless reconciliation refuses service.
+    async fn put_in_force(
+        &self,
+        loaded: Arc<LoadedNetwork>,
+        network: Network,
+        allocator: Arc<Allocator>,
+        history: StoreHistory,
+    ) {
         tracing::info!(
             network = %network.name,
             file = %loaded.file.display(),
@@ -243,8 +287,8 @@ impl DaemonState {
             observer,
         );
         let origin = reconcile::StoreOrigin {
-            lost: lost.as_deref(),
-            same_boot,
+            lost: history.lost.as_deref(),
+            same_boot: history.same_boot,
         };
         if let Err(err) = reconcile::with_kernel(&service, origin).await {
             tracing::error!(error = %err, "reconciling allocations with the kernel");

@@ -9,7 +9,7 @@ use ipnetwork::IpNetwork;
 use super::error::DataplaneError;
 use super::naming::host_ifname;
 use super::route::{Route, Scope};
-use super::spec::SandboxSpec;
+use super::spec::{PodAddress, RouteSpec, SandboxSpec};
 
 /// The wiring of one address family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +100,31 @@ impl ExpectedState {
 /// Validates `spec` and plans the ptp wiring.
 pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
     check_link(&spec.container_id, &spec.ifname, spec.mtu)?;
+    let uses_v6 = check_families(spec)?;
+    let mut families = Vec::new();
+    let mut routes: Vec<Route> = Vec::new();
+    // v4 first for a stable order.
+    let mut addrs = spec.addresses.clone();
+    addrs.sort_by_key(|a| a.address.is_ipv6());
+    for a in &addrs {
+        families.push(plan_family(a, &mut routes)?);
+    }
+    for r in &spec.routes {
+        add_configured_route(r, &families, &mut routes)?;
+    }
+    Ok(ExpectedState {
+        ifname: spec.ifname.clone(),
+        mtu: spec.mtu,
+        host_ifname: host_ifname(&spec.container_id, &spec.ifname),
+        uses_v6,
+        families,
+        sandbox_routes: routes,
+    })
+}
+
+/// At least one address, at most one of each family, an MTU IPv6 takes when it is used;
+/// true when the sandbox uses IPv6.
+fn check_families(spec: &SandboxSpec) -> Result<bool, DataplaneError> {
     if spec.addresses.is_empty() {
         return Err(invalid("no address".to_owned()));
     }
@@ -115,94 +140,90 @@ pub fn plan(spec: &SandboxSpec) -> Result<ExpectedState, DataplaneError> {
     if v6 > 0 && spec.mtu.is_some_and(|m| m < 1280) {
         return Err(invalid("IPv6 needs an mtu of at least 1280".to_owned()));
     }
+    Ok(v6 > 0)
+}
 
-    let mut families = Vec::new();
-    let mut routes: Vec<Route> = Vec::new();
-    // v4 first for a stable order.
-    let mut addrs = spec.addresses.clone();
-    addrs.sort_by_key(|a| a.address.is_ipv6());
-    for a in &addrs {
-        let pod = a.address;
-        let gw = a.gateway;
-        let is_v4 = pod.is_ipv4();
-        if gw.is_ipv4() != is_v4 {
-            return Err(invalid(format!(
-                "gateway {gw} is not of the family of {pod}"
-            )));
-        }
-        if gw == pod.ip() {
-            return Err(invalid(format!("gateway {gw} equals the pod address")));
-        }
-        if pod.ip() == pod.network() && pod.prefix() < full_prefix(pod) {
-            return Err(invalid(format!(
-                "{pod} is the network address of its subnet"
-            )));
-        }
-        let src = if is_v4 { Some(pod.ip()) } else { None };
-        families.push(FamilyPlan {
-            pod,
-            gateway: gw,
-            host_address: host_net(gw),
-            host_route: host_route_to(pod.ip()),
-        });
-        // `10.244.1.1 dev eth0 scope link src 10.244.1.2`
+/// Validates one pod address and its gateway, plans its family and appends its sandbox routes
+/// (gateway, subnet, default) to `routes`.
+fn plan_family(a: &PodAddress, routes: &mut Vec<Route>) -> Result<FamilyPlan, DataplaneError> {
+    let pod = a.address;
+    let gw = a.gateway;
+    let is_v4 = pod.is_ipv4();
+    if gw.is_ipv4() != is_v4 {
+        return Err(invalid(format!(
+            "gateway {gw} is not of the family of {pod}"
+        )));
+    }
+    if gw == pod.ip() {
+        return Err(invalid(format!("gateway {gw} equals the pod address")));
+    }
+    if pod.ip() == pod.network() && pod.prefix() < full_prefix(pod) {
+        return Err(invalid(format!(
+            "{pod} is the network address of its subnet"
+        )));
+    }
+    let src = if is_v4 { Some(pod.ip()) } else { None };
+    // `10.244.1.1 dev eth0 scope link src 10.244.1.2`
+    routes.push(Route {
+        dst: host_net(gw),
+        gw: None,
+        src,
+        scope: Scope::Link,
+    });
+    // `10.244.1.0/24 via 10.244.1.1 src 10.244.1.2` (instead of the connected route)
+    if pod.prefix() < full_prefix(pod) {
         routes.push(Route {
-            dst: host_net(gw),
-            gw: None,
-            src,
-            scope: Scope::Link,
-        });
-        // `10.244.1.0/24 via 10.244.1.1 src 10.244.1.2` (instead of the connected route)
-        if pod.prefix() < full_prefix(pod) {
-            routes.push(Route {
-                dst: network_of(pod),
-                gw: Some(gw),
-                src,
-                scope: Scope::Universe,
-            });
-        }
-        // `default via 10.244.1.1`
-        routes.push(Route {
-            dst: default_dst(is_v4),
+            dst: network_of(pod),
             gw: Some(gw),
-            src: None,
+            src,
             scope: Scope::Universe,
         });
     }
-
-    for r in &spec.routes {
-        let dst = network_of(r.dst);
-        let Some(fam) = families.iter().find(|f| f.pod.is_ipv4() == dst.is_ipv4()) else {
-            return Err(invalid(format!("route {dst}: no address of its family")));
-        };
-        let gw = r.gw.unwrap_or(fam.gateway);
-        if gw.is_ipv4() != dst.is_ipv4() {
-            return Err(invalid(format!(
-                "route {dst}: gateway {gw} of another family"
-            )));
-        }
-        match routes.iter().find(|p| p.dst == dst) {
-            Some(p) if p.gw == Some(gw) => {} // exact duplicate (e.g. the default): skip
-            Some(p) => {
-                return Err(invalid(format!("route {dst} via {gw} conflicts with {p}")));
-            }
-            None => routes.push(Route {
-                dst,
-                gw: Some(gw),
-                src: None,
-                scope: Scope::Universe,
-            }),
-        }
-    }
-
-    Ok(ExpectedState {
-        ifname: spec.ifname.clone(),
-        mtu: spec.mtu,
-        host_ifname: host_ifname(&spec.container_id, &spec.ifname),
-        uses_v6: v6 > 0,
-        families,
-        sandbox_routes: routes,
+    // `default via 10.244.1.1`
+    routes.push(Route {
+        dst: default_dst(is_v4),
+        gw: Some(gw),
+        src: None,
+        scope: Scope::Universe,
+    });
+    Ok(FamilyPlan {
+        pod,
+        gateway: gw,
+        host_address: host_net(gw),
+        host_route: host_route_to(pod.ip()),
     })
+}
+
+/// Appends a route of the network config to `routes`, through its family's gateway unless it
+/// names one; a route already planned with the same gateway is skipped, with another refused.
+fn add_configured_route(
+    r: &RouteSpec,
+    families: &[FamilyPlan],
+    routes: &mut Vec<Route>,
+) -> Result<(), DataplaneError> {
+    let dst = network_of(r.dst);
+    let Some(fam) = families.iter().find(|f| f.pod.is_ipv4() == dst.is_ipv4()) else {
+        return Err(invalid(format!("route {dst}: no address of its family")));
+    };
+    let gw = r.gw.unwrap_or(fam.gateway);
+    if gw.is_ipv4() != dst.is_ipv4() {
+        return Err(invalid(format!(
+            "route {dst}: gateway {gw} of another family"
+        )));
+    }
+    match routes.iter().find(|p| p.dst == dst) {
+        Some(p) if p.gw == Some(gw) => {} // exact duplicate (e.g. the default): skip
+        Some(p) => {
+            return Err(invalid(format!("route {dst} via {gw} conflicts with {p}")));
+        }
+        None => routes.push(Route {
+            dst,
+            gw: Some(gw),
+            src: None,
+            scope: Scope::Universe,
+        }),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -745,46 +745,13 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
     let fingerprint = ranges.fingerprint();
     let boot = boot_id();
     let txn = store.begin_write()?;
-    let fresh;
-    let stamp_format;
-    {
-        let t = store.tables(&txn)?;
-        let previous_ranges = t.meta.get(META_RANGES).map_err(store.err("read meta"))?;
-        // A store never opened before has no ranges recorded: it is new, not of an old format.
-        fresh = previous_ranges.is_none();
-        report.ranges_changed = match previous_ranges {
-            Some(v) => v.value() != fingerprint.as_bytes(),
-            None => true,
-        };
-        // Without a boot id to compare, assume no reboot (the cautious answer).
-        report.same_boot = match (
-            t.meta.get(META_BOOT).map_err(store.err("read meta"))?,
-            &boot,
-        ) {
-            (Some(v), Some(now)) => v.value() == now.as_bytes(),
-            _ => true,
-        };
-        let format = match t.meta.get(META_FORMAT).map_err(store.err("read meta"))? {
-            None => 1,
-            Some(v) => std::str::from_utf8(v.value())
-                .ok()
-                .and_then(|f| f.parse::<u32>().ok())
-                .ok_or_else(|| store.corrupt("meta format", "not a decimal number"))?,
-        };
-        if format > STORE_FORMAT {
-            return Err(store.corrupt(
-                "meta format",
-                format!(
-                    "store format {format} is newer than this binary's ({STORE_FORMAT}): \
-                     refusing to open it (a newer provisioner wrote it)"
-                ),
-            ));
-        }
-        stamp_format = format < STORE_FORMAT;
-        if stamp_format && !fresh {
-            report.migrated_from = Some(format);
-        }
-    }
+    let stamp_format = read_meta(
+        store,
+        &store.tables(&txn)?,
+        &fingerprint,
+        boot.as_deref(),
+        &mut report,
+    )?;
     if report.ranges_changed {
         // Cursors and free lists are indexed by (set, range) position; start them afresh.
         // Reservations live in `addr`, which the cursors consult, so nothing is lost.
@@ -792,49 +759,128 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
     }
     {
         let mut t = store.tables(&txn)?;
-        if report.ranges_changed {
-            t.meta
-                .insert(META_RANGES, fingerprint.as_bytes())
-                .map_err(store.err("write meta"))?;
-        }
-        if let Some(boot) = &boot {
-            t.meta
-                .insert(META_BOOT, boot.as_bytes())
-                .map_err(store.err("write meta"))?;
-        }
-        if stamp_format {
-            // Format 1 records read as format 2 records naming no pod: the format is all
-            // that changes.
-            t.meta
-                .insert(META_FORMAT, STORE_FORMAT.to_string().as_bytes())
-                .map_err(store.err("write meta"))?;
-        }
-        for entry in t.alloc.iter().map_err(store.err("scan allocations"))? {
-            let (k, v) = entry.map_err(store.err("scan allocations"))?;
-            let (cid, ifname) = k.value();
-            let key = AllocationKey::new(cid, ifname);
-            match decode(key.clone(), v.value()) {
-                Ok(a) => {
-                    report.allocations += 1;
-                    let mut covered = vec![false; ranges.sets().len()];
-                    let mut outside = false;
-                    for ip in &a.ips {
-                        match ranges.position(ip.address.ip()) {
-                            Some((i, _)) => covered[i] = true,
-                            None => outside = true,
-                        }
-                    }
-                    if outside {
-                        report.out_of_range.push(a);
-                    } else if covered.contains(&false) {
-                        report.incomplete.push(a);
-                    }
-                }
-                Err(reason) => report.unreadable.push((key, reason)),
-            }
-        }
+        write_meta(
+            store,
+            &mut t,
+            report.ranges_changed.then_some(fingerprint.as_str()),
+            boot.as_deref(),
+            stamp_format,
+        )?;
+        survey_allocations(store, &t, ranges, &mut report)?;
     }
     store.commit(txn)?;
+    log_open_report(store, network, &report);
+    Ok(report)
+}
+
+/// Fills the report from the store's meta table (ranges changed, same boot, migrated from);
+/// true when the store's format must be stamped. A format newer than this binary's is refused.
+fn read_meta(
+    store: &Store,
+    t: &Tables<'_>,
+    fingerprint: &str,
+    boot: Option<&str>,
+    report: &mut OpenReport,
+) -> Result<bool, IpamError> {
+    let previous_ranges = t.meta.get(META_RANGES).map_err(store.err("read meta"))?;
+    // A store never opened before has no ranges recorded: it is new, not of an old format.
+    let fresh = previous_ranges.is_none();
+    report.ranges_changed = match previous_ranges {
+        Some(v) => v.value() != fingerprint.as_bytes(),
+        None => true,
+    };
+    // Without a boot id to compare, assume no reboot (the cautious answer).
+    report.same_boot = match (t.meta.get(META_BOOT).map_err(store.err("read meta"))?, boot) {
+        (Some(v), Some(now)) => v.value() == now.as_bytes(),
+        _ => true,
+    };
+    let format = match t.meta.get(META_FORMAT).map_err(store.err("read meta"))? {
+        None => 1,
+        Some(v) => std::str::from_utf8(v.value())
+            .ok()
+            .and_then(|f| f.parse::<u32>().ok())
+            .ok_or_else(|| store.corrupt("meta format", "not a decimal number"))?,
+    };
+    if format > STORE_FORMAT {
+        return Err(store.corrupt(
+            "meta format",
+            format!(
+                "store format {format} is newer than this binary's ({STORE_FORMAT}): \
+                 refusing to open it (a newer provisioner wrote it)"
+            ),
+        ));
+    }
+    let stamp_format = format < STORE_FORMAT;
+    if stamp_format && !fresh {
+        report.migrated_from = Some(format);
+    }
+    Ok(stamp_format)
+}
+
+/// Records the new range fingerprint (when given), the boot id and the current format.
+fn write_meta(
+    store: &Store,
+    t: &mut Tables<'_>,
+    fingerprint: Option<&str>,
+    boot: Option<&str>,
+    stamp_format: bool,
+) -> Result<(), IpamError> {
+    if let Some(fingerprint) = fingerprint {
+        t.meta
+            .insert(META_RANGES, fingerprint.as_bytes())
+            .map_err(store.err("write meta"))?;
+    }
+    if let Some(boot) = boot {
+        t.meta
+            .insert(META_BOOT, boot.as_bytes())
+            .map_err(store.err("write meta"))?;
+    }
+    if stamp_format {
+        // Format 1 records read as format 2 records naming no pod: the format is all
+        // that changes.
+        t.meta
+            .insert(META_FORMAT, STORE_FORMAT.to_string().as_bytes())
+            .map_err(store.err("write meta"))?;
+    }
+    Ok(())
+}
+
+/// Counts the allocations and reports those outside every range, incomplete or unreadable.
+fn survey_allocations(
+    store: &Store,
+    t: &Tables<'_>,
+    ranges: &RangeSets,
+    report: &mut OpenReport,
+) -> Result<(), IpamError> {
+    for entry in t.alloc.iter().map_err(store.err("scan allocations"))? {
+        let (k, v) = entry.map_err(store.err("scan allocations"))?;
+        let (cid, ifname) = k.value();
+        let key = AllocationKey::new(cid, ifname);
+        match decode(key.clone(), v.value()) {
+            Ok(a) => {
+                report.allocations += 1;
+                let mut covered = vec![false; ranges.sets().len()];
+                let mut outside = false;
+                for ip in &a.ips {
+                    match ranges.position(ip.address.ip()) {
+                        Some((i, _)) => covered[i] = true,
+                        None => outside = true,
+                    }
+                }
+                if outside {
+                    report.out_of_range.push(a);
+                } else if covered.contains(&false) {
+                    report.incomplete.push(a);
+                }
+            }
+            Err(reason) => report.unreadable.push((key, reason)),
+        }
+    }
+    Ok(())
+}
+
+/// Logs a migration, the allocations outside the ranges and the unreadable records.
+fn log_open_report(store: &Store, network: &str, report: &OpenReport) {
     if let Some(from) = report.migrated_from {
         tracing::info!(network, store = %store.path().display(), from, to = STORE_FORMAT,
             allocations = report.allocations,
@@ -846,7 +892,6 @@ fn check_store(store: &Store, network: &str, ranges: &RangeSets) -> Result<OpenR
     for (key, reason) in &report.unreadable {
         tracing::warn!(network, %key, %reason, "unreadable allocation record; its addresses stay reserved");
     }
-    Ok(report)
 }
 
 impl Core {

@@ -11,7 +11,7 @@ use crate::dataplane::{
     CheckFailure, Dataplane, DataplaneError, ExpectedState, LinkSpec, PodAddress, RouteSpec,
     SandboxSpec, SetupOutcome, TeardownOutcome, host_ifname,
 };
-use crate::ipam::{Allocation, AllocationKey, Allocator};
+use crate::ipam::{Allocation, AllocationKey, Allocator, Reservation};
 use crate::pod::Pod;
 
 use super::key_locks::KeyLocks;
@@ -170,26 +170,9 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             SandboxError::Config(format!("{label}: ADD needs a network namespace path"))
         })?;
         let key = sandbox.key();
-        let link = LinkSpec {
-            container_id: sandbox.container_id.clone(),
-            netns: netns.clone(),
-            ifname: sandbox.ifname.clone(),
-            mtu: self.network.mtu,
-        };
-        let (reservation, started) = tokio::join!(
-            self.allocator.reserve_queued(&key, sandbox.pod.as_ref()),
-            self.dataplane.start_setup(link)
-        );
-        let reservation = match reservation {
-            Ok(reservation) => reservation,
-            Err(source) => {
-                self.abandon(started, &label).await;
-                return Err(SandboxError::Ipam {
-                    sandbox: label,
-                    source,
-                });
-            }
-        };
+        let (reservation, started) = self
+            .reserve_and_start(sandbox, &key, &netns, &label)
+            .await?;
         let existed = !reservation.is_new();
         let allocation = reservation.allocation().clone();
         crate::failpoint::hit("add.reserved");
@@ -222,17 +205,8 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         let (wired, durable) =
             tokio::join!(self.finish_replacing_leftovers(&spec, started), durable);
         if let Err(source) = durable {
-            // Not on disk, and the store refuses writes until reopened: undo the wiring so
-            // that nothing routes an address the store does not hold.
-            self.observer.rolled_back(sandbox);
-            if wired.is_ok()
-                && let Err(err) = self
-                    .dataplane
-                    .teardown(&sandbox.container_id, &sandbox.ifname, Some(&netns))
-                    .await
-            {
-                tracing::error!(sandbox = %label, error = %err, "rollback after a failed durable commit");
-            }
+            self.roll_back_undurable(sandbox, &netns, &label, wired.is_ok())
+                .await;
             return Err(SandboxError::Ipam {
                 sandbox: label,
                 source,
@@ -241,16 +215,8 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
         let (setup, verified) = match wired {
             Ok(setup) => setup,
             Err(source) => {
-                self.observer.rolled_back(sandbox);
-                // A rollback that left something behind may leave the address routed: keep
-                // the allocation so it is not handed out again; DEL or reconciliation frees it.
-                let clean_rollback = !matches!(
-                    &source,
-                    DataplaneError::Setup { rollback_errors, .. } if !rollback_errors.is_empty()
-                );
-                if !existed && clean_rollback {
-                    self.release_after_failure(&key, &label).await;
-                }
+                self.roll_back_failed_setup(sandbox, &source, &key, &label, existed)
+                    .await;
                 return Err(SandboxError::Dataplane {
                     sandbox: label,
                     source,
@@ -258,16 +224,8 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             }
         };
         if let Err(source) = verified {
-            self.observer.rolled_back(sandbox);
-            if let Err(err) = self
-                .dataplane
-                .teardown(&sandbox.container_id, &sandbox.ifname, Some(&netns))
-                .await
-            {
-                tracing::error!(sandbox = %label, error = %err, "rollback after failed verification");
-            } else if !existed {
-                self.release_after_failure(&key, &label).await;
-            }
+            self.roll_back_unverified(sandbox, &netns, &key, &label, existed)
+                .await;
             return Err(SandboxError::Verify {
                 sandbox: label,
                 source,
@@ -282,6 +240,102 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
             expected,
             setup,
         })
+    }
+
+    /// Reserves the sandbox's addresses while its veth pair is made; a failed reservation
+    /// abandons the pair.
+    async fn reserve_and_start(
+        &self,
+        sandbox: &SandboxRef,
+        key: &AllocationKey,
+        netns: &Path,
+        label: &str,
+    ) -> Result<(Reservation, Result<D::Started, DataplaneError>), SandboxError> {
+        let link = LinkSpec {
+            container_id: sandbox.container_id.clone(),
+            netns: netns.to_path_buf(),
+            ifname: sandbox.ifname.clone(),
+            mtu: self.network.mtu,
+        };
+        let (reservation, started) = tokio::join!(
+            self.allocator.reserve_queued(key, sandbox.pod.as_ref()),
+            self.dataplane.start_setup(link)
+        );
+        match reservation {
+            Ok(reservation) => Ok((reservation, started)),
+            Err(source) => {
+                self.abandon(started, label).await;
+                Err(SandboxError::Ipam {
+                    sandbox: label.to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Undoes the wiring of an ADD whose reservation could not be made durable.
+    async fn roll_back_undurable(
+        &self,
+        sandbox: &SandboxRef,
+        netns: &Path,
+        label: &str,
+        wired: bool,
+    ) {
+        // Not on disk, and the store refuses writes until reopened: undo the wiring so
+        // that nothing routes an address the store does not hold.
+        self.observer.rolled_back(sandbox);
+        if wired
+            && let Err(err) = self
+                .dataplane
+                .teardown(&sandbox.container_id, &sandbox.ifname, Some(netns))
+                .await
+        {
+            tracing::error!(sandbox = %label, error = %err, "rollback after a failed durable commit");
+        }
+    }
+
+    /// After a setup that failed (and rolled itself back): a new allocation is released
+    /// unless the rollback left something behind.
+    async fn roll_back_failed_setup(
+        &self,
+        sandbox: &SandboxRef,
+        source: &DataplaneError,
+        key: &AllocationKey,
+        label: &str,
+        existed: bool,
+    ) {
+        self.observer.rolled_back(sandbox);
+        // A rollback that left something behind may leave the address routed: keep
+        // the allocation so it is not handed out again; DEL or reconciliation frees it.
+        let clean_rollback = !matches!(
+            source,
+            DataplaneError::Setup { rollback_errors, .. } if !rollback_errors.is_empty()
+        );
+        if !existed && clean_rollback {
+            self.release_after_failure(key, label).await;
+        }
+    }
+
+    /// Tears down a sandbox that failed its verification, and releases a new allocation once
+    /// the teardown succeeded.
+    async fn roll_back_unverified(
+        &self,
+        sandbox: &SandboxRef,
+        netns: &Path,
+        key: &AllocationKey,
+        label: &str,
+        existed: bool,
+    ) {
+        self.observer.rolled_back(sandbox);
+        if let Err(err) = self
+            .dataplane
+            .teardown(&sandbox.container_id, &sandbox.ifname, Some(netns))
+            .await
+        {
+            tracing::error!(sandbox = %label, error = %err, "rollback after failed verification");
+        } else if !existed {
+            self.release_after_failure(key, label).await;
+        }
     }
 
     /// Undoes a setup started for an ADD that cannot go on.
