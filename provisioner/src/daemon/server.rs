@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -80,6 +80,10 @@ pub struct DaemonOptions {
     pub limits: Limits,
     /// Time the kernel has to answer each netlink request.
     pub netlink_timeout: Duration,
+    /// The `/proc/sys` whose `net` dir the sysctls are read and written under (a writable
+    /// bind mount of the host's `/proc/sys/net` where the container's `/proc/sys` is
+    /// read-only).
+    pub proc_sys: PathBuf,
 }
 
 pub struct TraceOptions {
@@ -108,11 +112,15 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         })?;
     }
     crate::dataplane::set_netlink_timeout(opts.netlink_timeout);
-    let dataplane = match &opts.host_netns {
-        Some(path) => Dataplane::with_host_netns(path),
-        None => Dataplane::new(),
-    }
-    .context("open netlink in the host network namespace")?;
+    let proc_sys_net = opts.proc_sys.join("net");
+    ensure!(
+        proc_sys_net.is_dir(),
+        "--proc-sys {}: no directory {} (the sysctls of the node and its sandboxes are set there)",
+        opts.proc_sys.display(),
+        proc_sys_net.display()
+    );
+    let dataplane = Dataplane::open(opts.host_netns.as_deref(), &opts.proc_sys)
+        .context("open netlink in the host network namespace")?;
     // A runtime whose own CNI setup cannot be read is assumed to read the conf dir we watch.
     let cni_conf_dir = if opts.config_source.is_dir() {
         opts.config_source.clone()
