@@ -1,7 +1,7 @@
 //! Daemon behaviour the README promises and no other test checks: the network rendered from a
 //! template at start (`--template`, `--pod-cidr`, `--template-output`), `--no-trace`,
-//! `--proc-sys`, SIGTERM
-//! finishing the operations in flight, and ADD and DEL of one sandbox racing each other.
+//! `--proc-sys`, SIGTERM finishing the operations in flight, and ADD and DEL of one sandbox
+//! racing each other.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
