@@ -135,10 +135,10 @@ pub enum DataplaneError {
     InterfaceExists { ifname: String, netns: String },
 
     /// Writing a sysctl failed.
-    #[error("write sysctl {key}={value} ({}) in netns {netns}: {source}", .path.display())]
+    #[error("write sysctl {setting} ({}) in netns {netns}: {source}", .path.display())]
     Sysctl {
-        key: String,
-        value: String,
+        /// `key=value`, the key dotted.
+        setting: String,
         /// The file written (under the dataplane's `/proc/sys`).
         path: PathBuf,
         netns: String,

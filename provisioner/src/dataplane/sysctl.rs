@@ -128,8 +128,7 @@ fn first_failure(
     if let Some((i, source)) = errors.into_iter().next() {
         let s = &list[i];
         return Err(DataplaneError::Sysctl {
-            key: s.key.replace('\u{1}', "."),
-            value: s.value.clone(),
+            setting: format!("{}={}", s.key.replace('\u{1}', "."), s.value),
             path: s.path(root),
             netns: ns.label().to_owned(),
             source,
