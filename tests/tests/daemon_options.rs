@@ -416,3 +416,25 @@ fn proc_sys_dir_holds_the_sysctls_the_daemon_reads_and_writes() -> Result<()> {
     }
     Ok(())
 }
+
+/// A `--proc-sys` without a `net` dir (a mount forgotten) keeps the daemon from starting, and
+/// it says which dir it lacks.
+#[test]
+fn a_proc_sys_without_net_keeps_the_daemon_from_starting() -> Result<()> {
+    let node = Netns::new("node")?;
+    let dir = tempfile::tempdir()?;
+    let proc_sys = tempfile::tempdir()?;
+    let proc_sys_arg = proc_sys.path().display().to_string();
+    let mut daemon = testkit::daemon::Daemon::spawn(
+        &provisioner_tests::provisioner_bin(),
+        &node,
+        dir.path(),
+        &["--no-trace", "--proc-sys", &proc_sys_arg],
+    )?;
+    let status = wait_until("the daemon to exit", PATIENCE, || daemon.exited())?;
+    assert!(!status.success(), "{status}");
+    let missing = proc_sys.path().join("net").display().to_string();
+    let log = daemon.log_text();
+    assert!(log.contains(&missing), "{log}");
+    Ok(())
+}
