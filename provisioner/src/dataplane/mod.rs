@@ -28,7 +28,7 @@ mod spec;
 mod sysctl;
 mod teardown;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -90,7 +90,7 @@ struct Inner {
     /// [`NetnsFile::run_here`] runs), so they write its sysctls without entering it.
     host_is_own: bool,
     /// Where the sysctls are read and written: a procfs `sys` dir (see [`Dataplane::open`]).
-    proc_sys: PathBuf,
+    proc_sys: Arc<Path>,
 }
 
 /// The `/proc/sys` of [`Dataplane::new`] and [`Dataplane::with_host_netns`].
@@ -138,13 +138,13 @@ impl Dataplane {
                 (host_ns, socket)
             }
         };
-        Self::from_parts(host_ns, socket, proc_sys.to_path_buf())
+        Self::from_parts(host_ns, socket, Arc::from(proc_sys))
     }
 
     fn from_parts(
         host_ns: NetnsFile,
         socket: netlink_sys::Socket,
-        proc_sys: PathBuf,
+        proc_sys: Arc<Path>,
     ) -> Result<Self, DataplaneError> {
         // Decided now, before a kernel watch attaches: the check makes a namespace of its own.
         netns::ns_id_is_cookie();

@@ -8,6 +8,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::error::DataplaneError;
 use super::netns::NetnsFile;
@@ -82,16 +83,16 @@ fn apply(root: &Path, list: &[Sysctl]) -> Vec<(usize, std::io::Error)> {
 /// Applies `list` under `root` inside `ns`, on a pooled worker; reports the first failure.
 pub(crate) async fn apply_in(
     ns: &NetnsFile,
-    root: &Path,
+    root: &Arc<Path>,
     list: Vec<Sysctl>,
 ) -> Result<(), DataplaneError> {
     if list.is_empty() {
         return Ok(());
     }
-    let root_owned = root.to_path_buf();
+    let worker_root = Arc::clone(root);
     let (list, errors) = ns
         .run(move || {
-            let errors = apply(&root_owned, &list);
+            let errors = apply(&worker_root, &list);
             (list, errors)
         })
         .await?;
@@ -141,7 +142,7 @@ fn first_failure(
 mod tests {
     use super::*;
 
-    const PROC_SYS: &str = "/proc/sys";
+    use crate::dataplane::DEFAULT_PROC_SYS as PROC_SYS;
 
     #[test]
     fn a_per_link_key_the_link_does_not_have_is_skipped_any_other_missing_key_fails() {
