@@ -1,6 +1,7 @@
 //! Daemon behaviour the README promises and no other test checks: the network rendered from a
-//! template at start (`--template`, `--pod-cidr`, `--template-output`), `--no-trace`, SIGTERM
-//! finishing the operations in flight, and ADD and DEL of one sandbox racing each other.
+//! template at start (`--template`, `--pod-cidr`, `--template-output`), `--no-trace`,
+//! `--proc-sys`, SIGTERM finishing the operations in flight, and ADD and DEL of one sandbox
+//! racing each other.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -11,7 +12,7 @@ use anyhow::{Context, Result};
 use provisioner::dataplane::{GRAVEYARD_GROUP, host_ifname};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::daemon_queries::allocations;
-use provisioner_tests::{Netns, wait_only_lo, wait_until};
+use provisioner_tests::{Netns, in_netns, wait_only_lo, wait_until};
 use serde_json::Value;
 use testkit::daemon::sandbox_request;
 
@@ -338,4 +339,102 @@ fn gc_skips_a_sandbox_whose_add_is_in_flight() -> Result<()> {
         "no GC ran while an ADD was in flight in {MAX_ROUNDS} rounds:\n{}",
         daemon.log()
     )
+}
+
+/// The forwarding sysctls of the node namespace, as `path=value`.
+fn node_forwarding(node: &Netns) -> Result<Vec<String>> {
+    in_netns(node.path(), || {
+        [
+            "/proc/sys/net/ipv4/ip_forward",
+            "/proc/sys/net/ipv6/conf/all/forwarding",
+        ]
+        .iter()
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .map(|v| format!("{path}={}", v.trim()))
+                .with_context(|| format!("read {path} in the node namespace"))
+        })
+        .collect::<Result<Vec<_>>>()
+    })?
+}
+
+/// `--proc-sys DIR`: the sysctls are read and written under DIR. A `DIR/net` that leads to
+/// `/proc/sys/net` (a link here, a bind mount in a container: either resolves against the
+/// namespace of the thread that opens a file) serves a dual-stack ADD, which turns forwarding
+/// on in the node namespace; a `DIR/net` that is a plain dir fails the ADD at step sysctl,
+/// naming the file under DIR, and the node's forwarding stays off.
+#[test]
+fn proc_sys_dir_holds_the_sysctls_the_daemon_reads_and_writes() -> Result<()> {
+    let off = [
+        "/proc/sys/net/ipv4/ip_forward=0",
+        "/proc/sys/net/ipv6/conf/all/forwarding=0",
+    ];
+    let on = off.map(|f| f.replace("=0", "=1"));
+    for (i, linked) in [(34, true), (35, false)] {
+        let node = Netns::new("node")?;
+        assert_eq!(node_forwarding(&node)?, off, "a new namespace forwards");
+        let proc_sys = tempfile::tempdir()?;
+        let net = proc_sys.path().join("net");
+        if linked {
+            std::os::unix::fs::symlink("/proc/sys/net", &net)?;
+        } else {
+            std::fs::create_dir(&net)?;
+        }
+        let v4 = format!("10.250.{i}.0/24");
+        let v6 = format!("fd00:250:{i}::/64");
+        let daemon = Daemon::start_with_conflist(
+            &node,
+            &[
+                "--no-trace",
+                "--proc-sys",
+                proc_sys.path().to_str().unwrap_or_default(),
+            ],
+            |socket| conflist("procsys", "1.0.0", socket, &v4, Some(&v6)),
+        )?;
+        daemon.wait_ready(PATIENCE)?;
+        let config = conflist("procsys", "1.0.0", &daemon.socket, &v4, Some(&v6));
+        let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+        let pod = Netns::new("pod")?;
+        let add = run_plugin("ADD", "c-procsys", Some(pod.path()), "eth0", &stdin)?;
+        if linked {
+            assert_eq!(add.code, 0, "{add:?}\n{}", daemon.log());
+            assert_eq!(node_forwarding(&node)?, on);
+            assert_eq!(
+                run_plugin("DEL", "c-procsys", Some(pod.path()), "eth0", &stdin)?.code,
+                0
+            );
+        } else {
+            let written = net.join("ipv4/ip_forward").display().to_string();
+            let msg = add.json()["msg"].as_str().unwrap_or_default().to_owned();
+            assert_ne!(add.code, 0, "{add:?}");
+            assert!(
+                msg.contains("sysctl") && add.stdout.contains(&written),
+                "{add:?}"
+            );
+            assert_eq!(node_forwarding(&node)?, off);
+        }
+    }
+    Ok(())
+}
+
+/// A `--proc-sys` without a `net` dir (a mount forgotten) keeps the daemon from starting, and
+/// it says which dir it lacks.
+#[test]
+fn a_proc_sys_without_net_keeps_the_daemon_from_starting() -> Result<()> {
+    let node = Netns::new("node")?;
+    let dir = tempfile::tempdir()?;
+    let proc_sys = tempfile::tempdir()?;
+    let proc_sys_arg = proc_sys.path().display().to_string();
+    let mut daemon = testkit::daemon::Daemon::spawn(
+        &provisioner_tests::provisioner_bin(),
+        &node,
+        dir.path(),
+        &["--no-trace", "--proc-sys", &proc_sys_arg],
+    )?;
+    let status = wait_until("the daemon to exit", PATIENCE, || daemon.exited())?;
+    assert!(!status.success(), "{status}");
+    let missing = proc_sys.path().join("net").display().to_string();
+    let log = daemon.log_text();
+    assert!(log.contains(&missing), "{log}");
+    Ok(())
 }

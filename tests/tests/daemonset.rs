@@ -19,13 +19,21 @@ use provisioner_tests::{
     Netns, deploy, in_netns, kubelet, netns_cookie, provisioner_bin, wait_until,
 };
 
-/// The node's pod CIDR, as the kubelet passes it to the runtime.
-const POD_CIDR: &str = "10.247.0.0/24";
+/// The node's pod CIDRs, as the kubelet passes them to the runtime: dual-stack.
+const POD_CIDR: &str = "10.247.0.0/24,fd00:247::/64";
 const WORKLOAD_PODS: usize = 3;
 
-/// Host paths the test does not stand in for: where containerd pins pod namespaces, and the
-/// kernel's tracefs.
-const REAL_HOST_PATHS: &[&str] = &["/run/netns", "/sys/kernel/tracing"];
+/// Host paths the test does not stand in for: where containerd pins pod namespaces, the
+/// kernel's tracefs, and the sysctls of network namespaces (a file of it resolves against the
+/// namespace of the thread that opens it: the daemon writes those of the node namespace and of
+/// its pods, never the root namespace's).
+const REAL_HOST_PATHS: &[&str] = &["/run/netns", "/sys/kernel/tracing", "/proc/sys/net"];
+
+/// Forwarding sysctls the daemon turns on in the node namespace for dual-stack pods.
+const FORWARDING: &[&str] = &[
+    "/proc/sys/net/ipv4/ip_forward",
+    "/proc/sys/net/ipv6/conf/all/forwarding",
+];
 
 fn ctr_import(containerd: &Containerd, archive: &Path) -> Result<()> {
     provisioner_tests::run(
@@ -137,13 +145,9 @@ struct Node {
 
 impl Node {
     fn new(m: &Manifest) -> Result<Self> {
+        // Forwarding is left off in the node namespace: the daemon in the container, whose own
+        // /proc/sys is read-only, turns it on for both families.
         let netns = Netns::new("node")?;
-        // A Kubernetes node forwards (kubeadm's preflight requires it): the daemon reads
-        // ip_forward and only writes it when off, which a container's read-only /proc/sys forbids.
-        in_netns(netns.path(), || {
-            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
-        })?
-        .context("net.ipv4.ip_forward=1 in the node namespace")?;
         let root = tempfile::Builder::new().prefix("dsnode").tempdir()?;
         let mut host_dirs = BTreeMap::new();
         for v in m.spec.volumes.iter().flatten() {
@@ -360,8 +364,33 @@ impl Drop for ProcSandbox {
 
 struct Workload {
     pod: Pod,
-    ip: String,
+    /// Its IPv4 and IPv6 address.
+    ips: [String; 2],
     cookie: u64,
+}
+
+impl Workload {
+    fn ping_from(&self, node: &Netns) -> Result<()> {
+        for ip in &self.ips {
+            node.ping(ip)
+                .with_context(|| format!("pod {} at {ip}", self.pod.id))?;
+        }
+        Ok(())
+    }
+}
+
+/// The forwarding sysctls of the node namespace, as `path=value`.
+fn node_forwarding(node: &Netns) -> Result<Vec<String>> {
+    in_netns(node.path(), || {
+        FORWARDING
+            .iter()
+            .map(|path| {
+                std::fs::read_to_string(path)
+                    .map(|v| format!("{path}={}", v.trim()))
+                    .with_context(|| format!("read {path} in the node namespace"))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?
 }
 
 #[test]
@@ -447,14 +476,26 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
             .cri()
             .run_ready_pod(&format!("web-{i}"), &log_dir)
             .with_context(|| container_log(&daemon_log))?;
-        let ip = ready.ips[0].clone();
-        node.netns.ping(&ip)?;
-        pods.push(Workload {
+        let [v4, v6] = ready.ips.as_slice() else {
+            bail!("a dual-stack pod with addresses {:?}", ready.ips);
+        };
+        ensure!(
+            v4.starts_with("10.247.0.") && v6.starts_with("fd00:247::"),
+            "pod addresses {v4}, {v6} outside {POD_CIDR}"
+        );
+        let pod = Workload {
             cookie: netns_cookie(&ready.netns)?,
+            ips: [v4.clone(), v6.clone()],
             pod: ready.pod,
-            ip,
-        });
+        };
+        pod.ping_from(&node.netns)?;
+        pods.push(pod);
     }
+    let forwarding = node_forwarding(&node.netns)?;
+    ensure!(
+        forwarding.iter().all(|f| f.ends_with("=1")),
+        "the daemon did not turn forwarding on in the node namespace: {forwarding:?}"
+    );
     // A sandbox named by a process's namespace, as CNI_NETNS=/proc/<pid>/ns/net names one (what
     // hostPID is for): the daemon opens another process's namespace.
     let by_pid = ProcSandbox::start()?;
@@ -493,9 +534,8 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     );
     node.containerd.cri().remove_container(&daemon_id)?;
     for p in &pods {
-        node.netns
-            .ping(&p.ip)
-            .with_context(|| format!("pod {} lost its network with the daemon down", p.pod.id))?;
+        p.ping_from(&node.netns)
+            .context("a pod lost its network with the daemon down")?;
     }
     let daemon = kubelet::container_config(&m.spec, &m.daemon, 1, &node.volumes)?;
     daemon_id = node.containerd.cri().run_container(&ds_pod, daemon)?;
@@ -503,7 +543,7 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     run_probes(&node, &m.daemon, &daemon_log, Duration::from_secs(30))?;
     wait_confirmed(&node, &cookies, &daemon_log)?;
     for p in &pods {
-        node.netns.ping(&p.ip)?;
+        p.ping_from(&node.netns)?;
     }
     let status = node.ask(&["status"])?;
     ensure!(status["ready"] == true, "after the update: {status}");

@@ -135,11 +135,25 @@ fn manifests_parse_as_typed_kubernetes_objects() -> Result<()> {
         ("/var/lib/provisioner", "/var/lib/provisioner"),
         ("/run/netns", "/run/netns"),
         ("/sys/kernel/tracing", "/sys/kernel/tracing"),
+        ("/host/proc/sys/net", "/proc/sys/net"),
     ];
     for (path, host) in expected {
         assert_eq!(m.get(path).map(String::as_str), Some(host), "{path}: {m:?}");
     }
     assert_eq!(m.len(), expected.len(), "a mount nothing uses: {m:?}");
+    // The container's own /proc/sys is read-only: the daemon sets its sysctls through the
+    // host's /proc/sys/net, mounted writable where --proc-sys points.
+    let proc_sys = argv(daemon)
+        .iter()
+        .find_map(|a| a.strip_prefix("--proc-sys=").map(str::to_owned))
+        .context("the daemon has no --proc-sys")?;
+    let sysctl_mount = daemon
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|v| v.mount_path == format!("{proc_sys}/net"))
+        .with_context(|| format!("nothing mounted at {proc_sys}/net"))?;
+    assert_ne!(sysctl_mount.read_only, Some(true), "{proc_sys}/net");
     // Namespace pins created after the pod started must reach it.
     let netns_mount = daemon
         .volume_mounts

@@ -60,6 +60,10 @@ pub struct DaemonArgs {
     /// Seconds the kernel has to answer each netlink request.
     #[arg(long, value_name = "S", default_value_t = 5.0)]
     netlink_timeout: f64,
+    /// The `/proc/sys` the sysctls are read and written under (its `net` dir): in a container
+    /// whose own `/proc/sys` is read-only, where the host's `/proc/sys/net` is mounted writable.
+    #[arg(long, value_name = "DIR", default_value = provisioner::dataplane::DEFAULT_PROC_SYS)]
+    proc_sys: PathBuf,
     /// Connections served at once; more are answered "try again later" and closed.
     #[arg(long, value_name = "N", default_value_t = 4096)]
     max_connections: usize,
@@ -132,6 +136,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         trace,
         limits,
         netlink_timeout,
+        proc_sys: args.proc_sys,
     }))
 }
 

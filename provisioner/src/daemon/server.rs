@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use ipnetwork::IpNetwork;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -80,6 +80,10 @@ pub struct DaemonOptions {
     pub limits: Limits,
     /// Time the kernel has to answer each netlink request.
     pub netlink_timeout: Duration,
+    /// The `/proc/sys` whose `net` dir the sysctls are read and written under (a writable
+    /// bind mount of the host's `/proc/sys/net` where the container's `/proc/sys` is
+    /// read-only).
+    pub proc_sys: PathBuf,
 }
 
 pub struct TraceOptions {
@@ -102,7 +106,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         render_at_start(render)?;
     }
     crate::dataplane::set_netlink_timeout(opts.netlink_timeout);
-    let dataplane = open_dataplane(opts.host_netns.as_deref())?;
+    let dataplane = open_dataplane(opts.host_netns.as_deref(), &opts.proc_sys)?;
     let kernel = opts.trace.as_ref().map(|t| {
         KernelWatch::start(
             t.deadline,
@@ -161,12 +165,17 @@ fn render_at_start(render: &RenderAtStart) -> Result<()> {
 }
 
 /// Netlink in the given host network namespace, or in the daemon's own.
-fn open_dataplane(host_netns: Option<&Path>) -> Result<Dataplane> {
-    match host_netns {
-        Some(path) => Dataplane::with_host_netns(path),
-        None => Dataplane::new(),
-    }
-    .context("open netlink in the host network namespace")
+/// Netlink in the host network namespace, with the node's and the sandboxes' sysctls under
+/// `proc_sys` (checked to hold `net/`).
+fn open_dataplane(host_netns: Option<&Path>, proc_sys: &Path) -> Result<Dataplane> {
+    let proc_sys_net = proc_sys.join("net");
+    ensure!(
+        proc_sys_net.is_dir(),
+        "--proc-sys {}: no directory {} (the sysctls of the node and its sandboxes are set there)",
+        proc_sys.display(),
+        proc_sys_net.display()
+    );
+    Dataplane::open(host_netns, proc_sys).context("open netlink in the host network namespace")
 }
 
 /// The CNI conf dir of `config_source`: itself when a dir, else the dir of the file.

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::io;
+use std::path::PathBuf;
 
 /// The steps of [`crate::dataplane::Dataplane::setup`], in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,10 +135,12 @@ pub enum DataplaneError {
     InterfaceExists { ifname: String, netns: String },
 
     /// Writing a sysctl failed.
-    #[error("write sysctl {key}={value} in netns {netns}: {source}")]
+    #[error("write sysctl {setting} ({}) in netns {netns}: {source}", .path.display())]
     Sysctl {
-        key: String,
-        value: String,
+        /// `key=value`, the key dotted.
+        setting: String,
+        /// The file written (under the dataplane's `/proc/sys`).
+        path: PathBuf,
         netns: String,
         #[source]
         source: io::Error,

@@ -89,7 +89,12 @@ struct Inner {
     /// The host netns is the daemon's own: its threads are in it (but while
     /// [`NetnsFile::run_here`] runs), so they write its sysctls without entering it.
     host_is_own: bool,
+    /// Where the sysctls are read and written: a procfs `sys` dir (see [`Dataplane::open`]).
+    proc_sys: Arc<Path>,
 }
+
+/// The `/proc/sys` of [`Dataplane::new`] and [`Dataplane::with_host_netns`].
+pub const DEFAULT_PROC_SYS: &str = "/proc/sys";
 
 /// Whether `path` is a network namespace other than the calling process's own (named `own`
 /// in the error): the sandbox netns check of the CNI plugin process, the same one the daemon
@@ -104,25 +109,43 @@ pub fn check_netns_path(path: &Path, own: &'static str) -> Result<(), DataplaneE
 impl Dataplane {
     /// The host ("node") side is the netns of the calling thread.
     pub fn new() -> Result<Self, DataplaneError> {
-        let host_ns = NetnsFile::current_thread()?;
-        let socket =
-            netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE).map_err(|source| {
-                DataplaneError::Socket {
-                    netns: host_ns.label().to_owned(),
-                    source,
-                }
-            })?;
-        Self::from_parts(host_ns, socket)
+        Self::open(None, Path::new(DEFAULT_PROC_SYS))
     }
 
     /// The host side is the netns at `path` (e.g. a "node" netns in tests).
     pub fn with_host_netns(path: &Path) -> Result<Self, DataplaneError> {
-        let host_ns = NetnsFile::open(path)?;
-        let socket = netlink::socket_in(&host_ns)?;
-        Self::from_parts(host_ns, socket)
+        Self::open(Some(path), Path::new(DEFAULT_PROC_SYS))
     }
 
-    fn from_parts(host_ns: NetnsFile, socket: netlink_sys::Socket) -> Result<Self, DataplaneError> {
+    /// The host side is the netns at `host_netns` (default: the calling thread's). Sysctls
+    /// are read and written under `proc_sys`: a `/proc/sys` whose `net` dir is the host's
+    /// procfs one, which resolves against the namespace of the thread that opens a file, so
+    /// a writable bind mount of it serves every namespace, the node's and each sandbox's.
+    pub fn open(host_netns: Option<&Path>, proc_sys: &Path) -> Result<Self, DataplaneError> {
+        let (host_ns, socket) = match host_netns {
+            Some(path) => {
+                let host_ns = NetnsFile::open(path)?;
+                let socket = netlink::socket_in(&host_ns)?;
+                (host_ns, socket)
+            }
+            None => {
+                let host_ns = NetnsFile::current_thread()?;
+                let socket = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_ROUTE)
+                    .map_err(|source| DataplaneError::Socket {
+                        netns: host_ns.label().to_owned(),
+                        source,
+                    })?;
+                (host_ns, socket)
+            }
+        };
+        Self::from_parts(host_ns, socket, Arc::from(proc_sys))
+    }
+
+    fn from_parts(
+        host_ns: NetnsFile,
+        socket: netlink_sys::Socket,
+        proc_sys: Arc<Path>,
+    ) -> Result<Self, DataplaneError> {
         // Decided now, before a kernel watch attaches: the check makes a namespace of its own.
         netns::ns_id_is_cookie();
         let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?.identity()?;
@@ -144,6 +167,7 @@ impl Dataplane {
                 forwarding_v6: AtomicBool::new(false),
                 host_ipv6_off_failed: AtomicBool::new(false),
                 host_is_own,
+                proc_sys,
             }),
         })
     }
@@ -173,7 +197,21 @@ impl Dataplane {
 
     /// Applies `list` in the host netns from the calling thread (see [`sysctl::apply_here`]).
     pub(crate) fn apply_host_sysctls(&self, list: &[sysctl::Sysctl]) -> Result<(), DataplaneError> {
-        sysctl::apply_here(self.host_ns(), list, self.inner.host_is_own)
+        sysctl::apply_here(
+            self.host_ns(),
+            &self.inner.proc_sys,
+            list,
+            self.inner.host_is_own,
+        )
+    }
+
+    /// Applies `list` in the sandbox netns `ns`, on a pooled worker (see [`sysctl::apply_in`]).
+    pub(crate) async fn apply_sandbox_sysctls(
+        &self,
+        ns: &NetnsFile,
+        list: Vec<sysctl::Sysctl>,
+    ) -> Result<(), DataplaneError> {
+        sysctl::apply_in(ns, &self.inner.proc_sys, list).await
     }
 
     /// Opens the network namespace of a sandbox at `path`: it must be a network namespace,

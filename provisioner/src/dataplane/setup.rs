@@ -12,7 +12,7 @@ use super::netns::NetnsFile;
 use super::plan::{ExpectedState, check_link, plan};
 use super::route::Route;
 use super::spec::{LinkSpec, SandboxSpec, SetupOutcome};
-use super::sysctl::{self, Sysctl, iface_key};
+use super::sysctl::{Sysctl, iface_key};
 use super::{Dataplane, address, check, route};
 
 /// Something setup created, to be undone on failure.
@@ -547,7 +547,10 @@ impl Run {
             )
         })?;
         at(SetupStep::Sysctl, self.dp.apply_host_sysctls(&host_list))?;
-        at(SetupStep::Sysctl, sysctl::apply_in(sbx_ns, sbx_list).await)?;
+        at(
+            SetupStep::Sysctl,
+            self.dp.apply_sandbox_sysctls(sbx_ns, sbx_list).await,
+        )?;
         // Forwarding stays on: later setups skip it (the daemon owns the node's forwarding).
         if need_v4 {
             self.dp
