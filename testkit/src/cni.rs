@@ -104,6 +104,22 @@ impl Plugin<'_> {
         run_with_stdin(cmd, &self.stdin)
     }
 
+    /// Like [`Plugin::exec_ok`], with `CNI_ARGS` (e.g. the `K8S_POD_*` pairs a Kubernetes
+    /// runtime passes to name the pod).
+    pub fn exec_ok_with_args(
+        &self,
+        command: &str,
+        container_id: &str,
+        netns: &Path,
+        cni_args: &str,
+    ) -> Result<Run> {
+        let mut cmd = self.command(command, container_id, netns);
+        cmd.env("CNI_ARGS", cni_args);
+        self.node.enter(&mut cmd)?;
+        let run = run_with_stdin(cmd, &self.stdin)?;
+        self.succeeded(command, container_id, run)
+    }
+
     /// Like [`Plugin::exec`], failing unless the plugin exits 0.
     pub fn exec_ok(&self, command: &str, container_id: &str, netns: &Path) -> Result<Run> {
         let run = self.exec(command, container_id, netns)?;

@@ -441,6 +441,15 @@ fn wait_ready(daemon: &Daemon) -> Result<()> {
     }
 }
 
+/// The `CNI_ARGS` a Kubernetes runtime passes for the demo's sandbox `i`: its pod.
+fn pod_args(i: usize) -> String {
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=web-{i};K8S_POD_UID=demo-uid-{i};\
+         K8S_POD_INFRA_CONTAINER_ID=demo-sandbox-{}",
+        i + 1
+    )
+}
+
 /// What one ADD gave a sandbox.
 struct Wired {
     pod: usize,
@@ -462,7 +471,7 @@ fn add_sandboxes(env: &DemoEnv, plugin: &Plugin) -> Result<Vec<Wired>> {
     for (i, pod) in env.pods.iter().enumerate() {
         bench::check_interrupted()?;
         let container_id = format!("demo-sandbox-{}", i + 1);
-        let run = plugin.exec_ok("ADD", &container_id, pod.path())?;
+        let run = plugin.exec_ok_with_args("ADD", &container_id, pod.path(), &pod_args(i))?;
         let result = run.json();
         let ips = result["ips"].as_array().cloned().unwrap_or_default();
         let find = |v6: bool| {
@@ -569,7 +578,7 @@ fn delete_sandboxes(env: &DemoEnv, daemon: &Daemon, plugin: &Plugin) -> Result<(
     );
     for (i, pod) in env.pods.iter().enumerate() {
         let container_id = format!("demo-sandbox-{}", i + 1);
-        let run = plugin.exec_ok("DEL", &container_id, pod.path())?;
+        let run = plugin.exec_ok_with_args("DEL", &container_id, pod.path(), &pod_args(i))?;
         println!(
             "      {container_id}: deleted in {:.1} ms",
             run.elapsed.as_secs_f64() * 1e3

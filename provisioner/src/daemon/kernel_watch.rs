@@ -325,7 +325,14 @@ impl Shared {
             Self::push_text(view, line);
         }
         match report {
-            Report::Verdict(v) => {
+            Report::Verdict(mut v) => {
+                // The pod our own CNI call named, where the trace saw no plugin run by a
+                // runtime name it: the verdict names it too, as the view and the log line do.
+                if !matches!(v.pod, Some(PodName::Known { .. }))
+                    && matches!(view.pod, Some(PodName::Known { .. }))
+                {
+                    v.pod.clone_from(&view.pod);
+                }
                 let verdict = Arc::new(v);
                 Self::push_text(view, ViewText::Verdict(Arc::clone(&verdict)));
                 view.verdict = Some(Arc::clone(&verdict));
@@ -797,6 +804,51 @@ mod tests {
             "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u-0;K8S_POD_INFRA_CONTAINER_ID=c1",
         )
         .expect("a pod")
+    }
+
+    #[test]
+    fn a_verdict_the_trace_could_not_name_names_the_pod_of_our_add() {
+        let mut shared = Shared::default();
+        let named = SandboxRef {
+            pod: Some(web0()),
+            ..sandbox("c1")
+        };
+        shared.name_pod(&named, Some(1));
+        let verdict = |cookie: u64| {
+            Report::Verdict(NetnsVerdict {
+                pod: Some(PodName::Unknown {
+                    reason: "no CNI call naming it was seen and no runtime was asked".to_owned(),
+                }),
+                netns: crate::trace::NetnsRef { cookie, inode: 7 },
+                verdict: crate::trace::Verdict::Networked,
+                sandbox: Some(crate::trace::SandboxReason::Expected),
+                creator: crate::trace::verdict::Creator::default(),
+                created_at: SystemTime::UNIX_EPOCH,
+                destroyed_at: None,
+                reason: "seen being set up".to_owned(),
+                evidence: Evidence::Trace,
+                revises: None,
+                late_ms: None,
+                diagnosis: None,
+                timeline: Vec::new(),
+                repeat: None,
+            })
+        };
+        shared.record_one(verdict(1));
+        let stored = shared.views[&1].verdict.clone().expect("a verdict");
+        assert_eq!(stored.pod.as_ref().and_then(PodName::known), Some(&web0()));
+        let text = shared.views[&1].text[0].render().into_owned();
+        assert!(
+            text.contains("VERDICT NETWORKED pod default/web-0"),
+            "{text}"
+        );
+        // A namespace no ADD of ours named keeps the trace's answer.
+        shared.record_one(verdict(2));
+        let other = shared.views[&2].verdict.clone().expect("a verdict");
+        assert!(
+            matches!(other.pod, Some(PodName::Unknown { .. })),
+            "{other:?}"
+        );
     }
 
     #[test]
