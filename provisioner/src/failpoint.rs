@@ -9,6 +9,8 @@
 //! `add.durable` (the allocation is on disk), `add.before-reply`, `del.release-durable` (the
 //! DEL's release is on disk, its teardown may still run), `del.teardown` (kernel objects
 //! withdrawn, the release on disk, its addresses still held), `del.released` (before the reply).
+//! `setup.<step>.fail` is no crash either: that step of a setup returns an injected error right
+//! after it succeeded, so that the rollback of everything before it can be checked.
 //! `commit.slow` is no crash: it delays the durable commit of reservations by [`PAUSE`], so
 //! that a crash in setup comes before the allocation is on disk. Nor is `add.slow`: an ADD
 //! whose allocation is on disk waits [`PAUSE`] before it answers (the daemon serving other
@@ -18,31 +20,60 @@
 /// Environment variable naming the point to crash at.
 pub const ENV: &str = "PROVISIONER_FAILPOINT";
 
-/// The armed points (comma separated in [`ENV`]).
+/// The armed points: those named (comma separated) in [`ENV`], then those of [`arm`].
 #[cfg(feature = "fault-injection")]
-fn armed() -> &'static [String] {
-    static ARMED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+fn armed() -> &'static std::sync::RwLock<Vec<String>> {
+    static ARMED: std::sync::OnceLock<std::sync::RwLock<Vec<String>>> = std::sync::OnceLock::new();
     ARMED.get_or_init(|| {
-        std::env::var(ENV)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned)
-            .collect()
+        std::sync::RwLock::new(
+            std::env::var(ENV)
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
     })
 }
 
 #[cfg(feature = "fault-injection")]
+fn armed_where(test: impl Fn(&str) -> bool) -> bool {
+    let armed = armed()
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    armed.iter().any(|p| test(p))
+}
+
+#[cfg(feature = "fault-injection")]
 fn is_armed(name: &str) -> bool {
-    armed().iter().any(|p| p == name)
+    armed_where(|p| p == name)
+}
+
+/// Arms the point `name` in this process (an in-process test; a daemon is armed by [`ENV`]).
+/// Points are process-wide: a test that arms one runs alone in its test binary.
+#[cfg(feature = "fault-injection")]
+pub fn arm(name: &str) {
+    let mut armed = armed()
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    armed.push(name.to_owned());
+}
+
+/// Disarms the point `name` armed by [`arm`] or [`ENV`].
+#[cfg(feature = "fault-injection")]
+pub fn disarm(name: &str) {
+    let mut armed = armed()
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    armed.retain(|p| p != name);
 }
 
 /// Whether any point whose name starts with `prefix` is armed (a caller skips naming its
 /// points, e.g. formatting `setup.<step>`, when none is).
 #[cfg(feature = "fault-injection")]
 pub fn any_armed(prefix: &str) -> bool {
-    armed().iter().any(|p| p.starts_with(prefix))
+    armed_where(|p| p.starts_with(prefix))
 }
 
 /// Whether any point whose name starts with `prefix` is armed (compiled out: never).

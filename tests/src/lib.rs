@@ -16,6 +16,7 @@ pub mod crash_harness;
 pub mod cri;
 pub mod daemon_harness;
 pub mod daemon_queries;
+pub mod dataplane_fixture;
 pub mod deploy;
 pub mod kubelet;
 pub mod oci_image;

@@ -1,87 +1,17 @@
 //! Dataplane integration tests (root): every test builds its own "node" netns (host side) and
 //! sandbox netns; nothing touches the root namespace.
 
-use std::net::IpAddr;
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
-use ipnetwork::IpNetwork;
 use provisioner::dataplane::{
     Dataplane, DataplaneError, GRAVEYARD_GROUP, GRAVEYARD_IFNAME_PREFIX, HOST_IFNAME_PREFIX,
     LinkSpec, PodAddress, RouteSpec, SandboxSpec, SetupStep, graveyard_ifname, host_ifname,
 };
+use provisioner_tests::dataplane_fixture::{
+    assert_node_clean, assert_sandbox_clean, ip, links, net, node, spec, veths,
+};
 use provisioner_tests::{Netns, wait_until};
-
-fn net(s: &str) -> IpNetwork {
-    s.parse().expect("cidr literal")
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().expect("ip literal")
-}
-
-fn spec(id: &str, sandbox: &Netns, addrs: &[(&str, &str)]) -> SandboxSpec {
-    SandboxSpec {
-        container_id: id.to_owned(),
-        netns: sandbox.path().to_owned(),
-        ifname: "eth0".to_owned(),
-        addresses: addrs
-            .iter()
-            .map(|(a, g)| PodAddress {
-                address: net(a),
-                gateway: ip(g),
-            })
-            .collect(),
-        mtu: Some(1460),
-        routes: vec![RouteSpec {
-            dst: net(if addrs[0].0.contains(':') {
-                "::/0"
-            } else {
-                "0.0.0.0/0"
-            }),
-            gw: None,
-        }],
-    }
-}
-
-fn node() -> Result<(Netns, Dataplane)> {
-    let node = Netns::new("node")?;
-    let dp = Dataplane::with_host_netns(node.path())?;
-    Ok((node, dp))
-}
-
-/// Names of the links of a netns (`ip -o link`), without the `@peer` suffix.
-fn links(ns: &Netns) -> Result<Vec<String>> {
-    Ok(ns
-        .ip(&["-o", "link", "show"])?
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .collect())
-}
-
-fn veths(ns: &Netns) -> Result<Vec<String>> {
-    Ok(links(ns)?
-        .into_iter()
-        .filter(|n| n.starts_with(HOST_IFNAME_PREFIX) || n.starts_with(GRAVEYARD_IFNAME_PREFIX))
-        .collect())
-}
-
-/// Nothing of ours left in the node: no veth, no route (v4 or v6) naming a veth.
-fn assert_node_clean(node: &Netns) -> Result<()> {
-    ensure!(
-        veths(node)?.is_empty(),
-        "veth left in node: {:?}",
-        veths(node)?
-    );
-    let r4 = node.ip(&["-4", "route", "show"])?;
-    let r6 = node.ip(&["-6", "route", "show"])?;
-    ensure!(
-        !r4.contains(HOST_IFNAME_PREFIX) && !r6.contains(HOST_IFNAME_PREFIX),
-        "route left in node: {r4}{r6}"
-    );
-    Ok(())
-}
 
 /// Waits for the background reaper (bounded) and checks it deleted everything queued.
 async fn settle(dp: &Dataplane) -> Result<()> {
@@ -101,15 +31,6 @@ fn assert_not_routed(node: &Netns, pod_ip: &str) -> Result<()> {
         !got.contains(HOST_IFNAME_PREFIX) && !got.contains(GRAVEYARD_IFNAME_PREFIX),
         "{pod_ip} still routed through our veth: {got}"
     );
-    Ok(())
-}
-
-/// The sandbox holds only `lo` and no route.
-fn assert_sandbox_clean(sandbox: &Netns) -> Result<()> {
-    let l = links(sandbox)?;
-    ensure!(l == ["lo"], "links left in sandbox: {l:?}");
-    let r = sandbox.ip(&["route", "show"])?;
-    ensure!(r.trim().is_empty(), "routes left in sandbox: {r}");
     Ok(())
 }
 
@@ -501,37 +422,6 @@ async fn setup_fails_when_ifname_exists() -> Result<()> {
         "sandbox links changed: {l:?}"
     );
     assert_node_clean(&node)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn injected_failure_after_each_step_rolls_back() -> Result<()> {
-    let (node, dp) = node()?;
-    for (i, step) in SetupStep::ALL.into_iter().enumerate() {
-        let sb = Netns::new("fi")?;
-        let s = spec(
-            &format!("fi{i}"),
-            &sb,
-            &[
-                ("10.244.7.2/24", "10.244.7.1"),
-                ("fd00:7::2/64", "fd00:7::1"),
-            ],
-        );
-        let err = dp
-            .setup_failing_after(&s, step)
-            .await
-            .expect_err("injected failure");
-        ensure!(err.setup_step() == Some(step), "{err}");
-        ensure!(err.to_string().contains(&step.to_string()), "{err}");
-        if let DataplaneError::Setup {
-            rollback_errors, ..
-        } = &err
-        {
-            ensure!(rollback_errors.is_empty(), "{err}");
-        }
-        assert_node_clean(&node).with_context(|| format!("after {step}"))?;
-        assert_sandbox_clean(&sb).with_context(|| format!("after {step}"))?;
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,7 +164,7 @@ pub enum DataplaneError {
         errors: Vec<DataplaneError>,
     },
 
-    /// A fault injected by the test hook after a step.
+    /// A `setup.<step>.fail` failpoint made the step fail (fault injection, tests only).
     #[error("injected failure after step {0}")]
     Injected(SetupStep),
 }

@@ -257,7 +257,7 @@ impl Dataplane {
     /// Creates the sandbox interface, its addresses and routes, and the host side (ptp wiring).
     /// On failure everything created so far is rolled back and the error names the step.
     pub async fn setup(&self, spec: &SandboxSpec) -> Result<SetupOutcome, DataplaneError> {
-        setup::run(self, spec, None).await
+        setup::run(self, spec).await
     }
 
     /// [`Self::setup`], then a check of what the kernel's acknowledgements of its requests
@@ -277,16 +277,6 @@ impl Dataplane {
     /// made is rolled back, and the error names the step, as setup's does.
     pub async fn start_setup(&self, link: LinkSpec) -> Result<StartedSetup, DataplaneError> {
         setup::start(self, link).await
-    }
-
-    /// Like [`Self::setup`] but fails on purpose right after `step` succeeded (tests only).
-    #[cfg(feature = "fault-injection")]
-    pub async fn setup_failing_after(
-        &self,
-        spec: &SandboxSpec,
-        step: SetupStep,
-    ) -> Result<SetupOutcome, DataplaneError> {
-        setup::run(self, spec, Some(step)).await
     }
 
     /// Removes what setup created. Idempotent: succeeds when nothing is there, when the netns is

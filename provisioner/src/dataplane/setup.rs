@@ -87,6 +87,16 @@ impl Op {
     }
 }
 
+/// The step that an armed `setup.<step>.fail` failpoint makes fail, if any.
+fn injected_failure() -> Option<SetupStep> {
+    if !crate::failpoint::any_armed("setup.") {
+        return None;
+    }
+    SetupStep::ALL
+        .into_iter()
+        .find(|step| crate::failpoint::fails(&format!("setup.{step}.fail")))
+}
+
 fn step_pos(step: SetupStep) -> usize {
     SetupStep::ALL
         .iter()
@@ -122,11 +132,8 @@ fn at<T>(step: SetupStep, r: Result<T, DataplaneError>) -> StepResult<T> {
 pub(crate) async fn run(
     dp: &Dataplane,
     spec: &SandboxSpec,
-    fail_after: Option<SetupStep>,
 ) -> Result<SetupOutcome, DataplaneError> {
-    execute(dp, spec, fail_after, false)
-        .await
-        .map(|(out, _)| out)
+    execute(dp, spec, false).await.map(|(out, _)| out)
 }
 
 /// Setup, then what its acknowledgements cannot tell: that the node routes each pod address
@@ -137,17 +144,16 @@ pub(crate) async fn run_and_check(
     dp: &Dataplane,
     spec: &SandboxSpec,
 ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
-    execute(dp, spec, None, true).await
+    execute(dp, spec, true).await
 }
 
 async fn execute(
     dp: &Dataplane,
     spec: &SandboxSpec,
-    fail_after: Option<SetupStep>,
     verify: bool,
 ) -> Result<(SetupOutcome, Result<(), CheckFailure>), DataplaneError> {
     let plan = plan(spec)?;
-    let mut run = Run::new(dp, LinkSpec::of(spec), fail_after);
+    let mut run = Run::new(dp, LinkSpec::of(spec));
     let done = match run.veth_steps().await {
         Ok(veth) => run.address_steps(&plan, &veth).await,
         Err(failed) => Err(failed),
@@ -159,7 +165,7 @@ async fn execute(
 /// failure what was made is rolled back.
 pub(crate) async fn start(dp: &Dataplane, link: LinkSpec) -> Result<StartedSetup, DataplaneError> {
     check_link(&link.container_id, &link.ifname, link.mtu)?;
-    let mut run = Run::new(dp, link, None);
+    let mut run = Run::new(dp, link);
     match run.veth_steps().await {
         Ok(veth) => Ok(StartedSetup { run, veth }),
         Err((step, source)) => Err(run.failed(step, source).await),
@@ -211,12 +217,12 @@ impl StartedSetup {
 }
 
 impl Run {
-    fn new(dp: &Dataplane, link: LinkSpec, fail_after: Option<SetupStep>) -> Self {
+    fn new(dp: &Dataplane, link: LinkSpec) -> Self {
         Self {
             dp: dp.clone(),
             host_ifname: host_ifname(&link.container_id, &link.ifname),
             link,
-            fail_after,
+            fail_after: injected_failure(),
             undo: Vec::new(),
             sandbox: None,
         }
