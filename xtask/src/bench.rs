@@ -178,8 +178,8 @@ pub fn build_dist() -> Result<PathBuf> {
     )
 }
 
-/// Bootstraps and builds a plain release binary for musl (the demo's: quicker
-/// to build than [`build_dist`], which the bench measures); the binary's path.
+/// Bootstraps and builds a plain release binary for musl (the soak's: quicker to build than
+/// [`build_dist`], which the bench, the demo and the image use); the binary's path.
 pub fn build_release() -> Result<PathBuf> {
     build_provisioner("release", "provisioner (release, musl)", None)
 }
@@ -187,7 +187,7 @@ pub fn build_release() -> Result<PathBuf> {
 fn build_provisioner(profile: &str, what: &str, rustflags: Option<&str>) -> Result<PathBuf> {
     bootstrap::apt_packages()?;
     bootstrap::release_target(RELEASE_TARGET)?;
-    ebpf::prepare()?;
+    ebpf::build_once_for_all()?;
     announce("build", what);
     let root = workspace_root();
     let mut build = cargo("stable");

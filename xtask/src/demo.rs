@@ -51,7 +51,7 @@ pub struct DemoEnv<'a> {
 
 pub fn run() -> Result<()> {
     bench::require_root("demo")?;
-    let bin = bench::build_release()?;
+    let bin = bench::build_dist()?;
     bench::catch_interrupt();
     let started = Instant::now();
 

@@ -1,6 +1,7 @@
 //! What building the eBPF crate (for bpfel-unknown-none) needs. provisioner's build script
 //! builds the object itself (aya-build) with what [`prepare`] installs; [`build`] also builds
-//! one into `target/ebpf/` to inspect (bpftool) or to hand over in `PROVISIONER_EBPF_OBJECT`.
+//! one into `target/ebpf/` to inspect (bpftool) or to hand over in `PROVISIONER_EBPF_OBJECT`,
+//! which is how the builds of one xtask run share it ([`build_once_for_all`]).
 
 use std::path::PathBuf;
 
@@ -21,6 +22,13 @@ pub fn prepare() -> Result<(bootstrap::EbpfToolchain, PathBuf)> {
     bootstrap::rust_src(&toolchain)?;
     let linker_dir = bootstrap::bpf_linker(&toolchain)?;
     Ok((toolchain, linker_dir))
+}
+
+/// [`build`]s the object and has every later cargo build of this xtask run embed it.
+pub fn build_once_for_all() -> Result<()> {
+    let object = build()?;
+    crate::step::embed_ebpf_object(object);
+    Ok(())
 }
 
 /// [`prepare`]s and builds the eBPF object into [`object_path`]; returns its path.

@@ -49,6 +49,7 @@ pub fn run(opts: &Options) -> Result<()> {
         None => TARGETS.to_vec(),
     };
     ensure_cargo_fuzz()?;
+    crate::ebpf::build_once_for_all()?;
     announce(
         "fuzz",
         "build the fuzz targets (release, debug assertions, AddressSanitizer)",
@@ -124,6 +125,7 @@ fn cargo_fuzz(root: &Path, subcommand: &str) -> Command {
         .env("RUSTC_BOOTSTRAP", "1")
         .env_remove("CARGO_TARGET_DIR")
         .args(["fuzz", subcommand, "--fuzz-dir", "fuzz"]);
+    crate::step::with_shared_ebpf_object(&mut cmd);
     cmd
 }
 

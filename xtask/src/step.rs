@@ -42,11 +42,29 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().map_or(manifest.clone(), PathBuf::from)
 }
 
+/// The eBPF object every build that [`cargo`] starts embeds (see [`embed_ebpf_object`]).
+static EBPF_OBJECT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Makes every later [`cargo`] build embed `object` (`PROVISIONER_EBPF_OBJECT`), so that the
+/// builds of one xtask run (lint, tests, image, demo) share one eBPF build instead of each
+/// profile's build script building its own.
+pub fn embed_ebpf_object(object: std::path::PathBuf) {
+    let _ = EBPF_OBJECT.set(object);
+}
+
+/// Has the cargo `cmd` embed the shared eBPF object, when [`embed_ebpf_object`] named one.
+pub fn with_shared_ebpf_object(cmd: &mut Command) {
+    if let Some(object) = EBPF_OBJECT.get() {
+        cmd.env("PROVISIONER_EBPF_OBJECT", object);
+    }
+}
+
 /// A `cargo` command for `toolchain` with the environment of the calling cargo removed, so the
 /// requested toolchain is the one that runs.
 pub fn cargo(toolchain: &str) -> Command {
     let mut cmd = Command::new("cargo");
     cmd.arg(format!("+{toolchain}"));
+    with_shared_ebpf_object(&mut cmd);
     for var in [
         "RUSTUP_TOOLCHAIN",
         "RUSTC",

@@ -13,7 +13,7 @@ const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
 
 pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
     bootstrap::apt_packages()?;
-    ebpf::prepare()?;
+    ebpf::build_once_for_all()?;
     // The image tests and the DaemonSet test run the image deploy/provisioner.yaml names.
     let archive = image::build()?;
     let root = workspace_root();
