@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{allocator_check, bootstrap, ebpf, failpoint_check};
+use crate::release::build_dist;
+use crate::step::detail;
 
 pub use netns::{Netns, require_root};
 pub use testkit::cni::{Plugin, plugin_stdin};
@@ -157,61 +157,6 @@ fn prepare(opts: &Options) -> Result<PathBuf> {
 /// `cargo xtask bench-pool`: the tracer's rows pooled over the runs written to `files`.
 pub fn run_pool(files: &[PathBuf]) -> Result<()> {
     pool::run(files)
-}
-
-/// The target triple of the binary to install (given explicitly so that RUSTFLAGS only reach
-/// the target's crates, not build scripts and proc-macros). musl: a static musl binary starts
-/// in a fraction of a glibc one's time (glibc probes the CPU caches with CPUID at every start,
-/// which traps to the hypervisor in a VM: docs/benchmarks.md), and the CNI plugin mode is
-/// exec'd once per ADD and DEL. The daemon gets mimalloc there (provisioner/src/memory).
-pub const RELEASE_TARGET: &str = "x86_64-unknown-linux-musl";
-/// Non-PIE: no relocations to apply at exec (musl links statically by default).
-const RELEASE_RUSTFLAGS: &str = "-C relocation-model=static";
-
-/// Bootstraps, builds the eBPF object and the binary to install and measure (profile `dist`:
-/// LTO, one codegen unit, static non-PIE, for musl); the binary's path.
-pub fn build_dist() -> Result<PathBuf> {
-    build_provisioner(
-        "dist",
-        "provisioner (profile dist: LTO, one codegen unit, static non-PIE, musl)",
-        Some(RELEASE_RUSTFLAGS),
-    )
-}
-
-/// Bootstraps and builds a plain release binary for musl (the demo's: quicker
-/// to build than [`build_dist`], which the bench measures); the binary's path.
-pub fn build_release() -> Result<PathBuf> {
-    build_provisioner("release", "provisioner (release, musl)", None)
-}
-
-fn build_provisioner(profile: &str, what: &str, rustflags: Option<&str>) -> Result<PathBuf> {
-    bootstrap::apt_packages()?;
-    bootstrap::release_target(RELEASE_TARGET)?;
-    ebpf::prepare()?;
-    announce("build", what);
-    let root = workspace_root();
-    let mut build = cargo("stable");
-    build
-        .current_dir(&root)
-        .args(["build", "--profile", profile, "-p", "provisioner", "--bin"])
-        .arg("provisioner")
-        .args(["--target", RELEASE_TARGET]);
-    if let Some(flags) = rustflags {
-        build.env("RUSTFLAGS", flags);
-    }
-    run_command(&mut build)?;
-    let bin = root
-        .join("target")
-        .join(RELEASE_TARGET)
-        .join(profile)
-        .join("provisioner");
-    if !bin.exists() {
-        bail!("{} missing after the build", bin.display());
-    }
-    detail(&format!("binary: {}", bin.display()));
-    allocator_check::check(&bin)?;
-    failpoint_check::check(&bin)?;
-    Ok(bin)
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);

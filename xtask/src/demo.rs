@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::bench::{self, Daemon, Netns, Plugin};
+use crate::release;
 use crate::step::{announce, detail};
 
 /// The node's pod CIDRs, dual-stack.
@@ -51,7 +52,7 @@ pub struct DemoEnv<'a> {
 
 pub fn run() -> Result<()> {
     bench::require_root("demo")?;
-    let bin = bench::build_release()?;
+    let bin = release::build_release()?;
     bench::catch_interrupt();
     let started = Instant::now();
 

@@ -9,6 +9,7 @@ mod failpoint_check;
 mod fuzz;
 mod image;
 mod mutants;
+mod release;
 mod soak;
 mod step;
 mod test;
@@ -172,7 +173,7 @@ fn main() -> Result<()> {
             every,
             bin,
         }),
-        Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::BuildRelease => release::build_dist().map(|bin| println!("{}", bin.display())),
         Command::Image => image::build().map(|archive| println!("{}", archive.display())),
         Command::Mutants {
             file,
