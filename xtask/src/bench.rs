@@ -2,32 +2,23 @@
 //! in the same run, in private namespaces that are always removed.
 //!
 //! Three ways of wiring a sandbox are measured on identical namespaces and subnets, each with
-//! its own sandbox namespaces, interleaved in blocks (see `ways`):
+//! its own sandbox namespaces, interleaved in blocks (`ways`):
 //! - `reference`: /usr/lib/cni/ptp with host-local IPAM, exec'd as a runtime does;
 //! - `plugin`: the provisioner binary exec'd in CNI plugin mode, talking to the daemon;
 //! - `api`: one request on the daemon's socket from this process (no exec).
 //!
 //! Every call's latency is recorded with the CPU time it cost: the exec'd process's (wait4) and
-//! the daemon's (its process CPU clock over the block, per call). Floors measured in the same
-//! run (`phases`, `floor`), the daemon's memory and start-up (`daemon_phase`) and the tracer's
-//! cost (`trace_overhead`) complete the report (`output`): a table on the terminal,
-//! target/bench/latest.{json,md} (or `--json FILE`) and an SVG of the latency distributions.
-//!
-//! Plugins are spawned as a Go runtime (containerd, CRI-O) spawns them: posix_spawn, a
-//! vfork-style clone, from a caller thread that entered the way's "node" namespace (no
-//! `ip netns exec`, no fork of this process); the daemon runs there too and gets
-//! `--host-netns`. The root namespace is never touched. Sandbox namespaces are created up
-//! front and not timed.
+//! the daemon's (its process CPU clock over the block, per call). The floors (`floor`), the
+//! daemon's memory and start-up (`daemon_phase`) and the tracer's cost (`trace_overhead`)
+//! complete the report (`report`): a table on the terminal, target/bench/latest.{json,md} (or
+//! `--json FILE`) and an SVG of the latency distributions. Before each timed part the bench
+//! waits for a quiet machine, and reports the hypervisor's steal over it (`machine`).
 
-mod cpus;
 mod daemon_phase;
 mod floor;
+mod machine;
 pub mod netns;
-mod output;
-mod phases;
 mod pool;
-mod proc_stat;
-mod quiet;
 mod report;
 mod stats;
 mod svg;
@@ -41,8 +32,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{allocator_check, bootstrap, ebpf, failpoint_check};
+use crate::release::build_dist;
+use crate::step::{announce, detail};
 
 pub use netns::{Netns, require_root};
 pub use testkit::cni::{Plugin, plugin_stdin};
@@ -52,9 +43,6 @@ pub use testkit::daemon::Daemon;
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 /// Pod subnet used by every way (the same shape everywhere; each way has its own node netns).
 const SUBNET: &str = "10.244.0.0/16";
-/// Longest wait for the machine to be quiet before a timed part (the kernel tearing down the
-/// namespaces of the part before).
-const QUIET_BEFORE_PHASE: Duration = Duration::from_secs(30);
 
 /// `cargo xtask bench` options.
 pub struct Options {
@@ -68,6 +56,11 @@ pub struct Options {
     pub sandboxes: usize,
     /// Calls per way per block of a sequential phase (concurrent phases: 4 x).
     pub block: usize,
+    /// Rounds of the tracer's cost (each a daemon measured with its kernel watch on and off).
+    pub rounds: usize,
+    /// Longest wait for a quiet machine before a timed part (a third of it in the tracer's
+    /// rounds); the part is timed anyway after it, with a note.
+    pub quiet_wait: Duration,
     /// Where to write every figure (default target/bench/latest.json).
     pub json: Option<PathBuf>,
     /// Run the daemon without its kernel watch (eBPF tracing), and skip the tracer's rounds.
@@ -78,60 +71,51 @@ pub struct Options {
 
 /// `cargo xtask bench`: every part, then the report.
 pub fn run(opts: &Options) -> Result<()> {
-    if opts.count == 0 || opts.concurrent_count == 0 {
-        bail!("--count and --concurrent-count must be at least 1");
+    if opts.count == 0 || opts.concurrent_count == 0 || opts.rounds == 0 {
+        bail!("--count, --concurrent-count and --rounds must be at least 1");
     }
-    let bin = prepare(opts)?;
     let reference = Path::new(REFERENCE_DIR).join("ptp");
     if !reference.exists() {
-        bail!(
-            "{} missing: install containernetworking-plugins",
-            reference.display()
-        );
+        bail!("{REFERENCE_DIR}/ptp missing: install containernetworking-plugins");
     }
-    let total = Instant::now();
-    let load_before = output::load_average();
-    output::warn_if_busy(load_before);
-    let tmp = tempfile::Builder::new()
-        .prefix("provisioner-bench")
-        .tempdir()?;
-    let floors = phases::floors(opts)?;
+    let bin = prepare(opts)?;
+    let (total, load_before) = (Instant::now(), machine::load_average());
+    machine::warn_if_busy(load_before);
+    let tmp = tempfile::tempdir()?;
+    let floors = floor::measure(opts)?;
     let node = Netns::new("nodeprov")?;
     let started = daemon_phase::start(opts, &bin, &node, tmp.path())?;
-    let ways = phases::ways(opts, (&bin, &reference), &node, tmp.path(), &started)?;
+    let ways = ways::measure(opts, (&bin, &reference), &node, tmp.path(), &started)?;
     let daemon = daemon_phase::memory(opts, &bin, &node, tmp.path(), started)?;
-    let overhead = if opts.no_trace {
-        None
-    } else {
-        Some(trace_overhead::run(&bin)?)
-    };
-    let run = output::Run {
+    let overhead = (!opts.no_trace)
+        .then(|| trace_overhead::run(opts, &bin))
+        .transpose()?;
+    let run = report::Run {
         opts,
         bin: &bin,
         floors,
         ways,
         daemon,
         overhead,
-        load_before,
-        total,
+        started: (total, load_before),
     };
-    output::write(&run)
+    report::write(&run)
 }
 
 /// `--trace-overhead-only`: the tracer's cost alone, written to `--json` (default
 /// target/bench/trace-overhead.json).
 pub fn run_trace_overhead(opts: &Options) -> Result<()> {
     let bin = prepare(opts)?;
-    let results = trace_overhead::run(&bin)?;
+    let results = trace_overhead::run(opts, &bin)?;
     println!("\n{}", report::markdown(&[], &results.singles()?));
     let document = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "binary": bin,
         "binary_id": pool::binary_id(&bin),
-        "machine": output::machine(),
+        "machine": machine::describe(),
         "trace_overhead": results.json(),
     });
-    let path = output::path(opts, "trace-overhead.json")?;
+    let path = report::path(opts, "trace-overhead.json")?;
     std::fs::write(&path, serde_json::to_vec_pretty(&document)?)?;
     println!("written: {}", path.display());
     Ok(())
@@ -147,9 +131,7 @@ fn prepare(opts: &Options) -> Result<PathBuf> {
     catch_interrupt();
     let stale = netns::remove_stale();
     if stale > 0 {
-        detail(&format!(
-            "removed {stale} namespace(s) left by a killed run"
-        ));
+        detail(&format!("removed {stale} namespace(s) of a killed run"));
     }
     Ok(bin)
 }
@@ -157,61 +139,6 @@ fn prepare(opts: &Options) -> Result<PathBuf> {
 /// `cargo xtask bench-pool`: the tracer's rows pooled over the runs written to `files`.
 pub fn run_pool(files: &[PathBuf]) -> Result<()> {
     pool::run(files)
-}
-
-/// The target triple of the binary to install (given explicitly so that RUSTFLAGS only reach
-/// the target's crates, not build scripts and proc-macros). musl: a static musl binary starts
-/// in a fraction of a glibc one's time (glibc probes the CPU caches with CPUID at every start,
-/// which traps to the hypervisor in a VM: docs/benchmarks.md), and the CNI plugin mode is
-/// exec'd once per ADD and DEL. The daemon gets mimalloc there (provisioner/src/memory).
-pub const RELEASE_TARGET: &str = "x86_64-unknown-linux-musl";
-/// Non-PIE: no relocations to apply at exec (musl links statically by default).
-const RELEASE_RUSTFLAGS: &str = "-C relocation-model=static";
-
-/// Bootstraps, builds the eBPF object and the binary to install and measure (profile `dist`:
-/// LTO, one codegen unit, static non-PIE, for musl); the binary's path.
-pub fn build_dist() -> Result<PathBuf> {
-    build_provisioner(
-        "dist",
-        "provisioner (profile dist: LTO, one codegen unit, static non-PIE, musl)",
-        Some(RELEASE_RUSTFLAGS),
-    )
-}
-
-/// Bootstraps and builds a plain release binary for musl (the soak's: quicker to build than
-/// [`build_dist`], which the bench, the demo and the image use); the binary's path.
-pub fn build_release() -> Result<PathBuf> {
-    build_provisioner("release", "provisioner (release, musl)", None)
-}
-
-fn build_provisioner(profile: &str, what: &str, rustflags: Option<&str>) -> Result<PathBuf> {
-    bootstrap::apt_packages()?;
-    bootstrap::release_target(RELEASE_TARGET)?;
-    ebpf::build_once_for_all()?;
-    announce("build", what);
-    let root = workspace_root();
-    let mut build = cargo("stable");
-    build
-        .current_dir(&root)
-        .args(["build", "--profile", profile, "-p", "provisioner", "--bin"])
-        .arg("provisioner")
-        .args(["--target", RELEASE_TARGET]);
-    if let Some(flags) = rustflags {
-        build.env("RUSTFLAGS", flags);
-    }
-    run_command(&mut build)?;
-    let bin = root
-        .join("target")
-        .join(RELEASE_TARGET)
-        .join(profile)
-        .join("provisioner");
-    if !bin.exists() {
-        bail!("{} missing after the build", bin.display());
-    }
-    detail(&format!("binary: {}", bin.display()));
-    allocator_check::check(&bin)?;
-    failpoint_check::check(&bin)?;
-    Ok(bin)
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -222,13 +149,9 @@ extern "C" fn on_sigint(_: libc::c_int) {
 
 /// Turns Ctrl-C into an error at the next check, so every guard still cleans up.
 pub fn catch_interrupt() {
+    let handler = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
-    }
+    unsafe { libc::signal(libc::SIGINT, handler) };
 }
 
 pub fn check_interrupted() -> Result<()> {
@@ -236,6 +159,11 @@ pub fn check_interrupted() -> Result<()> {
         bail!("interrupted");
     }
     Ok(())
+}
+
+/// Announces a part of the bench.
+fn step(what: String) {
+    announce("bench", &what);
 }
 
 /// Creates `n` sandbox namespaces named `<prefix><i>` (not timed).
@@ -246,6 +174,17 @@ pub fn sandbox_namespaces(prefix: &str, n: usize) -> Result<Vec<Netns>> {
         pods.push(Netns::new(&format!("{prefix}{i}"))?);
     }
     Ok(pods)
+}
+
+/// `bin` exec'd as a CNI plugin from `node`, fed `stdin`.
+fn plugin<'a>(bin: &Path, stdin: Vec<u8>, node: &'a Netns) -> Plugin<'a> {
+    let (bin, cni_path) = (bin.to_path_buf(), REFERENCE_DIR.to_owned());
+    Plugin {
+        bin,
+        cni_path,
+        stdin,
+        node,
+    }
 }
 
 /// The provisioner network used by the bench's daemons.

@@ -45,7 +45,7 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", "/usr/share/doc/busybox-static"),
     // protoc, for the build of the CRI client (k8s-cri).
     ("protobuf-compiler", "/usr/bin/protoc"),
-    // musl-gcc, which compiles mimalloc's C for the musl release build (bench::RELEASE_TARGET).
+    // musl-gcc, which compiles mimalloc's C for the musl release build (release::RELEASE_TARGET).
     ("musl-tools", "/usr/bin/musl-gcc"),
     // The real Prometheus and promtool of tests/tests/monitoring.rs (deploy/monitoring).
     ("prometheus", "/usr/bin/prometheus"),

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::bench::{self, Daemon, Netns, Plugin};
+use crate::release;
 use crate::step::{announce, detail};
 
 /// The node's pod CIDRs, dual-stack.
@@ -51,7 +52,7 @@ pub struct DemoEnv<'a> {
 
 pub fn run() -> Result<()> {
     bench::require_root("demo")?;
-    let bin = bench::build_dist()?;
+    let bin = release::build_dist()?;
     bench::catch_interrupt();
     let started = Instant::now();
 
@@ -136,7 +137,7 @@ pub fn run() -> Result<()> {
 const REAL_RUNTIME_TOOLS: &[&str] = &["/usr/bin/containerd", "/usr/sbin/runc", "/bin/busybox"];
 
 /// The seed failure and its fix with the real containerd, driven over CRI: tests/src/bin/
-/// demo_containerd.rs (it uses the tests' CRI client), running the demo's release binary `bin`.
+/// demo_containerd.rs (it uses the tests' CRI client), running the demo's binary `bin`.
 /// It is built in the dev profile, whose dependencies `cargo xtask test` has built already.
 /// Without containerd the stand-in act above is the whole story, and the demo says so.
 fn real_runtime_part(bin: &Path) -> Result<()> {

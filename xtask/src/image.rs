@@ -9,7 +9,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use testkit::oci::{Entry, Image, has_interpreter, layer_tar, write_archive};
 
-use crate::bench;
+use crate::release;
 use crate::step::{announce, detail, output, workspace_root};
 
 /// The workspace version: the image's tag.
@@ -33,7 +33,7 @@ pub fn archive_path() -> PathBuf {
 
 /// Builds the static release binary, then the image archive; the archive's path.
 pub fn build() -> Result<PathBuf> {
-    let bin = bench::build_dist()?;
+    let bin = release::build_dist()?;
     announce("image", &format!("{} from {}", reference(), bin.display()));
     let binary = std::fs::read(&bin).with_context(|| format!("read {}", bin.display()))?;
     if has_interpreter(&binary) {

@@ -9,6 +9,7 @@ mod failpoint_check;
 mod fuzz;
 mod image;
 mod mutants;
+mod release;
 mod soak;
 mod step;
 mod test;
@@ -53,6 +54,13 @@ enum Command {
         /// Calls per way per block of a sequential phase; ways alternate block by block.
         #[arg(long, default_value_t = 50)]
         block: usize,
+        /// Rounds of the tracer's cost (a daemon each, its kernel watch on and off).
+        #[arg(long, default_value_t = 16)]
+        rounds: usize,
+        /// Longest wait, in seconds, for a quiet machine before a timed part (a third of it in
+        /// the tracer's rounds); the part is then timed anyway, with a note. 0: look once.
+        #[arg(long, default_value_t = 30)]
+        quiet_wait: u64,
         /// Write every figure to this JSON file (default target/bench/latest.json).
         #[arg(long)]
         json: Option<std::path::PathBuf>,
@@ -138,6 +146,8 @@ fn main() -> Result<()> {
             concurrent_count,
             sandboxes,
             block,
+            rounds,
+            quiet_wait,
             json,
             no_trace,
             trace_overhead_only,
@@ -149,6 +159,8 @@ fn main() -> Result<()> {
                 concurrent_count,
                 sandboxes,
                 block,
+                rounds,
+                quiet_wait: std::time::Duration::from_secs(quiet_wait),
                 json,
                 no_trace,
                 bin,
@@ -172,7 +184,7 @@ fn main() -> Result<()> {
             every,
             bin,
         }),
-        Command::BuildRelease => bench::build_dist().map(|bin| println!("{}", bin.display())),
+        Command::BuildRelease => release::build_dist().map(|bin| println!("{}", bin.display())),
         Command::Image => image::build().map(|archive| println!("{}", archive.display())),
         Command::Mutants {
             file,

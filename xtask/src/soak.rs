@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use testkit::soak::{self, Bounds, Sample};
 
-use crate::bench;
+use crate::release;
 
 pub struct Options {
     pub cycles: usize,
@@ -22,7 +22,7 @@ pub fn run(opts: &Options) -> Result<()> {
     testkit::netns::require_root();
     let bin = match &opts.bin {
         Some(bin) => bin.clone(),
-        None => bench::build_release()?,
+        None => release::build_release()?,
     };
     let dir = tempfile::tempdir()?;
     println!(

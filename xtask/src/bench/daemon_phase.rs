@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde_json::{Value, json};
 
+use super::machine::wait_quiet;
 use super::stats::{Samples, Summary};
-use super::ways::{self, Lane, Verb, Way};
+use super::ways::{self, ADD, DEL, Way};
 use super::{
-    Daemon, Netns, Options, QUIET_BEFORE_PHASE, provisioner_conflist, quiet, sandbox_namespaces,
-    trace_overhead,
+    Daemon, Netns, Options, provisioner_conflist, sandbox_namespaces, step, trace_overhead,
 };
-use crate::step::{announce, detail};
+use crate::step::detail;
 use testkit::daemon::write_conflist;
 
-/// Fresh daemon starts measured for start-to-ready before the one the ways use.
-const EXTRA_STARTS: usize = 3;
+/// Fresh daemons started for start-to-ready, the last one the daemon the ways use.
+const FRESH_STARTS: usize = 4;
 /// The RSS phase's daemon judges its sandboxes this soon after their ADD...
 const RSS_TRACE_DEADLINE: Duration = Duration::from_secs(1);
 /// ...and the RSS is read this long after that (the verdicts come at the driver's next tick).
@@ -26,81 +26,63 @@ const VERDICT_SETTLE: Duration = Duration::from_secs(2);
 /// this long after ready.
 const RESTART_SETTLE: Duration = Duration::from_secs(2);
 
-/// The daemon the ways use, and what its start measured.
-pub struct Started {
-    pub daemon: Daemon,
-    pub conflist: Value,
-    fresh_starts_ms: Vec<f64>,
-    rss_idle_kib: u64,
-}
+/// The daemon the ways use, its network, and what its start measured.
+pub type Started = (Daemon, Value, DaemonResults);
 
 /// What the daemon phases measured.
+#[derive(Default)]
 pub struct DaemonResults {
-    pub fresh_starts_ms: Vec<f64>,
+    pub fresh_starts: Vec<Duration>,
     pub rss_idle_kib: u64,
     pub rss_loaded_kib: u64,
-    pub restart_ready_ms: f64,
+    pub restart_ready: Duration,
     /// [`RESTART_SETTLE`] after the restart's ready.
     pub rss_after_restart_kib: u64,
     /// The API ADDs that provisioned the sandboxes.
-    pub provision: Summary,
+    pub provision: Option<Summary>,
 }
 
 /// Starts a daemon in `dir` (its conf written there) and waits for ready; start-to-ready time.
 fn start_daemon(
-    bin: &Path,
-    node: &Netns,
-    dir: &Path,
+    (bin, node, dir): (&Path, &Netns, &Path),
     opts: &Options,
     args: &[&str],
 ) -> Result<(Daemon, Value, Duration)> {
     let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
     write_conflist(dir, &conflist)?;
-    let mut extra = args.to_vec();
-    if opts.no_trace {
-        extra.push("--no-trace");
-    }
-    let mut daemon = Daemon::spawn(bin, node, dir, &extra)?;
+    let no_trace = opts.no_trace.then_some("--no-trace");
+    let args: Vec<&str> = args.iter().copied().chain(no_trace).collect();
+    let mut daemon = Daemon::spawn(bin, node, dir, &args)?;
     let ready = daemon.wait_ready(Duration::from_secs(10))?;
     Ok((daemon, conflist, ready))
 }
 
-#[expect(clippy::cast_precision_loss, reason = "KiB values are far below 2^52")]
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-/// [`EXTRA_STARTS`] fresh daemons started and stopped, then the one the ways use.
+/// [`FRESH_STARTS`] fresh daemons started, all but the last stopped; the last is the one the
+/// ways use.
 pub fn start(opts: &Options, bin: &Path, node: &Netns, tmp: &Path) -> Result<Started> {
-    announce(
-        "bench",
-        &format!(
-            "provisioner daemon: start to ready, {} fresh starts",
-            EXTRA_STARTS + 1
-        ),
-    );
-    let mut fresh_starts_ms = Vec::new();
-    for i in 0..EXTRA_STARTS {
-        let (mut daemon, _, ready) =
-            start_daemon(bin, node, &tmp.join(format!("start{i}")), opts, &[])?;
-        fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
-        daemon.stop()?;
+    let what = format!("provisioner daemon: start to ready, {FRESH_STARTS} fresh starts");
+    step(what);
+    let mut results = DaemonResults::default();
+    let mut start = |i: usize| -> Result<(Daemon, Value)> {
+        let dir = tmp.join(format!("start{i}"));
+        let (daemon, conflist, ready) = start_daemon((bin, node, &dir), opts, &[])?;
+        results.fresh_starts.push(ready);
+        Ok((daemon, conflist))
+    };
+    for i in 1..FRESH_STARTS {
+        start(i)?.0.stop()?;
     }
-    let (daemon, conflist, ready) = start_daemon(bin, node, &tmp.join("daemon"), opts, &[])?;
-    fresh_starts_ms.push(ready.as_secs_f64() * 1e3);
-    let rss_idle_kib = daemon.rss_kib()?;
-    let starts: Vec<String> = fresh_starts_ms.iter().map(|v| format!("{v:.1}")).collect();
+    let (daemon, conflist) = start(FRESH_STARTS)?;
+    results.rss_idle_kib = daemon.rss_kib()?;
+    let (starts, rss) = (&results.fresh_starts, mib(results.rss_idle_kib));
     detail(&format!(
-        "ready after {} ms; RSS {:.1} MiB with no sandbox",
-        starts.join(", "),
-        mib(rss_idle_kib)
+        "ready after {starts:.1?}; RSS {rss:.1} MiB, no sandbox"
     ));
-    Ok(Started {
-        daemon,
-        conflist,
-        fresh_starts_ms,
-        rss_idle_kib,
-    })
+    Ok((daemon, conflist, results))
 }
 
 /// `n` sandbox namespaces named `<prefix><i>`, created once `daemon`'s kernel watch is attached
@@ -112,21 +94,9 @@ pub fn seen_created(daemon: &Daemon, opts: &Options, prefix: &str, n: usize) -> 
     }
     let created = Instant::now();
     let pods = sandbox_namespaces(prefix, n)?;
-    detail(&format!(
-        "{n} sandbox netns in {:.1} s",
-        created.elapsed().as_secs_f64()
-    ));
+    let took = created.elapsed();
+    detail(&format!("{n} sandbox netns in {took:.1?}"));
     Ok(pods)
-}
-
-/// How many of the daemon's sandbox views hold a verdict, in words.
-fn verdicts_given(daemon: &mut Daemon) -> Result<String> {
-    let answer = daemon.request(&json!({"op": "sandboxes"}))?;
-    let views = answer["sandboxes"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    let judged = views.iter().filter(|v| !v["verdict"].is_null()).count();
-    Ok(format!("{judged} of {} sandbox views judged", views.len()))
 }
 
 /// RSS with `--sandboxes` sandboxes, then a restart on that state, by a daemon started once
@@ -140,88 +110,74 @@ pub fn memory(
     tmp: &Path,
     started: Started,
 ) -> Result<DaemonResults> {
-    let Started {
-        mut daemon,
-        fresh_starts_ms,
-        rss_idle_kib,
-        ..
-    } = started;
+    let (mut daemon, _, mut results) = started;
     daemon.stop()?;
     ways::settle(node)?;
     let (dir, n) = (tmp.join("rss"), opts.sandboxes);
     let deadline = RSS_TRACE_DEADLINE.as_secs().to_string();
-    let (mut daemon, _, _) = start_daemon(bin, node, &dir, opts, &["--trace-deadline", &deadline])?;
+    let args = ["--trace-deadline", deadline.as_str()];
+    let (mut daemon, _, _) = start_daemon((bin, node, &dir), opts, &args)?;
     let pods = seen_created(&daemon, opts, "s", n)?;
-    quiet::wait("the RSS phase", QUIET_BEFORE_PHASE)?;
-    announce(
-        "bench",
-        &format!(
-            "provisioner daemon (fresh): RSS with {n} sandboxes ({} callers through the API)",
-            opts.concurrency
-        ),
-    );
-    let provision = Summary::of(&through_api(&daemon, &pods, Verb::Add, opts)?);
+    wait_quiet("the RSS phase", opts.quiet_wait)?;
+    let callers = opts.concurrency;
+    let what = format!("RSS with {n} sandboxes ({callers} callers through the API)");
+    step(format!("provisioner daemon (fresh): {what}"));
+    let provision = Summary::of(&through_api(&daemon, &pods, ADD, opts)?);
     if !opts.no_trace {
         std::thread::sleep(RSS_TRACE_DEADLINE + VERDICT_SETTLE);
     }
-    let rss_loaded_kib = daemon.rss_kib()?;
-    let judged = if opts.no_trace {
-        String::new()
-    } else {
-        format!(", {}", verdicts_given(&mut daemon)?)
-    };
-    detail(&format!(
-        "provisioned: {}; RSS {:.1} MiB{judged}",
-        provision.line(),
-        mib(rss_loaded_kib)
-    ));
+    // Read before the daemon answers a request about every sandbox.
+    results.rss_loaded_kib = daemon.rss_kib()?;
+    let mut judged = String::new();
+    if !opts.no_trace {
+        let answer = daemon.request(&json!({"op": "sandboxes"}))?;
+        let views = answer["sandboxes"].as_array().cloned().unwrap_or_default();
+        let given = views.iter().filter(|v| !v["verdict"].is_null()).count();
+        judged = format!(", {given} of {} sandbox views judged", views.len());
+    }
+    let (line, rss) = (provision.line(), mib(results.rss_loaded_kib));
+    detail(&format!("provisioned: {line}; RSS {rss:.1} MiB{judged}"));
+    results.provision = Some(provision);
     daemon.stop()?;
-    let (mut daemon, restart_ready_ms, rss_after_restart_kib) = restart(opts, bin, node, &dir)?;
-    announce("bench", &format!("cleanup: DEL of the {n} sandboxes"));
-    through_api(&daemon, &pods, Verb::Del, opts)?;
+    let mut daemon = restart(opts, (bin, node, &dir), &mut results)?;
+    step(format!("cleanup: DEL of the {n} sandboxes"));
+    through_api(&daemon, &pods, DEL, opts)?;
     ways::settle(node)?;
     daemon.stop()?;
-    Ok(DaemonResults {
-        fresh_starts_ms,
-        rss_idle_kib,
-        rss_loaded_kib,
-        restart_ready_ms,
-        rss_after_restart_kib,
-        provision,
-    })
+    Ok(results)
 }
 
 /// `verb` of one sandbox in each of `pods` through the API, by `--concurrency` callers.
-fn through_api(daemon: &Daemon, pods: &[Netns], verb: Verb, opts: &Options) -> Result<Samples> {
-    let lane = [Lane {
-        way: Way::Api(daemon),
-        pods,
-    }];
-    let ids = [ways::ids(&lane[0], "rss", pods.len())];
-    let mut out = ways::interleaved(&lane, verb, &ids, pods.len(), opts.concurrency)?;
-    Ok(out.remove(0))
+fn through_api(daemon: &Daemon, pods: &[Netns], verb: &str, opts: &Options) -> Result<Samples> {
+    let lane = [(Way("api", None, Some(daemon)), pods)];
+    let (n, callers) = (pods.len(), opts.concurrency);
+    Ok(ways::interleaved(&lane, (verb, "rss"), n, n, callers)?.remove(0))
 }
 
-/// A daemon started on the state in `dir`: it, its start to ready in ms, and its RSS once the
-/// kernel watch loaded.
-fn restart(opts: &Options, bin: &Path, node: &Netns, dir: &Path) -> Result<(Daemon, f64, u64)> {
-    announce(
-        "bench",
-        &format!(
-            "provisioner daemon: restart with {} allocations, start to ready",
-            opts.sandboxes
-        ),
-    );
-    let (daemon, _, ready) = start_daemon(bin, node, dir, opts, &[])?;
+/// A daemon started on the state in `dir`, its start to ready and its RSS once the kernel
+/// watch loaded written to `results`.
+fn restart(
+    opts: &Options,
+    at: (&Path, &Netns, &Path),
+    results: &mut DaemonResults,
+) -> Result<Daemon> {
+    let n = opts.sandboxes;
+    step(format!(
+        "provisioner daemon: restart with {n} allocations, start to ready"
+    ));
+    let (daemon, _, ready) = start_daemon(at, opts, &[])?;
     let listed = daemon.request(&json!({"op": "list"}))?;
     std::thread::sleep(RESTART_SETTLE);
-    let rss_kib = daemon.rss_kib()?;
-    let ready_ms = ready.as_secs_f64() * 1e3;
-    detail(&format!(
-        "ready after {ready_ms:.1} ms with {} allocations; RSS {:.1} MiB {} s later",
+    (results.restart_ready, results.rss_after_restart_kib) = (ready, daemon.rss_kib()?);
+    let (allocations, settle) = (
         listed.as_array().map_or(0, Vec::len),
-        mib(rss_kib),
-        RESTART_SETTLE.as_secs()
-    ));
-    Ok((daemon, ready_ms, rss_kib))
+        RESTART_SETTLE.as_secs(),
+    );
+    let rss = format!(
+        "RSS {:.1} MiB {settle} s later",
+        mib(results.rss_after_restart_kib)
+    );
+    let line = format!("ready after {ready:.1?}, {allocations} allocations; {rss}");
+    detail(&line);
+    Ok(daemon)
 }

@@ -1,37 +1,102 @@
-//! Floors measured on the same machine: what no plugin can go below.
+//! Floors measured on the same machine, in a node namespace of their own: what no plugin can
+//! go below.
 //!
-//! - exec: spawn + exec of `/bin/true` from the node namespace, fed and reaped exactly like a
-//!   plugin;
-//! - kernel: the netlink requests of one provisioner ADD (veth pair, the host end's IPv6 off
-//!   (a sysctl), links up, addresses, routes) and of one DEL (routes and addresses withdrawn,
-//!   links down, the sandbox end renamed, the host end moved to a link group), issued back to
+//! - exec: spawn + exec + wait of `/bin/true`, spawned, fed and reaped exactly like a plugin;
+//! - kernel: the netlink requests of one provisioner ADD (veth pair created into the sandbox
+//!   netns, the host end's IPv6 off (a sysctl), links up, addresses, routes), issued back to
 //!   back on blocking sockets, one namespace's socket each, no runtime, no parsing beyond the
-//!   ack: the kernel's own cost for the same work.
+//!   ack: the kernel's own cost for the same work. xtask builds these messages itself: it
+//!   cannot depend on the provisioner crate, which embeds the eBPF object that xtask builds.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
-use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-};
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
-};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags};
+use netlink_packet_route::link::{LinkInfo, LinkMessage};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
+use netlink_packet_route::route::{RouteProtocol, RouteScope, RouteType};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use nix::sys::socket::{self, MsgFlags, SockFlag, SockProtocol, SockType, recv, send, socket};
 
-use super::netns::Netns;
-use super::stats::Samples;
+use super::machine::wait_quiet;
+use super::stats::{Samples, Summary, thread_cpu};
+use super::ways::{self, ADD, Way};
+use super::{Netns, Options, check_interrupted, plugin, sandbox_namespaces, step};
+use crate::step::detail;
 
-/// Link group of the floor's retired links (deleted at once at the end, untimed).
-const FLOOR_GROUP: u32 = 0x7078_666c;
+/// Most sandboxes wired by the kernel floor.
+const FLOOR_MAX: usize = 200;
+const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
+const PREFIX: u8 = 16;
+const MTU: u32 = 1460;
 
-/// A blocking rtnetlink socket created inside a namespace.
+/// What no plugin can go below, measured on this machine in this run.
+pub struct Floors {
+    /// Spawn + exec + wait of `/bin/true`, spawned, fed and reaped exactly like a plugin.
+    pub exec: Samples,
+    /// The kernel's cost of one ADD's netlink requests.
+    pub kernel_add: Samples,
+}
+
+/// The floors, on a quiet node of their own.
+pub fn measure(opts: &Options) -> Result<Floors> {
+    let node = Netns::new("nodefloor")?;
+    let n = opts.count.min(FLOOR_MAX);
+    let pods = sandbox_namespaces("f", n)?;
+    wait_quiet("the floors", opts.quiet_wait)?;
+    let count = opts.count;
+    step(format!("floor: spawn + exec of /bin/true x{count}"));
+    let true_plugin = plugin(Path::new("/bin/true"), b"{}".to_vec(), &node);
+    let lane = [(Way("true", Some(&true_plugin), None), &pods[..])];
+    let mut exec = Samples::default();
+    for _ in 0..count.div_ceil(n) {
+        exec.extend(ways::interleaved(&lane, (ADD, "t"), n, 50, 1)?.remove(0));
+    }
+    detail(&Summary::of(&exec).line());
+    step(format!(
+        "floor: the kernel's cost of one ADD's netlink requests x{n}"
+    ));
+    let kernel_add = std::thread::scope(|s| {
+        // A thread of its own enters the node, where the ADD's sysctl is written.
+        let floor = s.spawn(|| node.enter_thread().and_then(|()| kernel_adds(&node, &pods)));
+        floor.join().map_err(|_| anyhow!("floor thread panicked"))?
+    })?;
+    let line = Summary::of(&kernel_add).line();
+    detail(&format!("ADD requests: {line}"));
+    Ok(Floors { exec, kernel_add })
+}
+
+/// One ADD's requests for each of `pods`, timed one by one, from a thread in `node`. The veths
+/// go with the pods' namespaces.
+fn kernel_adds(node: &Netns, pods: &[Netns]) -> Result<Samples> {
+    let mut node_socket = Socket::new()?;
+    let mut adds = Samples::default();
+    for (i, pod) in pods.iter().enumerate() {
+        check_interrupted()?;
+        let file = std::fs::File::open(pod.path())?;
+        // The pod's socket is created in the pod, and this thread goes back to the node.
+        pod.enter_thread()?;
+        let pod_socket = Socket::new();
+        node.enter_thread()?;
+        let sockets = (&mut node_socket, &mut pod_socket?);
+        let (cpu, started) = (thread_cpu()?, Instant::now());
+        add(sockets, file.as_raw_fd(), i).with_context(|| format!("floor ADD {i}"))?;
+        let wall = started.elapsed();
+        adds.wall.push(wall);
+        adds.process_cpu.push(thread_cpu()?.saturating_sub(cpu));
+        adds.elapsed += wall;
+    }
+    Ok(adds)
+}
+
+/// A blocking rtnetlink socket, in the calling thread's namespace.
 struct Socket {
     fd: OwnedFd,
     seq: u32,
@@ -39,31 +104,24 @@ struct Socket {
 }
 
 impl Socket {
-    fn in_netns(ns: &Netns) -> Result<Self> {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType, socket};
-        // A thread of its own enters the namespace, so this thread's namespace never changes.
-        let fd = std::thread::scope(|s| {
-            s.spawn(|| -> Result<OwnedFd> {
-                ns.enter_thread()?;
-                let (family, kind) = (AddressFamily::Netlink, SockType::Raw);
-                socket(
-                    family,
-                    kind,
-                    SockFlag::SOCK_CLOEXEC,
-                    SockProtocol::NetlinkRoute,
-                )
-                .with_context(|| format!("netlink socket in {}", ns.name()))
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
-        })?;
-        let buf = vec![0; 64 * 1024];
-        Ok(Self { fd, seq: 0, buf })
+    fn new() -> Result<Self> {
+        let (family, kind) = (socket::AddressFamily::Netlink, SockType::Raw);
+        let fd = socket(
+            family,
+            kind,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkRoute,
+        );
+        let fd = fd.context("netlink socket")?;
+        Ok(Self {
+            fd,
+            seq: 0,
+            buf: vec![0; 64 * 1024],
+        })
     }
 
-    /// Sends one request with an ack and waits for it; the echoed message, if asked for.
+    /// Sends one request with an ack and waits for it; the echoed link, if asked for.
     fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Option<LinkMessage>> {
-        use nix::sys::socket::{MsgFlags, recv, send};
         self.seq += 1;
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
@@ -77,33 +135,24 @@ impl Socket {
         }
         let mut echoed = None;
         loop {
-            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
-                .context("netlink recv")?;
-            let mut offset = 0;
-            while offset < n {
-                let reply =
-                    NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.buf[offset..n])
-                        .context("undecodable netlink reply")?;
-                let len = usize::try_from(reply.header.length)?;
-                if len == 0 {
-                    break;
-                }
-                offset += len;
-                if reply.header.sequence_number != self.seq {
-                    continue;
-                }
+            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty());
+            let mut rest = &self.buf[..n.context("netlink recv")?];
+            while !rest.is_empty() {
+                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest);
+                let reply = reply.context("undecodable netlink reply")?;
+                let len = usize::try_from(reply.header.length)?.clamp(1, rest.len());
+                rest = &rest[len..];
                 match reply.payload {
-                    NetlinkPayload::Error(e) => {
-                        return match e.code {
-                            None => Ok(echoed),
-                            Some(code) => Err(anyhow::anyhow!(
-                                "netlink request failed: {}",
-                                std::io::Error::from_raw_os_error(-code.get())
-                            )),
-                        };
-                    }
+                    _ if reply.header.sequence_number != self.seq => {}
+                    NetlinkPayload::Error(e) => match e.code {
+                        None => return Ok(echoed),
+                        Some(code) => {
+                            return Err(std::io::Error::from_raw_os_error(-code.get()))
+                                .context("netlink request failed");
+                        }
+                    },
                     NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) => {
-                        echoed = Some(l);
+                        echoed = Some(l)
                     }
                     _ => {}
                 }
@@ -112,36 +161,15 @@ impl Socket {
     }
 }
 
-fn link(index: u32) -> LinkMessage {
+fn set_up(index: u32) -> RouteNetlinkMessage {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
-    msg
-}
-
-fn set_up(index: u32, up: bool) -> RouteNetlinkMessage {
-    let mut msg = link(index);
-    if up {
-        msg.header.flags = LinkFlags::Up;
-    }
+    msg.header.flags = LinkFlags::Up;
     msg.header.change_mask = LinkFlags::Up;
     RouteNetlinkMessage::SetLink(msg)
 }
 
-fn rename(index: u32, name: String) -> RouteNetlinkMessage {
-    let mut msg = link(index);
-    msg.attributes.push(LinkAttribute::IfName(name));
-    RouteNetlinkMessage::SetLink(msg)
-}
-
-/// Down and into the floor's link group, in one request (a retired host end).
-fn retire(index: u32) -> RouteNetlinkMessage {
-    let mut msg = link(index);
-    msg.header.change_mask = LinkFlags::Up;
-    msg.attributes.push(LinkAttribute::Group(FLOOR_GROUP));
-    RouteNetlinkMessage::SetLink(msg)
-}
-
-fn address(index: u32, ip: Ipv4Addr, prefix: u8, no_prefix_route: bool) -> AddressMessage {
+fn address(index: u32, ip: Ipv4Addr, prefix: u8, no_prefix_route: bool) -> RouteNetlinkMessage {
     let mut msg = AddressMessage::default();
     msg.header.family = AddressFamily::Inet;
     msg.header.prefix_len = prefix;
@@ -153,221 +181,99 @@ fn address(index: u32, ip: Ipv4Addr, prefix: u8, no_prefix_route: bool) -> Addre
         msg.attributes
             .push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
     }
-    msg
+    RouteNetlinkMessage::NewAddress(msg)
 }
 
+/// A route out of `oif` to `dst`/`prefix` (a default route for prefix 0), via `gw`, from `src`.
 fn route(
     oif: u32,
-    dst: Ipv4Addr,
-    prefix: u8,
+    (dst, prefix): (Ipv4Addr, u8),
     gw: Option<Ipv4Addr>,
     src: Option<Ipv4Addr>,
-    scope: RouteScope,
-) -> RouteMessage {
+) -> RouteNetlinkMessage {
     let mut msg = RouteMessage::default();
     msg.header.address_family = AddressFamily::Inet;
     msg.header.destination_prefix_length = prefix;
     msg.header.table = RouteHeader::RT_TABLE_MAIN;
     msg.header.protocol = RouteProtocol::Boot;
     msg.header.kind = RouteType::Unicast;
-    msg.header.scope = scope;
-    if prefix > 0 {
-        msg.attributes
-            .push(RouteAttribute::Destination(RouteAddress::Inet(dst)));
-    }
-    if let Some(gw) = gw {
-        msg.attributes
-            .push(RouteAttribute::Gateway(RouteAddress::Inet(gw)));
-    }
-    if let Some(src) = src {
-        msg.attributes
-            .push(RouteAttribute::PrefSource(RouteAddress::Inet(src)));
-    }
-    msg.attributes.push(RouteAttribute::Oif(oif));
-    msg
+    // A host route on the node, a link route to the gateway, the others through it.
+    msg.header.scope = match (gw, src) {
+        (Some(_), _) => RouteScope::Universe,
+        (None, Some(_)) => RouteScope::Link,
+        (None, None) => RouteScope::Host,
+    };
+    let attributes = [
+        (prefix > 0).then_some(RouteAttribute::Destination(RouteAddress::Inet(dst))),
+        gw.map(|gw| RouteAttribute::Gateway(RouteAddress::Inet(gw))),
+        src.map(|src| RouteAttribute::PrefSource(RouteAddress::Inet(src))),
+        Some(RouteAttribute::Oif(oif)),
+    ];
+    msg.attributes.extend(attributes.into_iter().flatten());
+    RouteNetlinkMessage::NewRoute(msg)
 }
-
-/// What one sandbox got: enough to tear it down.
-struct Wired {
-    host: u32,
-    sandbox: u32,
-    pod: Ipv4Addr,
-}
-
-const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
-const PREFIX: u8 = 16;
 
 /// The requests of one provisioner ADD (IPv4, mtu 1460, default route), back to back.
-fn add(node: &mut Socket, pod: &mut Socket, pod_fd: i32, i: usize) -> Result<Wired> {
+fn add((node, pod): (&mut Socket, &mut Socket), pod_fd: i32, i: usize) -> Result<()> {
     let n = u32::try_from(i)? + 2;
     let ip = Ipv4Addr::new(10, 244, u8::try_from(n >> 8)?, u8::try_from(n & 0xff)?);
     let (host, sandbox) = veth(node, pod_fd, i)?;
-    address_and_route(node, pod, (host, sandbox), ip)?;
-    Ok(Wired {
-        host,
-        sandbox,
-        pod: ip,
-    })
+    let create = NLM_F_CREATE | NLM_F_EXCL;
+    node.request(set_up(host), 0)?;
+    node.request(address(host, GATEWAY, 32, false), create)?;
+    node.request(route(host, (ip, 32), None, None), create)?;
+    pod.request(address(sandbox, ip, PREFIX, true), create)?;
+    pod.request(set_up(sandbox), 0)?;
+    pod.request(set_up(1), 0)?;
+    let subnet = Ipv4Addr::new(10, 244, 0, 0);
+    pod.request(route(sandbox, (GATEWAY, 32), None, Some(ip)), create)?;
+    pod.request(
+        route(sandbox, (subnet, PREFIX), Some(GATEWAY), Some(ip)),
+        create,
+    )?;
+    pod.request(
+        route(sandbox, (Ipv4Addr::UNSPECIFIED, 0), Some(GATEWAY), None),
+        create,
+    )?;
+    Ok(())
 }
 
-/// The veth pair `pfl<i>` / `eth0` (in the pod), with the host end's IPv6 off: their indexes.
+/// The veth pair `pfl<i>` / `eth0` (in the pod, one queue each), with the host end's IPv6 off:
+/// their indexes.
 fn veth(node: &mut Socket, pod_fd: i32, i: usize) -> Result<(u32, u32)> {
     let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
     let mut peer = LinkMessage::default();
-    peer.attributes.push(LinkAttribute::IfName("eth0".into()));
-    peer.attributes.push(LinkAttribute::NetNsFd(pod_fd));
-    peer.attributes.push(LinkAttribute::Mtu(1460));
+    let peer_attributes = [
+        LinkAttribute::IfName("eth0".into()),
+        LinkAttribute::NetNsFd(pod_fd),
+    ];
+    peer.attributes
+        .extend(peer_attributes.into_iter().chain([LinkAttribute::Mtu(MTU)]));
     peer.attributes.extend(one_queue.clone());
     let mut veth = LinkMessage::default();
     veth.attributes
         .push(LinkAttribute::IfName(format!("pfl{i}")));
-    veth.attributes.push(LinkAttribute::Mtu(1460));
+    veth.attributes.push(LinkAttribute::Mtu(MTU));
     veth.attributes.push(LinkAttribute::LinkInfo(vec![
         LinkInfo::Kind(InfoKind::Veth),
         LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
     ]));
     veth.attributes.extend(one_queue);
+    let flags = NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO;
     let echoed = node
-        .request(
-            RouteNetlinkMessage::NewLink(veth),
-            NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO,
-        )?
+        .request(RouteNetlinkMessage::NewLink(veth), flags)?
         .context("the kernel did not echo the new veth (needs Linux >= 6.3)")?;
-    let host = echoed.header.index;
-    let sandbox = echoed
-        .attributes
-        .iter()
-        .find_map(|a| match a {
-            LinkAttribute::Link(peer) => Some(*peer),
-            _ => None,
-        })
-        .context("echoed veth without its peer's index")?;
-    // The calling thread is in the node's namespace (see `kernel`). A node without IPv6 has no
-    // such key, and the daemon skips it there too.
+    let peer = echoed.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Link(peer) => Some(*peer),
+        _ => None,
+    });
+    let sandbox = peer.context("echoed veth without its peer's index")?;
+    // The calling thread is in the node's namespace. A node without IPv6 has no such key, and
+    // the daemon skips it there too.
     match std::fs::write(format!("/proc/sys/net/ipv6/conf/pfl{i}/disable_ipv6"), "1") {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("turn IPv6 off on pfl{i}"));
+            Err(e).with_context(|| format!("turn IPv6 off on pfl{i}"))
         }
-        _ => {}
+        _ => Ok((echoed.header.index, sandbox)),
     }
-    Ok((host, sandbox))
-}
-
-/// The host end's gateway address and host route, the pod's address and routes, links up.
-fn address_and_route(
-    node: &mut Socket,
-    pod: &mut Socket,
-    (host, sandbox): (u32, u32),
-    ip: Ipv4Addr,
-) -> Result<()> {
-    let create = NLM_F_CREATE | NLM_F_EXCL;
-    node.request(set_up(host, true), 0)?;
-    node.request(
-        RouteNetlinkMessage::NewAddress(address(host, GATEWAY, 32, false)),
-        create,
-    )?;
-    node.request(
-        RouteNetlinkMessage::NewRoute(route(host, ip, 32, None, None, RouteScope::Host)),
-        create,
-    )?;
-    pod.request(
-        RouteNetlinkMessage::NewAddress(address(sandbox, ip, PREFIX, true)),
-        create,
-    )?;
-    pod.request(set_up(sandbox, true), 0)?;
-    pod.request(set_up(1, true), 0)?;
-    for r in [
-        route(sandbox, GATEWAY, 32, None, Some(ip), RouteScope::Link),
-        route(
-            sandbox,
-            Ipv4Addr::new(10, 244, 0, 0),
-            PREFIX,
-            Some(GATEWAY),
-            Some(ip),
-            RouteScope::Universe,
-        ),
-        route(
-            sandbox,
-            Ipv4Addr::UNSPECIFIED,
-            0,
-            Some(GATEWAY),
-            None,
-            RouteScope::Universe,
-        ),
-    ] {
-        pod.request(RouteNetlinkMessage::NewRoute(r), create)?;
-    }
-    Ok(())
-}
-
-/// The requests of one provisioner DEL, back to back (the veth is deleted later, untimed).
-fn del(node: &mut Socket, pod: &mut Socket, w: &Wired) -> Result<()> {
-    node.request(
-        RouteNetlinkMessage::DelRoute(route(w.host, w.pod, 32, None, None, RouteScope::Host)),
-        0,
-    )?;
-    node.request(
-        RouteNetlinkMessage::DelAddress(address(w.host, GATEWAY, 32, false)),
-        0,
-    )?;
-    node.request(retire(w.host), 0)?;
-    pod.request(
-        RouteNetlinkMessage::DelAddress(address(w.sandbox, w.pod, PREFIX, false)),
-        0,
-    )?;
-    pod.request(set_up(w.sandbox, false), 0)?;
-    pod.request(rename(w.sandbox, format!("pvf{}", w.sandbox)), 0)?;
-    Ok(())
-}
-
-/// ADD then DEL requests for each of `pods`, in `node`; (ADD samples, DEL samples). Runs on a
-/// thread of its own inside `node`, where the ADD's sysctl is written.
-pub fn kernel(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            node.enter_thread()?;
-            kernel_here(node, pods)
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("floor thread panicked"))?
-    })
-}
-
-fn kernel_here(node: &Netns, pods: &[Netns]) -> Result<(Samples, Samples)> {
-    let thread_cpu = || {
-        nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map(Duration::from)
-    };
-    let timed = |samples: &mut Samples, work: &mut dyn FnMut() -> Result<()>| -> Result<()> {
-        let (cpu, started) = (thread_cpu()?, Instant::now());
-        work()?;
-        let wall = started.elapsed();
-        samples.wall.push(wall);
-        samples.process_cpu.push(thread_cpu()?.saturating_sub(cpu));
-        samples.elapsed += wall;
-        Ok(())
-    };
-    let mut node_socket = Socket::in_netns(node)?;
-    let (mut adds, mut dels) = (Samples::default(), Samples::default());
-    let (mut wired, mut sockets) = (Vec::new(), Vec::new());
-    for (i, pod) in pods.iter().enumerate() {
-        super::check_interrupted()?;
-        let file = std::fs::File::open(pod.path())?;
-        let mut pod_socket = Socket::in_netns(pod)?;
-        timed(&mut adds, &mut || {
-            let w = add(&mut node_socket, &mut pod_socket, file.as_raw_fd(), i);
-            wired.push(w.with_context(|| format!("floor ADD {i}"))?);
-            Ok(())
-        })?;
-        sockets.push(pod_socket);
-    }
-    for (i, (w, pod)) in wired.iter().zip(&mut sockets).enumerate() {
-        let mut work = || del(&mut node_socket, pod, w).with_context(|| format!("floor DEL {i}"));
-        timed(&mut dels, &mut work)?;
-    }
-    let mut msg = LinkMessage::default();
-    msg.attributes.push(LinkAttribute::Group(FLOOR_GROUP));
-    node_socket
-        .request(RouteNetlinkMessage::DelLink(msg), 0)
-        .context("delete the floor's veths")?;
-    Ok((adds, dels))
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::report::{self, Single, Target};
+use super::report::{self, Single};
 use super::stats::{median, round_slowdowns, run_bootstrap};
 use super::trace_overhead::TARGET_PERCENT;
 use crate::step::detail;
@@ -52,38 +52,29 @@ pub fn binary_id(bin: &Path) -> Option<String> {
     Some(format!("fnv1a64:{hash:016x}"))
 }
 
-/// Prints the tracer's rows pooled over the runs written to `files`.
+/// A run's file: its name, the binary it measured (when it says), its tracer section.
+type Run = (String, Option<Value>, Value);
+
+/// Prints the tracer's rows pooled over the runs written to `files`: refuses runs of different
+/// binaries, measured differently, or holding the same rounds.
 pub fn run(files: &[PathBuf]) -> Result<()> {
-    let runs = files
-        .iter()
-        .map(|path| load(path))
-        .collect::<Result<Vec<_>>>()?;
-    let sections: Vec<(String, Value)> = runs
-        .iter()
-        .map(|(name, _, section)| (name.clone(), section.clone()))
-        .collect();
-    agree(&runs, "measured different binaries", |(_, binary, _)| {
-        binary.clone()
-    })?;
+    let runs: Vec<Run> = files.iter().map(|p| load(p)).collect::<Result<_>>()?;
+    let binary = |(_, binary, _): &Run| binary.clone();
+    agree(&runs, "measured different binaries", binary)?;
     for key in METHOD_KEYS {
-        agree(&runs, "measured their rounds differently", |(_, _, s)| {
-            s.pointer(key).cloned()
-        })?;
+        let method = |(_, _, section): &Run| section.pointer(key).cloned();
+        agree(&runs, "measured their rounds differently", method)?;
     }
     for (index, (name, _, section)) in runs.iter().enumerate() {
         if let Some((twin, _, _)) = runs[..index].iter().find(|(_, _, s)| s == section) {
             bail!("{name} holds the same rounds as {twin}: a run is pooled once");
         }
-    }
-    for (index, (name, _, _)) in runs.iter().enumerate() {
         detail(&format!("run {}: {name}", index + 1));
     }
+    let sections: Vec<(String, Value)> = runs.into_iter().map(|(n, _, s)| (n, s)).collect();
     println!("\n{}", report::markdown(&[], &rows(&sections)?));
     Ok(())
 }
-
-/// A run's file: its name, the binary it measured (when it says), its tracer section.
-type Run = (String, Option<Value>, Value);
 
 fn load(path: &Path) -> Result<Run> {
     let name = path.display().to_string();
@@ -92,9 +83,9 @@ fn load(path: &Path) -> Result<Run> {
     // A whole run writes it under `phases` (null with --no-trace), a tracer-only run at the top.
     let section = document
         .get("trace_overhead")
-        .or_else(|| document.pointer("/phases/trace_overhead"))
-        .filter(|section| !section.is_null())
-        .cloned()
+        .or_else(|| document.pointer("/phases/trace_overhead"));
+    let section = section.filter(|section| !section.is_null()).cloned();
+    let section = section
         .with_context(|| format!("{name} holds no tracer rounds (a run with --no-trace?)"))?;
     let binary = document
         .get("binary_id")
@@ -108,79 +99,71 @@ fn agree(runs: &[Run], what: &str, key: impl Fn(&Run) -> Option<Value>) -> Resul
     if values.windows(2).all(|pair| pair[0] == pair[1]) {
         return Ok(());
     }
-    let list: Vec<String> = runs
-        .iter()
-        .zip(&values)
-        .map(|((name, _, _), v)| {
-            format!(
-                "{name} ({})",
-                v.as_ref().map_or("absent".into(), Value::to_string)
-            )
-        })
-        .collect();
-    bail!("these runs {what} and are not pooled: {}", list.join(", "))
+    let each = runs.iter().zip(&values).map(|((name, _, _), v)| {
+        format!(
+            "{name} ({})",
+            v.as_ref().map_or("absent".into(), Value::to_string)
+        )
+    });
+    bail!(
+        "these runs {what} and are not pooled: {}",
+        each.collect::<Vec<_>>().join(", ")
+    )
 }
 
 /// The per-round figures at `pointer` of one section.
 fn figures(name: &str, section: &Value, pointer: &str) -> Result<Vec<f64>> {
-    section
-        .pointer(pointer)
-        .and_then(Value::as_array)
-        .with_context(|| format!("{name}: no {pointer} in its tracer section"))?
-        .iter()
-        .map(|v| {
-            v.as_f64()
-                .with_context(|| format!("{name}: {pointer} holds {v}"))
-        })
-        .collect()
+    let values = section.pointer(pointer).and_then(Value::as_array);
+    let values = values.with_context(|| format!("{name}: no {pointer} in its tracer section"))?;
+    let number = |v: &Value| {
+        v.as_f64()
+            .with_context(|| format!("{name}: {pointer} holds {v}"))
+    };
+    values.iter().map(number).collect()
 }
 
 /// The tracer's rows over the runs' tracer sections (named): each the median of every round's
 /// slowdown, with its 90 % interval ([`run_bootstrap`]).
 pub fn rows(sections: &[(String, Value)]) -> Result<Vec<Single>> {
     ROWS.iter()
-        .map(|&(metric, unit, pointer)| {
-            let (mut per_run, mut off_all, mut on_all) = (Vec::new(), Vec::new(), Vec::new());
-            for (name, section) in sections {
-                let off = figures(name, section, &format!("{pointer}/off"))?;
-                let on = figures(name, section, &format!("{pointer}/on"))?;
-                if off.len() != on.len() {
-                    bail!(
-                        "{name}: {} rounds off but {} on for {metric}",
-                        off.len(),
-                        on.len()
-                    );
-                }
-                per_run.push(round_slowdowns(&off, &on));
-                off_all.extend(off);
-                on_all.extend(on);
-            }
-            let rounds: usize = per_run.iter().map(Vec::len).sum();
-            let (value, interval) = run_bootstrap(&per_run);
-            let each: Vec<String> = per_run
-                .iter()
-                .map(|r| format!("{:+.1}", median(r)))
-                .collect();
-            let mut note = format!(
-                "round medians off {:.3}, on {:.3} {unit}",
-                median(&off_all),
-                median(&on_all)
-            );
-            if sections.len() > 1 {
-                note.push_str(&format!("; runs 1, 2, ...: {} %", each.join(", ")));
-            }
-            Ok(Single {
-                interval: Some(interval),
-                ..Single::plain(
-                    format!("{metric} ({} run(s), {rounds} rounds)", sections.len()),
-                    "% slower",
-                    value,
-                    Target::AtMost(TARGET_PERCENT),
-                )
-                .with_note(note)
-            })
-        })
+        .map(|&(metric, unit, pointer)| row(sections, metric, unit, pointer))
         .collect()
+}
+
+fn row(sections: &[(String, Value)], metric: &str, unit: &str, pointer: &str) -> Result<Single> {
+    let (mut per_run, mut off_all, mut on_all) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, section) in sections {
+        let off = figures(name, section, &format!("{pointer}/off"))?;
+        let on = figures(name, section, &format!("{pointer}/on"))?;
+        if off.len() != on.len() {
+            bail!(
+                "{name}: {} rounds off but {} on for {metric}",
+                off.len(),
+                on.len()
+            );
+        }
+        per_run.push(round_slowdowns(&off, &on));
+        off_all.extend(off);
+        on_all.extend(on);
+    }
+    let rounds: usize = per_run.iter().map(Vec::len).sum();
+    let (value, interval) = run_bootstrap(&per_run);
+    let (off, on) = (median(&off_all), median(&on_all));
+    let mut note = format!("round medians off {off:.3}, on {on:.3} {unit}");
+    if sections.len() > 1 {
+        let each: Vec<String> = per_run
+            .iter()
+            .map(|r| format!("{:+.1}", median(r)))
+            .collect();
+        note.push_str(&format!("; runs 1, 2, ...: {} %", each.join(", ")));
+    }
+    let metric = format!("{metric} ({} run(s), {rounds} rounds)", sections.len());
+    let single = Single::new(metric, "% slower", value).at_most(TARGET_PERCENT);
+    let interval = Some(interval);
+    Ok(Single {
+        interval,
+        ..single.note(note)
+    })
 }
 
 #[cfg(test)]
@@ -214,27 +197,15 @@ mod tests {
             "options": {"binary_id": "x"},
             "phases": {"trace_overhead": section(&[1.0, 1.0], &[1.04, 1.04])},
         });
-        let paths = [
-            write(dir.path(), "a.json", &a),
-            write(dir.path(), "b.json", &b),
-        ];
+        let paths = [("a.json", a), ("b.json", b)].map(|(n, d)| write(dir.path(), n, &d));
         run(&paths)?;
-        let sections: Vec<(String, Value)> = paths
-            .iter()
-            .map(|p| load(p).map(|(n, _, s)| (n, s)))
-            .collect::<Result<_>>()?;
-        let rows = rows(&sections)?;
+        let load_section = |p: &PathBuf| load(p).map(|(n, _, s)| (n, s));
+        let rows = rows(&paths.iter().map(load_section).collect::<Result<Vec<_>>>()?)?;
         let (low, high) = rows[0].interval.context("an interval")?;
-        assert!(
-            (rows[0].value - 3.0).abs() < 1e-9 && low < 3.0 && 3.0 < high,
-            "{low} {high}"
-        );
-        assert!(
-            rows[0]
-                .note
-                .as_deref()
-                .is_some_and(|n| n.ends_with("runs 1, 2, ...: +2.0, +4.0 %"))
-        );
+        assert!((rows[0].value - 3.0).abs() < 1e-9, "{}", rows[0].value);
+        assert!(low < 3.0 && 3.0 < high, "{low} {high}");
+        let note = rows[0].note.as_deref().unwrap_or_default();
+        assert!(note.ends_with("runs 1, 2, ...: +2.0, +4.0 %"), "{note}");
         assert!(rows[1..].iter().all(|r| (r.value - 4.0).abs() < 1e-9));
         Ok(())
     }
@@ -242,49 +213,24 @@ mod tests {
     #[test]
     fn runs_of_different_binaries_or_methods_or_without_rounds_are_refused() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let rounds = section(&[1.0], &[1.0]);
-        let a = write(
-            dir.path(),
-            "a.json",
-            &json!({"binary_id": "x", "trace_overhead": rounds}),
-        );
-        let b = write(
-            dir.path(),
-            "b.json",
-            &json!({"binary_id": "y", "trace_overhead": rounds}),
-        );
-        let err = run(&[a.clone(), b]).expect_err("two binaries").to_string();
-        assert!(
-            err.contains("a.json (\"x\")") && err.contains("b.json (\"y\")"),
-            "{err}"
-        );
-        let mut other = rounds.clone();
+        let (rounds, mut other) = (section(&[1.0], &[1.0]), section(&[1.0], &[1.0]));
         other["rounds"] = json!(8);
-        let c = write(
-            dir.path(),
-            "c.json",
-            &json!({"binary_id": "x", "trace_overhead": other}),
-        );
-        let err = run(&[a.clone(), c]).expect_err("two methods").to_string();
-        assert!(
-            err.contains("differently") && err.contains("c.json (8)"),
-            "{err}"
-        );
-        let none = json!({"options": {"binary_id": "x"}, "phases": {"trace_overhead": null}});
-        let d = write(dir.path(), "d.json", &none);
-        let err = run(&[a.clone(), d]).expect_err("no rounds").to_string();
-        assert!(
-            err.contains("d.json") && err.contains("--no-trace"),
-            "{err}"
-        );
-        assert!(run(&[a.clone(), a.clone()]).is_err(), "a file named twice");
-        let copy = write(
-            dir.path(),
-            "copy.json",
-            &json!({"binary_id": "x", "trace_overhead": rounds}),
-        );
-        let err = run(&[a, copy]).expect_err("a copy").to_string();
-        assert!(err.contains("holds the same rounds"), "{err}");
+        let of = |binary: &str, s: &Value| json!({"binary_id": binary, "trace_overhead": s});
+        let a = write(dir.path(), "a.json", &of("x", &rounds));
+        let none = json!({"phases": {"trace_overhead": null}});
+        let cases = [
+            ("b.json", of("y", &rounds), "a.json (\"x\"), "),
+            ("c.json", of("x", &other), "differently"),
+            ("c.json", of("x", &other), "c.json (8)"),
+            ("d.json", none, "(a run with --no-trace?)"),
+            ("copy.json", of("x", &rounds), "the same rounds"),
+            ("a.json", of("x", &rounds), "a.json holds the same"),
+        ];
+        for (name, document, expected) in cases {
+            let other = write(dir.path(), name, &document);
+            let err = run(&[a.clone(), other]).expect_err(name).to_string();
+            assert!(err.contains(expected), "{name}: {err}");
+        }
         Ok(())
     }
 }

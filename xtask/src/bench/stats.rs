@@ -1,9 +1,11 @@
-//! Latency and CPU samples of one phase, their summary, and the slowdowns (with a 90 %
-//! interval) that the tracer's rows and `bench-pool` report.
+//! Latency and CPU samples of one phase and their summary, with every percentile of a
+//! duration from an hdrhistogram; and the slowdowns, with a 90 % interval, that the tracer's
+//! rows and `bench-pool` report (signed percentages, a few dozen of them: sorted instead).
 
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use hdrhistogram::iterators::IterationValue;
 use serde_json::{Value, json};
 
 /// What the calls of one phase of one way measured.
@@ -29,7 +31,7 @@ impl Samples {
     }
 }
 
-/// Percentiles of durations: 3 significant digits (0.1 %), up to an hour.
+/// Durations recorded with 3 significant digits (0.1 %), up to an hour.
 pub struct Percentiles(Histogram<u64>);
 
 impl Percentiles {
@@ -42,11 +44,7 @@ impl Percentiles {
         Self(histogram)
     }
 
-    /// The `pct` percentile (nearest rank) in ms; 0 without values.
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "nanoseconds of a call fit in 2^52"
-    )]
+    /// The `pct` percentile in ms; 0 without values.
     pub fn ms(&self, pct: f64) -> f64 {
         if self.0.is_empty() {
             return 0.0;
@@ -54,9 +52,22 @@ impl Percentiles {
         self.0.value_at_percentile(pct) as f64 / 1e6
     }
 
-    pub fn max_ms(&self) -> f64 {
-        self.ms(100.0)
+    /// Each recorded value in ms with the share of the values at or below it (0 to 1).
+    pub fn cdf_ms(&self) -> Vec<(f64, f64)> {
+        let point = |v: IterationValue<u64>| (v.value_iterated_to() as f64 / 1e6, v.quantile());
+        self.0.iter_recorded().map(point).collect()
     }
+}
+
+/// The calling thread's CPU time.
+pub fn thread_cpu() -> anyhow::Result<Duration> {
+    let clock = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID);
+    Ok(Duration::from(clock?))
+}
+
+/// The median of `values` in ms.
+pub fn median_ms(values: &[Duration]) -> f64 {
+    Percentiles::of(values).ms(50.0)
 }
 
 /// Median, p99 and CPU per call of one phase, in milliseconds.
@@ -74,28 +85,19 @@ pub struct Summary {
     pub daemon_cpu_ms: f64,
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 impl Summary {
     pub fn of(samples: &Samples) -> Self {
         let n = samples.wall.len();
-        #[expect(
-            clippy::cast_precision_loss,
-            reason = "sample counts are far below 2^52"
-        )]
-        let per_call = |total: f64| if n == 0 { 0.0 } else { total / n as f64 };
-        let process_cpu_ms = per_call(samples.process_cpu.iter().copied().map(ms).sum());
-        let daemon_cpu_ms = per_call(ms(samples.daemon_cpu));
+        let per_call = |total: Duration| total.as_secs_f64() * 1e3 / n.max(1) as f64;
+        let daemon_cpu_ms = per_call(samples.daemon_cpu);
         let walls = Percentiles::of(&samples.wall);
         Self {
             n,
             median_ms: walls.ms(50.0),
             p99_ms: walls.ms(99.0),
-            max_ms: walls.max_ms(),
+            max_ms: walls.ms(100.0),
             wall_s: samples.elapsed.as_secs_f64(),
-            cpu_ms: process_cpu_ms + daemon_cpu_ms,
+            cpu_ms: per_call(samples.process_cpu.iter().sum()) + daemon_cpu_ms,
             daemon_cpu_ms,
         }
     }
@@ -122,12 +124,12 @@ impl Summary {
 
 /// Every latency of `samples` in ms (3 decimals), in call order: the raw distribution.
 pub fn raw_ms(samples: &Samples) -> Value {
-    samples
-        .wall
-        .iter()
-        .map(|d| round3(ms(*d)))
-        .collect::<Vec<_>>()
-        .into()
+    let ms = samples.wall.iter().map(|d| round3(d.as_secs_f64() * 1e3));
+    ms.collect::<Vec<_>>().into()
+}
+
+pub fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
 }
 
 /// The median of `values` (the mean of the two middle ones for an even count); 0 for none.
@@ -141,21 +143,13 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-pub fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
-}
-
-/// Resamples drawn by the bootstraps.
+/// Resamples drawn by the bootstrap.
 const RESAMPLES: usize = 2000;
 
 /// Indices drawn with replacement, the same at every use (xorshift64 with a fixed seed).
 struct Draws(u64);
 
 impl Draws {
-    fn new() -> Self {
-        Self(0x9E37_79B9_7F4A_7C15)
-    }
-
     /// An index below `n` (`n` > 0).
     fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 << 13;
@@ -167,57 +161,40 @@ impl Draws {
     }
 }
 
-/// The 5th and 95th percentiles (nearest rank) of `values`.
-fn interval_90(mut values: Vec<f64>) -> (f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let at = |pct: usize| values[(values.len() * pct).div_ceil(100).max(1) - 1];
-    (at(5), at(95))
-}
-
-/// The median of every run's values pooled, and its 90 % interval from resampling runs, then
-/// each drawn run's values (a two-level bootstrap). What one run shares across its rounds (the
-/// host's load in those minutes) widens the interval instead of hiding in it. With one run
-/// this resamples its rounds. Resampling at both levels counts the spread within runs twice:
-/// the interval errs wide (towards `undecided`).
+/// The median of every run's values pooled, and its 90 % interval (5th and 95th percentiles,
+/// nearest rank) from resampling runs, then each drawn run's values (a two-level bootstrap).
+/// What one run shares across its rounds (the host's load in those minutes) widens the
+/// interval instead of hiding in it. With one run this resamples its rounds. Resampling at
+/// both levels counts the spread within runs twice: the interval errs wide (towards
+/// `undecided`).
 pub fn run_bootstrap(runs: &[Vec<f64>]) -> (f64, (f64, f64)) {
     let runs: Vec<&Vec<f64>> = runs.iter().filter(|run| !run.is_empty()).collect();
     let pooled: Vec<f64> = runs.iter().copied().flatten().copied().collect();
     if pooled.is_empty() {
         return (0.0, (0.0, 0.0));
     }
-    let mut draws = Draws::new();
+    let mut draws = Draws(0x9E37_79B9_7F4A_7C15);
     let mut drawn = Vec::with_capacity(pooled.len());
-    let values = (0..RESAMPLES)
+    let mut medians: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
             drawn.clear();
             for _ in 0..runs.len() {
                 let run = runs[draws.below(runs.len())];
-                for _ in 0..run.len() {
-                    drawn.push(run[draws.below(run.len())]);
-                }
+                drawn.extend((0..run.len()).map(|_| run[draws.below(run.len())]));
             }
             median(&drawn)
         })
         .collect();
-    (median(&pooled), interval_90(values))
+    medians.sort_by(f64::total_cmp);
+    let at = |pct: usize| medians[(RESAMPLES * pct).div_ceil(100) - 1];
+    (median(&pooled), (at(5), at(95)))
 }
 
-/// `value` against `base`, in percent (positive: slower).
-pub fn percent_slower(base: f64, value: f64) -> f64 {
-    if base > 0.0 {
-        (value / base - 1.0) * 100.0
-    } else {
-        0.0
-    }
-}
-
-/// Each round's `other` against its `base`, in percent: a drift of the machine between rounds
-/// cancels within each round instead of widening the interval of their median.
+/// Each round's `other` against its `base`, in percent (positive: slower): a drift of the
+/// machine between rounds cancels within each round instead of widening the interval.
 pub fn round_slowdowns(base: &[f64], other: &[f64]) -> Vec<f64> {
-    base.iter()
-        .zip(other)
-        .map(|(&b, &o)| percent_slower(b, o))
-        .collect()
+    let slower = |(&b, &o): (&f64, &f64)| if b > 0.0 { (o / b - 1.0) * 100.0 } else { 0.0 };
+    base.iter().zip(other).map(slower).collect()
 }
 
 #[cfg(test)]
@@ -234,60 +211,49 @@ mod tests {
         };
         let s = Summary::of(&samples);
         let close = |a: f64, b: f64| (a - b).abs() <= b * 1e-3;
-        assert!(close(s.median_ms, 50.0), "{s:?}");
-        assert!(close(s.p99_ms, 99.0), "{s:?}");
-        assert!(close(s.max_ms, 100.0), "{s:?}");
-        assert!((s.cpu_ms - 1.5).abs() < 1e-9);
+        assert!(close(s.median_ms, 50.0) && close(s.p99_ms, 99.0), "{s:?}");
+        assert!(close(s.max_ms, 100.0) && close(s.cpu_ms, 1.5), "{s:?}");
         assert_eq!(Summary::of(&Samples::default()).p99_ms, 0.0);
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), 2.5);
+        let cdf = Percentiles::of(&samples.wall).cdf_ms();
+        assert_eq!(cdf.len(), 100);
+        assert!(close(cdf[49].0, 50.0) && close(cdf[49].1, 0.5), "{cdf:?}");
     }
 
     #[test]
     fn pooled_runs_that_disagree_widen_the_interval_of_one_run() {
         // Four runs whose rounds agree within each run, 2 points apart from run to run.
-        let runs: Vec<Vec<f64>> = (0..4)
-            .map(|run| {
-                (0..16)
-                    .map(|r| 1.0 + 2.0 * f64::from(run) + 0.01 * f64::from(r))
-                    .collect()
-            })
-            .collect();
+        let run = |run: u32| {
+            (0..16)
+                .map(|r| f64::from(2 * run) + 0.01 * f64::from(r))
+                .collect()
+        };
+        let runs: Vec<Vec<f64>> = (0..4).map(run).collect();
         let (mid, (low, high)) = run_bootstrap(&runs);
-        let pooled: Vec<f64> = runs.iter().flatten().copied().collect();
-        let (_, (one_low, one_high)) = run_bootstrap(&[pooled]);
+        let (_, (one_low, one_high)) = run_bootstrap(&[runs.concat()]);
         assert!(
             high - low > 1.5 * (one_high - one_low),
-            "({low}, {high}) ({one_low}, {one_high})"
+            "{low} {high} {one_low} {one_high}"
         );
         assert!(low <= mid && mid <= high);
-        assert_eq!(
-            run_bootstrap(&[vec![2.0; 4], Vec::new(), vec![2.0; 4]]),
-            (2.0, (2.0, 2.0))
-        );
+        let with_empty = [vec![2.0; 4], Vec::new(), vec![2.0; 4]];
+        assert_eq!(run_bootstrap(&with_empty), (2.0, (2.0, 2.0)));
         assert_eq!(run_bootstrap(&[]), (0.0, (0.0, 0.0)));
     }
 
     #[test]
     fn round_slowdowns_are_not_widened_by_drift_between_rounds() {
         // The machine's speed doubles every other round; within a round, 3 % slower.
-        let base: Vec<f64> = (0..16)
-            .map(|r| if r % 2 == 0 { 700.0 } else { 1400.0 })
-            .collect();
+        let base: Vec<f64> = (0..16).map(|r| [700.0, 1400.0][r % 2]).collect();
         let other: Vec<f64> = base.iter().map(|b| b * 1.03).collect();
         let (slower, (low, high)) = run_bootstrap(&[round_slowdowns(&base, &other)]);
         for v in [slower, low, high] {
             assert!((v - 3.0).abs() < 1e-9, "{slower} ({low}, {high})");
         }
         // Rounds that disagree widen it: half of them 6 % slower, half not at all.
-        let mixed: Vec<f64> = base
-            .iter()
-            .enumerate()
-            .map(|(r, b)| b * if r % 4 < 2 { 1.06 } else { 1.0 })
-            .collect();
+        let mixed: Vec<f64> = (0..16).map(|r| base[r] * [1.06, 1.0][r / 2 % 2]).collect();
         let (slower, (low, high)) = run_bootstrap(&[round_slowdowns(&base, &mixed)]);
-        assert!(
-            (slower - 3.0).abs() < 1e-9 && low < 1.0 && high > 5.0,
-            "{slower} {low} {high}"
-        );
+        assert!((slower - 3.0).abs() < 1e-9, "{slower}");
+        assert!(low < 1.0 && high > 5.0, "{low} {high}");
     }
 }
