@@ -29,6 +29,20 @@ pub struct Options {
     pub seconds: u64,
     /// Only this target.
     pub target: Option<String>,
+    /// Build without optimizations: half the build time, fewer executions a second (a short
+    /// run's trade, as CI's).
+    pub dev: bool,
+}
+
+impl Options {
+    /// The build flags of `cargo fuzz build` and `run` (the same, or `run` builds again).
+    fn build_flags(&self) -> Vec<&'static str> {
+        let mut flags = vec!["--debug-assertions"];
+        if self.dev {
+            flags.push("--dev");
+        }
+        flags
+    }
 }
 
 /// What one target's run showed, read from libFuzzer's output.
@@ -50,11 +64,12 @@ pub fn run(opts: &Options) -> Result<()> {
     };
     ensure_cargo_fuzz()?;
     crate::ebpf::build_once_for_all()?;
+    let profile = if opts.dev { "dev" } else { "release" };
     announce(
         "fuzz",
-        "build the fuzz targets (release, debug assertions, AddressSanitizer)",
+        &format!("build the fuzz targets ({profile}, debug assertions, AddressSanitizer)"),
     );
-    run_cmd(cargo_fuzz(&root, "build").arg("--debug-assertions"))?;
+    run_cmd(cargo_fuzz(&root, "build").args(opts.build_flags()))?;
 
     let logs = root.join("target").join("fuzz");
     fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
@@ -66,7 +81,7 @@ pub fn run(opts: &Options) -> Result<()> {
             &format!("{target} for {} s (log: {})", opts.seconds, log.display()),
         );
         let started = Instant::now();
-        let outcome = run_target(&root, target, opts.seconds, &log)?;
+        let outcome = run_target(&root, target, opts, &log)?;
         let secs = outcome.seconds.unwrap_or(started.elapsed().as_secs());
         detail(&format!(
             "{} execs, corpus {}, {}",
@@ -100,7 +115,8 @@ pub fn run(opts: &Options) -> Result<()> {
             .iter()
             .map(|(t, _, o)| {
                 format!(
-                    "RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz --debug-assertions {t} {}",
+                    "RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz {} {t} {}",
+                    opts.build_flags().join(" "),
                     o.crash.as_deref().unwrap_or("")
                 )
             })
@@ -139,17 +155,18 @@ fn ensure_cargo_fuzz() -> Result<()> {
 }
 
 /// Runs one target for `seconds` with the committed seeds, its output to `log`.
-fn run_target(root: &Path, target: &str, seconds: u64, log: &Path) -> Result<Outcome> {
+fn run_target(root: &Path, target: &str, opts: &Options, log: &Path) -> Result<Outcome> {
     let corpus = root.join("fuzz").join("corpus").join(target);
     fs::create_dir_all(&corpus).with_context(|| format!("create {}", corpus.display()))?;
     let seeds: PathBuf = root.join("fuzz").join("seeds").join(target);
     let file = File::create(log).with_context(|| format!("create {}", log.display()))?;
     let mut cmd = cargo_fuzz(root, "run");
-    cmd.args(["--debug-assertions", target])
+    cmd.args(opts.build_flags())
+        .arg(target)
         .arg(&corpus)
         .arg(&seeds)
         .arg("--")
-        .arg(format!("-max_total_time={seconds}"))
+        .arg(format!("-max_total_time={}", opts.seconds))
         // One process (one core); a slow input is a finding, not a hang of the run.
         .args(["-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1"]);
     if target == "template" {

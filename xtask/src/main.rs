@@ -130,6 +130,9 @@ enum Command {
         /// Only this target.
         #[arg(long)]
         target: Option<String>,
+        /// Build without optimizations (quicker to build, fewer executions a second).
+        #[arg(long)]
+        dev: bool,
     },
 }
 
@@ -197,6 +200,14 @@ fn main() -> Result<()> {
             jobs,
             extra,
         }),
-        Command::Fuzz { seconds, target } => fuzz::run(&fuzz::Options { seconds, target }),
+        Command::Fuzz {
+            seconds,
+            target,
+            dev,
+        } => fuzz::run(&fuzz::Options {
+            seconds,
+            target,
+            dev,
+        }),
     }
 }
