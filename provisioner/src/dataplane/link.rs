@@ -74,13 +74,17 @@ fn get_link_request() -> LinkMessage {
     msg
 }
 
-/// Looks a link up by name; `Ok(None)` when it does not exist.
-pub(crate) async fn by_name(conn: &Conn, name: &str) -> Result<Option<Link>, DataplaneError> {
+fn by_name_message(name: &str) -> LinkMessage {
     let mut msg = get_link_request();
     msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    msg
+}
+
+/// Looks a link up by name; `Ok(None)` when it does not exist.
+pub(crate) async fn by_name(conn: &Conn, name: &str) -> Result<Option<Link>, DataplaneError> {
     match conn
         .get(
-            RouteNetlinkMessage::GetLink(msg),
+            RouteNetlinkMessage::GetLink(by_name_message(name)),
             &format!("get link {name}"),
         )
         .await
@@ -120,6 +124,31 @@ pub(crate) async fn create_veth(
     mtu: Option<u32>,
     peer_mac: Option<[u8; 6]>,
 ) -> Result<Option<Link>, DataplaneError> {
+    let msg = veth_message(host_name, peer_name, peer_netns_fd, mtu, peer_mac);
+    let echoed = conn
+        .ack_echo(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("create veth {host_name} with peer {peer_name}"),
+        )
+        .await?;
+    Ok(echoed.iter().find_map(|m| match m {
+        RouteNetlinkMessage::NewLink(l) => {
+            let link = parse_link(l);
+            (link.name == host_name && link.peer_index.is_some()).then_some(link)
+        }
+        _ => None,
+    }))
+}
+
+/// The request [`create_veth`] sends.
+fn veth_message(
+    host_name: &str,
+    peer_name: &str,
+    peer_netns_fd: RawFd,
+    mtu: Option<u32>,
+    peer_mac: Option<[u8; 6]>,
+) -> LinkMessage {
     let mut peer = LinkMessage::default();
     peer.attributes
         .push(LinkAttribute::IfName(peer_name.to_owned()));
@@ -145,20 +174,7 @@ pub(crate) async fn create_veth(
         LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
     ]));
     msg.attributes.extend(one_queue);
-    let echoed = conn
-        .ack_echo(
-            RouteNetlinkMessage::NewLink(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-            &format!("create veth {host_name} with peer {peer_name}"),
-        )
-        .await?;
-    Ok(echoed.iter().find_map(|m| match m {
-        RouteNetlinkMessage::NewLink(l) => {
-            let link = parse_link(l);
-            (link.name == host_name && link.peer_index.is_some()).then_some(link)
-        }
-        _ => None,
-    }))
+    msg
 }
 
 /// Sets the link `index` (named `name` in messages) up.
@@ -216,11 +232,9 @@ pub(crate) fn retire_req(index: u32, name: &str) -> Req {
 /// unregisters them in one batch, paying the RCU grace periods once for all. Returns whether
 /// any link was in the group.
 pub(crate) async fn delete_group(conn: &Conn, group: u32) -> Result<bool, DataplaneError> {
-    let mut msg = LinkMessage::default();
-    msg.attributes.push(LinkAttribute::Group(group));
     match conn
         .ack(
-            RouteNetlinkMessage::DelLink(msg),
+            RouteNetlinkMessage::DelLink(delete_group_message(group)),
             0,
             &format!("delete link group {group}"),
         )
@@ -234,15 +248,9 @@ pub(crate) async fn delete_group(conn: &Conn, group: u32) -> Result<bool, Datapl
 
 /// Deletes the link `index`; a link already gone counts as success.
 pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), DataplaneError> {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    delete_link(conn, msg, name).await
-}
-
-async fn delete_link(conn: &Conn, msg: LinkMessage, name: &str) -> Result<(), DataplaneError> {
     match conn
         .ack(
-            RouteNetlinkMessage::DelLink(msg),
+            RouteNetlinkMessage::DelLink(delete_message(index)),
             0,
             &format!("delete link {name}"),
         )
@@ -251,6 +259,18 @@ async fn delete_link(conn: &Conn, msg: LinkMessage, name: &str) -> Result<(), Da
         Err(e) if e.errno() == Some(ENODEV) => Ok(()),
         other => other,
     }
+}
+
+fn delete_group_message(group: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::Group(group));
+    msg
+}
+
+fn delete_message(index: u32) -> LinkMessage {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg
 }
 
 /// Every link in `conn`'s netns.
@@ -268,4 +288,239 @@ pub(crate) async fn all(conn: &Conn) -> Result<Vec<Link>, DataplaneError> {
             _ => None,
         })
         .collect())
+}
+
+/// The bytes the kernel receives for each request, header and attributes in order (the netlink
+/// header with sequence number 1).
+#[cfg(test)]
+mod tests {
+    use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_ECHO, NLM_F_REQUEST};
+
+    use super::*;
+    use crate::dataplane::netlink::{req_hex as req, wire_hex};
+
+    const MAC: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+
+    /// What `create_veth` sends, with names of the longest length a link takes.
+    fn veth(mtu: Option<u32>, mac: Option<[u8; 6]>) -> String {
+        let msg = veth_message("h0123456789abcd", "eth0123456789ab", 7, mtu, mac);
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO | NLM_F_CREATE | NLM_F_EXCL;
+        wire_hex(RouteNetlinkMessage::NewLink(msg), flags)
+    }
+
+    #[test]
+    fn veth_with_mtu_and_mac_bytes() {
+        assert_eq!(
+            veth(Some(1450), Some(MAC)),
+            [
+                "b400000010000d060100000000000000",         // nlmsghdr
+                "00000000000000000000000000000000",         // ifinfomsg
+                "1400030068303132333435363738396162636400", // IFLA_IFNAME
+                "08000400aa050000",                         // IFLA_MTU
+                "68001200",                                 // IFLA_LINKINFO
+                "090001007665746800000000",                 //   IFLA_INFO_KIND "veth"
+                "58000200",                                 //   IFLA_INFO_DATA
+                "54000100",                                 //     VETH_INFO_PEER
+                "00000000000000000000000000000000",         //     ifinfomsg
+                "1400030065746830313233343536373839616200", //     IFLA_IFNAME
+                "08001c0007000000",                         //     IFLA_NET_NS_FD
+                "0a0001000211223344550000",                 //     IFLA_ADDRESS
+                "08000400aa050000",                         //     IFLA_MTU
+                "08001f0001000000",                         //     IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         //     IFLA_NUM_RX_QUEUES
+                "08001f0001000000",                         // IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         // IFLA_NUM_RX_QUEUES
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn veth_with_mtu_bytes() {
+        assert_eq!(
+            veth(Some(1450), None),
+            [
+                "a800000010000d060100000000000000",         // nlmsghdr
+                "00000000000000000000000000000000",         // ifinfomsg
+                "1400030068303132333435363738396162636400", // IFLA_IFNAME
+                "08000400aa050000",                         // IFLA_MTU
+                "5c001200",                                 // IFLA_LINKINFO
+                "090001007665746800000000",                 //   IFLA_INFO_KIND "veth"
+                "4c000200",                                 //   IFLA_INFO_DATA
+                "48000100",                                 //     VETH_INFO_PEER
+                "00000000000000000000000000000000",         //     ifinfomsg
+                "1400030065746830313233343536373839616200", //     IFLA_IFNAME
+                "08001c0007000000",                         //     IFLA_NET_NS_FD
+                "08000400aa050000",                         //     IFLA_MTU
+                "08001f0001000000",                         //     IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         //     IFLA_NUM_RX_QUEUES
+                "08001f0001000000",                         // IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         // IFLA_NUM_RX_QUEUES
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn veth_with_mac_bytes() {
+        assert_eq!(
+            veth(None, Some(MAC)),
+            [
+                "a400000010000d060100000000000000",         // nlmsghdr
+                "00000000000000000000000000000000",         // ifinfomsg
+                "1400030068303132333435363738396162636400", // IFLA_IFNAME
+                "60001200",                                 // IFLA_LINKINFO
+                "090001007665746800000000",                 //   IFLA_INFO_KIND "veth"
+                "50000200",                                 //   IFLA_INFO_DATA
+                "4c000100",                                 //     VETH_INFO_PEER
+                "00000000000000000000000000000000",         //     ifinfomsg
+                "1400030065746830313233343536373839616200", //     IFLA_IFNAME
+                "08001c0007000000",                         //     IFLA_NET_NS_FD
+                "0a0001000211223344550000",                 //     IFLA_ADDRESS
+                "08001f0001000000",                         //     IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         //     IFLA_NUM_RX_QUEUES
+                "08001f0001000000",                         // IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         // IFLA_NUM_RX_QUEUES
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn veth_bare_bytes() {
+        assert_eq!(
+            veth(None, None),
+            [
+                "9800000010000d060100000000000000",         // nlmsghdr
+                "00000000000000000000000000000000",         // ifinfomsg
+                "1400030068303132333435363738396162636400", // IFLA_IFNAME
+                "54001200",                                 // IFLA_LINKINFO
+                "090001007665746800000000",                 //   IFLA_INFO_KIND "veth"
+                "44000200",                                 //   IFLA_INFO_DATA
+                "40000100",                                 //     VETH_INFO_PEER
+                "00000000000000000000000000000000",         //     ifinfomsg
+                "1400030065746830313233343536373839616200", //     IFLA_IFNAME
+                "08001c0007000000",                         //     IFLA_NET_NS_FD
+                "08001f0001000000",                         //     IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         //     IFLA_NUM_RX_QUEUES
+                "08001f0001000000",                         // IFLA_NUM_TX_QUEUES
+                "0800200001000000",                         // IFLA_NUM_RX_QUEUES
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn set_up_bytes() {
+        assert_eq!(
+            req(set_up_req(12, "h1")),
+            [
+                "20000000130005000100000000000000", // nlmsghdr
+                "000000000c0000000100000001000000", // ifinfomsg
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn set_down_bytes() {
+        assert_eq!(
+            req(set_down_req(12, "h1")),
+            [
+                "20000000130005000100000000000000", // nlmsghdr
+                "000000000c0000000000000001000000", // ifinfomsg
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn rename_bytes() {
+        assert_eq!(
+            req(rename_req(12, "eth0", "gy12")),
+            [
+                "2c000000130005000100000000000000", // nlmsghdr
+                "000000000c0000000000000000000000", // ifinfomsg
+                "090003006779313200000000",         // IFLA_IFNAME
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn retire_bytes() {
+        assert_eq!(
+            req(retire_req(12, "h1")),
+            [
+                "28000000130005000100000000000000", // nlmsghdr
+                "000000000c0000000000000001000000", // ifinfomsg
+                "08001b0078767000",                 // IFLA_GROUP
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn delete_group_bytes() {
+        assert_eq!(
+            wire_hex(
+                RouteNetlinkMessage::DelLink(delete_group_message(GRAVEYARD_GROUP)),
+                NLM_F_REQUEST | NLM_F_ACK
+            ),
+            [
+                "28000000110005000100000000000000", // nlmsghdr
+                "00000000000000000000000000000000", // ifinfomsg
+                "08001b0078767000",                 // IFLA_GROUP
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn delete_bytes() {
+        assert_eq!(
+            wire_hex(
+                RouteNetlinkMessage::DelLink(delete_message(12)),
+                NLM_F_REQUEST | NLM_F_ACK
+            ),
+            [
+                "20000000110005000100000000000000", // nlmsghdr
+                "000000000c0000000000000000000000", // ifinfomsg
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn get_by_name_bytes() {
+        assert_eq!(
+            wire_hex(
+                RouteNetlinkMessage::GetLink(by_name_message("eth0")),
+                NLM_F_REQUEST
+            ),
+            [
+                "34000000120001000100000000000000", // nlmsghdr
+                "00000000000000000000000000000000", // ifinfomsg
+                "08001d0008000000",                 // IFLA_EXT_MASK
+                "090003006574683000000000",         // IFLA_IFNAME
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn dump_all_bytes() {
+        assert_eq!(
+            wire_hex(
+                RouteNetlinkMessage::GetLink(get_link_request()),
+                NLM_F_REQUEST | NLM_F_DUMP
+            ),
+            [
+                "28000000120001030100000000000000", // nlmsghdr
+                "00000000000000000000000000000000", // ifinfomsg
+                "08001d0008000000",                 // IFLA_EXT_MASK
+            ]
+            .concat()
+        );
+    }
 }

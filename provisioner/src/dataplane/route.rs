@@ -317,3 +317,210 @@ fn parse_any(m: RouteMessage) -> Option<FoundRoute> {
         msg: m,
     })
 }
+
+/// The bytes the kernel receives for each request, header and attributes in order (the netlink
+/// header with sequence number 1).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::netlink::req_hex as req;
+
+    fn route(dst: &str, gw: Option<&str>, src: Option<&str>, scope: Scope) -> Route {
+        Route {
+            dst: dst.parse().expect("test cidr"),
+            gw: gw.map(|g| g.parse().expect("test ip")),
+            src: src.map(|s| s.parse().expect("test ip")),
+            scope,
+        }
+    }
+
+    #[test]
+    fn add_v4_link_scope_with_src_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("10.244.1.1/32", None, Some("10.244.1.2"), Scope::Link)
+            )),
+            [
+                "34000000180005060100000000000000", // nlmsghdr
+                "02200000fe03fd0100000000",         // rtmsg
+                "080001000af40101",                 // RTA_DST
+                "080007000af40102",                 // RTA_PREFSRC
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_via_gateway_with_src_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route(
+                    "10.244.1.0/24",
+                    Some("10.244.1.1"),
+                    Some("10.244.1.2"),
+                    Scope::Universe
+                )
+            )),
+            [
+                "3c000000180005060100000000000000", // nlmsghdr
+                "02180000fe03000100000000",         // rtmsg
+                "080001000af40100",                 // RTA_DST
+                "080005000af40101",                 // RTA_GATEWAY
+                "080007000af40102",                 // RTA_PREFSRC
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_default_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("0.0.0.0/0", Some("10.244.1.1"), None, Scope::Universe)
+            )),
+            [
+                "2c000000180005060100000000000000", // nlmsghdr
+                "02000000fe03000100000000",         // rtmsg
+                "080005000af40101",                 // RTA_GATEWAY
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_host_scope_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "h1",
+                &route("10.244.1.2/32", None, None, Scope::Host)
+            )),
+            [
+                "2c000000180005060100000000000000", // nlmsghdr
+                "02200000fe03fe0100000000",         // rtmsg
+                "080001000af40102",                 // RTA_DST
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_link_scope_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("fd00:1::1/128", None, None, Scope::Link)
+            )),
+            [
+                "38000000180005060100000000000000",         // nlmsghdr
+                "0a800000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000001", // RTA_DST
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_via_gateway_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("fd00:1::/64", Some("fd00:1::1"), None, Scope::Universe)
+            )),
+            [
+                "4c000000180005060100000000000000",         // nlmsghdr
+                "0a400000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000000", // RTA_DST
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_default_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("::/0", Some("fd00:1::1"), None, Scope::Universe)
+            )),
+            [
+                "38000000180005060100000000000000",         // nlmsghdr
+                "0a000000fe03000100000000",                 // rtmsg
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_host_scope_with_src_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "h1",
+                &route("fd00:1::2/128", None, Some("fd00:1::1"), Scope::Host)
+            )),
+            [
+                "4c000000180005060100000000000000",         // nlmsghdr
+                "0a800000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000002", // RTA_DST
+                "14000700fd000001000000000000000000000001", // RTA_PREFSRC
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn del_v4_host_scope_bytes() {
+        assert_eq!(
+            req(del_req(
+                12,
+                "h1",
+                &route("10.244.1.2/32", None, None, Scope::Host)
+            )),
+            [
+                "2c000000190005000100000000000000", // nlmsghdr
+                "02200000fe03fe0100000000",         // rtmsg
+                "080001000af40102",                 // RTA_DST
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn del_v6_default_bytes() {
+        assert_eq!(
+            req(del_req(
+                12,
+                "eth0",
+                &route("::/0", Some("fd00:1::1"), None, Scope::Universe)
+            )),
+            [
+                "38000000190005000100000000000000",         // nlmsghdr
+                "0a000000fe03000100000000",                 // rtmsg
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+}
