@@ -28,6 +28,7 @@ fn family(ip: IpAddr) -> AddressFamily {
     }
 }
 
+// Hand-built: AddressMessageBuilder adds IFA_BROADCAST to IPv4 (below /31), IFA_LOCAL to IPv6.
 fn message(index: u32, net: IpNetwork) -> AddressMessage {
     let mut msg = AddressMessage::default();
     msg.header.family = family(net.ip());
@@ -98,6 +99,7 @@ pub(crate) async fn list(
     index: u32,
     ifname: &str,
 ) -> Result<Vec<Addr>, DataplaneError> {
+    // Hand-built, as in `all`: AddressMessageBuilder sets a family, and these dumps ask for both.
     let mut req = AddressMessage::default();
     req.header.index = index;
     let msgs = match conn

@@ -5,8 +5,9 @@ use std::os::fd::RawFd;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask, LinkFlags, LinkMessage,
 };
+use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth};
 
 use super::error::DataplaneError;
 use super::naming::GRAVEYARD_GROUP;
@@ -67,17 +68,13 @@ fn parse_link(msg: &LinkMessage) -> Link {
 /// A link request without the statistics nobody here reads: the kernel skips summing the
 /// per-CPU counters of the link and of its IPv6 state (a quarter of a veth's dump message, and
 /// of the kernel's time filling it).
-fn get_link_request() -> LinkMessage {
-    let mut msg = LinkMessage::default();
-    msg.attributes
-        .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
-    msg
+fn get_link_request() -> LinkMessageBuilder<LinkUnspec> {
+    LinkMessageBuilder::<LinkUnspec>::new()
+        .append_extra_attribute(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]))
 }
 
 fn by_name_message(name: &str) -> LinkMessage {
-    let mut msg = get_link_request();
-    msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
-    msg
+    get_link_request().name(name).build()
 }
 
 /// Looks a link up by name; `Ok(None)` when it does not exist.
@@ -149,42 +146,36 @@ fn veth_message(
     mtu: Option<u32>,
     peer_mac: Option<[u8; 6]>,
 ) -> LinkMessage {
-    let mut peer = LinkMessage::default();
-    peer.attributes
-        .push(LinkAttribute::IfName(peer_name.to_owned()));
-    peer.attributes.push(LinkAttribute::NetNsFd(peer_netns_fd));
+    let mut peer = LinkUnspec::new_with_name(peer_name).setns_by_fd(peer_netns_fd);
     if let Some(mac) = peer_mac {
-        peer.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        peer = peer.address(mac.to_vec());
     }
-    let mut msg = LinkMessage::default();
-    msg.attributes
-        .push(LinkAttribute::IfName(host_name.to_owned()));
+    let mut host =
+        LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth).name(host_name);
     if let Some(mtu) = mtu {
-        peer.attributes.push(LinkAttribute::Mtu(mtu));
-        msg.attributes.push(LinkAttribute::Mtu(mtu));
+        peer = peer.mtu(mtu);
+        host = host.mtu(mtu);
     }
     // One queue each, said explicitly: without it veth allocates one per CPU and then cuts
     // each end down to one while registered, which waits for an expedited RCU grace period
-    // (synchronize_net) twice per pair, with rtnl held. After LinkInfo: the tracer reads the
+    // (synchronize_net) twice per pair, with rtnl held. The host's two go after LinkInfo,
+    // appended to the built message (the builder puts LinkInfo last): the tracer reads only the
     // first 256 bytes of the request.
     let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
-    peer.attributes.extend(one_queue.clone());
-    msg.attributes.push(LinkAttribute::LinkInfo(vec![
-        LinkInfo::Kind(InfoKind::Veth),
-        LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
-    ]));
+    for attr in one_queue.clone() {
+        peer = peer.append_extra_attribute(attr);
+    }
+    let mut msg = host
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+        .build();
     msg.attributes.extend(one_queue);
     msg
 }
 
 /// Sets the link `index` (named `name` in messages) up.
 pub(crate) fn set_up_req(index: u32, name: &str) -> Req {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.header.flags = LinkFlags::Up;
-    msg.header.change_mask = LinkFlags::Up;
     Req::new(
-        RouteNetlinkMessage::SetLink(msg),
+        RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()),
         0,
         format!("set link {name} up"),
     )
@@ -192,11 +183,8 @@ pub(crate) fn set_up_req(index: u32, name: &str) -> Req {
 
 /// Sets the link `index` down.
 pub(crate) fn set_down_req(index: u32, name: &str) -> Req {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.header.change_mask = LinkFlags::Up;
     Req::new(
-        RouteNetlinkMessage::SetLink(msg),
+        RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).down().build()),
         0,
         format!("set link {name} down"),
     )
@@ -204,11 +192,8 @@ pub(crate) fn set_down_req(index: u32, name: &str) -> Req {
 
 /// Renames the (down) link `index` to `new`.
 pub(crate) fn rename_req(index: u32, name: &str, new: &str) -> Req {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.attributes.push(LinkAttribute::IfName(new.to_owned()));
     Req::new(
-        RouteNetlinkMessage::SetLink(msg),
+        RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).name(new).build()),
         0,
         format!("rename link {name} to {new}"),
     )
@@ -217,10 +202,10 @@ pub(crate) fn rename_req(index: u32, name: &str, new: &str) -> Req {
 /// Retires the link `index`: sets it down and moves it to the graveyard group, where the
 /// reaper deletes it (one request: neither change needs the other done first).
 pub(crate) fn retire_req(index: u32, name: &str) -> Req {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.header.change_mask = LinkFlags::Up;
-    msg.attributes.push(LinkAttribute::Group(GRAVEYARD_GROUP));
+    let msg = LinkUnspec::new_with_index(index)
+        .down()
+        .link_group(GRAVEYARD_GROUP)
+        .build();
     Req::new(
         RouteNetlinkMessage::SetLink(msg),
         0,
@@ -262,22 +247,20 @@ pub(crate) async fn delete(conn: &Conn, index: u32, name: &str) -> Result<(), Da
 }
 
 fn delete_group_message(group: u32) -> LinkMessage {
-    let mut msg = LinkMessage::default();
-    msg.attributes.push(LinkAttribute::Group(group));
-    msg
+    LinkMessageBuilder::<LinkUnspec>::new()
+        .link_group(group)
+        .build()
 }
 
 fn delete_message(index: u32) -> LinkMessage {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg
+    LinkUnspec::new_with_index(index).build()
 }
 
 /// Every link in `conn`'s netns.
 pub(crate) async fn all(conn: &Conn) -> Result<Vec<Link>, DataplaneError> {
     let replies = conn
         .dump(
-            RouteNetlinkMessage::GetLink(get_link_request()),
+            RouteNetlinkMessage::GetLink(get_link_request().build()),
             "list links",
         )
         .await?;
@@ -512,7 +495,7 @@ mod tests {
     fn dump_all_bytes() {
         assert_eq!(
             wire_hex(
-                RouteNetlinkMessage::GetLink(get_link_request()),
+                RouteNetlinkMessage::GetLink(get_link_request().build()),
                 NLM_F_REQUEST | NLM_F_DUMP
             ),
             [
