@@ -28,6 +28,7 @@ fn family(ip: IpAddr) -> AddressFamily {
     }
 }
 
+// Hand-built: AddressMessageBuilder adds IFA_BROADCAST to IPv4 (below /31), IFA_LOCAL to IPv6.
 fn message(index: u32, net: IpNetwork) -> AddressMessage {
     let mut msg = AddressMessage::default();
     msg.header.family = family(net.ip());
@@ -98,6 +99,7 @@ pub(crate) async fn list(
     index: u32,
     ifname: &str,
 ) -> Result<Vec<Addr>, DataplaneError> {
+    // Hand-built, as in `all`: AddressMessageBuilder sets a family, and these dumps ask for both.
     let mut req = AddressMessage::default();
     req.header.index = index;
     let msgs = match conn
@@ -163,4 +165,100 @@ fn parse_all(msgs: Vec<RouteNetlinkMessage>) -> Vec<(u32, Addr)> {
         ));
     }
     out
+}
+
+/// The bytes the kernel receives for each request, header and attributes in order (the netlink
+/// header with sequence number 1).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::netlink::req_hex as req;
+
+    fn net(s: &str) -> IpNetwork {
+        s.parse().expect("test cidr")
+    }
+
+    #[test]
+    fn add_v4_bytes() {
+        assert_eq!(
+            req(add_req(12, "h1", net("10.244.1.2/24"), false)),
+            [
+                "28000000140005060100000000000000", // nlmsghdr
+                "021800000c000000",                 // ifaddrmsg
+                "080002000af40102",                 // IFA_LOCAL
+                "080001000af40102",                 // IFA_ADDRESS
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_no_prefix_route_bytes() {
+        assert_eq!(
+            req(add_req(12, "eth0", net("10.244.1.2/32"), true)),
+            [
+                "30000000140005060100000000000000", // nlmsghdr
+                "022000000c000000",                 // ifaddrmsg
+                "080002000af40102",                 // IFA_LOCAL
+                "080001000af40102",                 // IFA_ADDRESS
+                "0800080000020000",                 // IFA_FLAGS
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_bytes() {
+        assert_eq!(
+            req(add_req(12, "h1", net("fd00:1::2/64"), false)),
+            [
+                "34000000140005060100000000000000",         // nlmsghdr
+                "0a4002000c000000",                         // ifaddrmsg
+                "14000100fd000001000000000000000000000002", // IFA_ADDRESS
+                "0800080002000000",                         // IFA_FLAGS
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_no_prefix_route_bytes() {
+        assert_eq!(
+            req(add_req(12, "eth0", net("fd00:1::2/128"), true)),
+            [
+                "34000000140005060100000000000000",         // nlmsghdr
+                "0a8002000c000000",                         // ifaddrmsg
+                "14000100fd000001000000000000000000000002", // IFA_ADDRESS
+                "0800080002020000",                         // IFA_FLAGS
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn del_v4_bytes() {
+        assert_eq!(
+            req(del_req(12, "h1", net("10.244.1.2/24"))),
+            [
+                "28000000150005000100000000000000", // nlmsghdr
+                "021800000c000000",                 // ifaddrmsg
+                "080002000af40102",                 // IFA_LOCAL
+                "080001000af40102",                 // IFA_ADDRESS
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn del_v6_bytes() {
+        assert_eq!(
+            req(del_req(12, "h1", net("fd00:1::2/64"))),
+            [
+                "2c000000150005000100000000000000",         // nlmsghdr
+                "0a4000000c000000",                         // ifaddrmsg
+                "14000100fd000001000000000000000000000002", // IFA_ADDRESS
+            ]
+            .concat()
+        );
+    }
 }

@@ -6,7 +6,9 @@
 //! the calling thread never changes namespace. The host socket is created once and reused for
 //! every call. The requests of a `Conn::batch` are all sent before any reply is read; the
 //! calling task reads the replies itself (the kernel answers inside the send: no connection
-//! task in between).
+//! task in between). The messages come from rtnetlink's message builders wherever those give
+//! the same bytes (a hand-built one says why); rtnetlink's own connection, which reads replies
+//! in a task of its own, is not used.
 //! Teardown retires the host veth (withdrawn, down, in the graveyard group) and a reaper
 //! thread deletes retired links in batches, off the DEL path (see `reaper`).
 

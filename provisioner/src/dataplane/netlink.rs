@@ -1,6 +1,7 @@
 //! One rtnetlink connection per namespace, built from a socket created inside that namespace.
 
 use std::io;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -73,6 +74,35 @@ impl Req {
             op: op.into(),
         }
     }
+}
+
+/// Appends `msg` as the kernel receives it, with header `flags` and sequence number `seq`, to
+/// `out`; returns where it lies in `out`.
+fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32, out: &mut Vec<u8>) -> Range<usize> {
+    let mut req = NetlinkMessage::from(msg);
+    req.header.flags = flags;
+    req.header.sequence_number = seq;
+    req.finalize();
+    let at = out.len();
+    let len = req.buffer_len();
+    out.resize(at + len, 0);
+    req.serialize(&mut out[at..]);
+    at..at + len
+}
+
+/// The bytes a [`Conn`] sends for `msg` with header `flags` and sequence number 1, in hex: what
+/// the tests of the dataplane's requests compare.
+#[cfg(test)]
+pub(crate) fn wire_hex(msg: RouteNetlinkMessage, flags: u16) -> String {
+    let mut out = Vec::new();
+    encode(msg, flags, 1, &mut out);
+    out.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What [`Conn::batch`] sends for `req` (with sequence number 1), in hex.
+#[cfg(test)]
+pub(crate) fn req_hex(req: Req) -> String {
+    wire_hex(req.msg, NLM_F_REQUEST | NLM_F_ACK | req.flags)
 }
 
 /// A typed handle on one rtnetlink socket; every error names the netns.
@@ -326,15 +356,7 @@ impl Conn {
         for (msg, flags, end) in requests {
             let seq = state.next_seq;
             state.next_seq = state.next_seq.wrapping_add(1).max(1);
-            let mut req = NetlinkMessage::from(msg);
-            req.header.flags = flags;
-            req.header.sequence_number = seq;
-            req.finalize();
-            let at = state.send.len();
-            let len = req.buffer_len();
-            state.send.resize(at + len, 0);
-            req.serialize(&mut state.send[at..]);
-            datagrams.push(at..at + len);
+            datagrams.push(encode(msg, flags, seq, &mut state.send));
             pending.push(Pending::new(seq, end));
         }
         for (sent_so_far, datagram) in datagrams.into_iter().enumerate() {

@@ -10,6 +10,7 @@ use netlink_packet_route::route::{
     RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::RouteMessageBuilder;
 
 use super::error::DataplaneError;
 use super::netlink::{Conn, Req};
@@ -94,37 +95,63 @@ impl FoundRoute {
 }
 
 fn message(oif: u32, route: &Route) -> RouteMessage {
-    let mut msg = RouteMessage::default();
-    msg.header.address_family = if route.dst.is_ipv4() {
-        AddressFamily::Inet
-    } else {
-        AddressFamily::Inet6
-    };
-    msg.header.destination_prefix_length = route.dst.prefix();
-    msg.header.table = RouteHeader::RT_TABLE_MAIN;
-    msg.header.protocol = RouteProtocol::Boot;
-    msg.header.kind = RouteType::Unicast;
-    msg.header.scope = match (route.dst.is_ipv4(), route.scope) {
-        (false, _) | (true, Scope::Universe) => RouteScope::Universe,
-        (true, Scope::Link) => RouteScope::Link,
-        (true, Scope::Host) => RouteScope::Host,
-    };
-    if route.dst.prefix() > 0 {
-        msg.attributes
-            .push(RouteAttribute::Destination(RouteAddress::from(
-                route.dst.network(),
-            )));
+    match route.dst {
+        IpNetwork::V4(dst) => {
+            let scope = match route.scope {
+                Scope::Universe => RouteScope::Universe,
+                Scope::Link => RouteScope::Link,
+                Scope::Host => RouteScope::Host,
+            };
+            let mut b = RouteMessageBuilder::<Ipv4Addr>::new().scope(scope);
+            if dst.prefix() > 0 {
+                b = b.destination_prefix(dst.network(), dst.prefix());
+            }
+            b = match route.gw {
+                Some(IpAddr::V4(gw)) => b.gateway(gw),
+                Some(gw) => foreign(b, RouteAttribute::Gateway(gw.into())),
+                None => b,
+            };
+            b = match route.src {
+                Some(IpAddr::V4(src)) => b.pref_source(src),
+                Some(src) => foreign(b, RouteAttribute::PrefSource(src.into())),
+                None => b,
+            };
+            finish(b, oif)
+        }
+        // Universe scope, whatever `route.scope` says.
+        IpNetwork::V6(dst) => {
+            let mut b = RouteMessageBuilder::<Ipv6Addr>::new();
+            if dst.prefix() > 0 {
+                b = b.destination_prefix(dst.network(), dst.prefix());
+            }
+            b = match route.gw {
+                Some(IpAddr::V6(gw)) => b.gateway(gw),
+                Some(gw) => foreign(b, RouteAttribute::Gateway(gw.into())),
+                None => b,
+            };
+            b = match route.src {
+                Some(IpAddr::V6(src)) => b.pref_source(src),
+                Some(src) => foreign(b, RouteAttribute::PrefSource(src.into())),
+                None => b,
+            };
+            finish(b, oif)
+        }
     }
-    if let Some(gw) = route.gw {
-        msg.attributes
-            .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
-    }
-    if let Some(src) = route.src {
-        msg.attributes
-            .push(RouteAttribute::PrefSource(RouteAddress::from(src)));
-    }
-    msg.attributes.push(RouteAttribute::Oif(oif));
-    msg
+}
+
+/// An address of the other family than the route's (the plan refuses them), sent as it is for
+/// the kernel to refuse.
+fn foreign<T>(mut b: RouteMessageBuilder<T>, attr: RouteAttribute) -> RouteMessageBuilder<T> {
+    b.get_mut().attributes.push(attr);
+    b
+}
+
+/// The table (main), type (unicast) and family are the builder's; the protocol is `boot`, as
+/// `ip route` sends.
+fn finish<T>(b: RouteMessageBuilder<T>, oif: u32) -> RouteMessage {
+    b.protocol(RouteProtocol::Boot)
+        .output_interface(oif)
+        .build()
 }
 
 /// Adds `route` through link `oif` (named `ifname` in messages).
@@ -203,6 +230,7 @@ async fn list_main_filtered(
         .filter(|(asked, _)| *asked)
         .map(|(_, f)| f)
     {
+        // Hand-built: RouteMessageBuilder's protocol (static) and type would filter a strict dump.
         let mut req = RouteMessage::default();
         req.header.address_family = family;
         req.header.table = RouteHeader::RT_TABLE_MAIN;
@@ -233,6 +261,7 @@ pub(crate) async fn fib_match(
     conn: &Conn,
     dst: IpNetwork,
 ) -> Result<Option<FoundRoute>, DataplaneError> {
+    // Hand-built: RouteMessageBuilder presets table, protocol and type, which a strict get refuses.
     let mut req = RouteMessage::default();
     req.header.address_family = if dst.is_ipv4() {
         AddressFamily::Inet
@@ -316,4 +345,257 @@ fn parse_any(m: RouteMessage) -> Option<FoundRoute> {
         oif,
         msg: m,
     })
+}
+
+/// The bytes the kernel receives for each request, header and attributes in order (the netlink
+/// header with sequence number 1).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::netlink::req_hex as req;
+
+    fn route(dst: &str, gw: Option<&str>, src: Option<&str>, scope: Scope) -> Route {
+        Route {
+            dst: dst.parse().expect("test cidr"),
+            gw: gw.map(|g| g.parse().expect("test ip")),
+            src: src.map(|s| s.parse().expect("test ip")),
+            scope,
+        }
+    }
+
+    #[test]
+    fn add_v4_link_scope_with_src_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("10.244.1.1/32", None, Some("10.244.1.2"), Scope::Link)
+            )),
+            [
+                "34000000180005060100000000000000", // nlmsghdr
+                "02200000fe03fd0100000000",         // rtmsg
+                "080001000af40101",                 // RTA_DST
+                "080007000af40102",                 // RTA_PREFSRC
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_via_gateway_with_src_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route(
+                    "10.244.1.0/24",
+                    Some("10.244.1.1"),
+                    Some("10.244.1.2"),
+                    Scope::Universe
+                )
+            )),
+            [
+                "3c000000180005060100000000000000", // nlmsghdr
+                "02180000fe03000100000000",         // rtmsg
+                "080001000af40100",                 // RTA_DST
+                "080005000af40101",                 // RTA_GATEWAY
+                "080007000af40102",                 // RTA_PREFSRC
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_default_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("0.0.0.0/0", Some("10.244.1.1"), None, Scope::Universe)
+            )),
+            [
+                "2c000000180005060100000000000000", // nlmsghdr
+                "02000000fe03000100000000",         // rtmsg
+                "080005000af40101",                 // RTA_GATEWAY
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v4_host_scope_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "h1",
+                &route("10.244.1.2/32", None, None, Scope::Host)
+            )),
+            [
+                "2c000000180005060100000000000000", // nlmsghdr
+                "02200000fe03fe0100000000",         // rtmsg
+                "080001000af40102",                 // RTA_DST
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_link_scope_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("fd00:1::1/128", None, None, Scope::Link)
+            )),
+            [
+                "38000000180005060100000000000000",         // nlmsghdr
+                "0a800000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000001", // RTA_DST
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_via_gateway_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("fd00:1::/64", Some("fd00:1::1"), None, Scope::Universe)
+            )),
+            [
+                "4c000000180005060100000000000000",         // nlmsghdr
+                "0a400000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000000", // RTA_DST
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_default_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "eth0",
+                &route("::/0", Some("fd00:1::1"), None, Scope::Universe)
+            )),
+            [
+                "38000000180005060100000000000000",         // nlmsghdr
+                "0a000000fe03000100000000",                 // rtmsg
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_host_scope_with_src_bytes() {
+        assert_eq!(
+            req(add_req(
+                12,
+                "h1",
+                &route("fd00:1::2/128", None, Some("fd00:1::1"), Scope::Host)
+            )),
+            [
+                "4c000000180005060100000000000000",         // nlmsghdr
+                "0a800000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000002", // RTA_DST
+                "14000700fd000001000000000000000000000001", // RTA_PREFSRC
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn del_v4_host_scope_bytes() {
+        assert_eq!(
+            req(del_req(
+                12,
+                "h1",
+                &route("10.244.1.2/32", None, None, Scope::Host)
+            )),
+            [
+                "2c000000190005000100000000000000", // nlmsghdr
+                "02200000fe03fe0100000000",         // rtmsg
+                "080001000af40102",                 // RTA_DST
+                "080004000c000000",                 // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn del_v6_default_bytes() {
+        assert_eq!(
+            req(del_req(
+                12,
+                "eth0",
+                &route("::/0", Some("fd00:1::1"), None, Scope::Universe)
+            )),
+            [
+                "38000000190005000100000000000000",         // nlmsghdr
+                "0a000000fe03000100000000",                 // rtmsg
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    /// A gateway or source of the other family (the plan refuses them) reaches the kernel as it
+    /// is, for the kernel to refuse, rather than being dropped or turned into RTA_VIA.
+    #[test]
+    fn add_v4_with_v6_gateway_and_src_bytes() {
+        let r = route(
+            "10.244.1.0/24",
+            Some("fd00:1::1"),
+            Some("fd00:1::2"),
+            Scope::Universe,
+        );
+        assert_eq!(
+            req(add_req(12, "eth0", &r)),
+            [
+                "54000000180005060100000000000000",         // nlmsghdr
+                "02180000fe03000100000000",                 // rtmsg
+                "080001000af40100",                         // RTA_DST
+                "14000500fd000001000000000000000000000001", // RTA_GATEWAY
+                "14000700fd000001000000000000000000000002", // RTA_PREFSRC
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn add_v6_with_v4_gateway_and_src_bytes() {
+        let r = route(
+            "fd00:1::/64",
+            Some("10.244.1.1"),
+            Some("10.244.1.2"),
+            Scope::Universe,
+        );
+        assert_eq!(
+            req(add_req(12, "eth0", &r)),
+            [
+                "48000000180005060100000000000000",         // nlmsghdr
+                "0a400000fe03000100000000",                 // rtmsg
+                "14000100fd000001000000000000000000000000", // RTA_DST
+                "080005000af40101",                         // RTA_GATEWAY
+                "080007000af40102",                         // RTA_PREFSRC
+                "080004000c000000",                         // RTA_OIF
+            ]
+            .concat()
+        );
+    }
 }
