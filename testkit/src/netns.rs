@@ -113,11 +113,6 @@ impl Netns {
             .collect())
     }
 
-    /// The netns cookie, read with SO_NETNS_COOKIE on a socket created inside the namespace.
-    pub fn cookie(&self) -> Result<u64> {
-        cookie_of(&self.path)
-    }
-
     /// The namespace file, opened once and kept open until `self` is dropped.
     fn file(&self) -> Result<&File> {
         if let Some(file) = self.file.get() {
@@ -177,48 +172,4 @@ impl Drop for Netns {
                 .output();
         }
     }
-}
-
-/// The cookie of the network namespace at `path` (its identity: inodes are recycled), read with
-/// SO_NETNS_COOKIE on a socket made by a thread that entered it.
-pub fn cookie_of(path: &Path) -> Result<u64> {
-    let file = File::open(path).with_context(|| format!("open netns {}", path.display()))?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> Result<u64> {
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("setns into {}", path.display()))?;
-                current_cookie()
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("thread in netns {} panicked", path.display()))?
-    })
-}
-
-/// The cookie of the network namespace the calling thread is in.
-pub fn current_cookie() -> Result<u64> {
-    use std::os::fd::AsFd;
-    let socket = nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Unix,
-        nix::sys::socket::SockType::Datagram,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .context("socket(AF_UNIX)")?;
-    let mut cookie: u64 = 0;
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<u64>())?;
-    // SAFETY: `cookie` and `len` are valid out-pointers of the sizes given.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_fd().as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("getsockopt(SO_NETNS_COOKIE)");
-    }
-    Ok(cookie)
 }

@@ -46,12 +46,24 @@ pub fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> Result<T>
 
 /// The cookie of the network namespace the calling thread is in.
 pub fn current_netns_cookie() -> Result<u64> {
-    testkit::netns::current_cookie()
+    provisioner::dataplane::current_netns_cookie()
+        .context("read the netns cookie of the calling thread")
 }
 
-/// The cookie of the network namespace at `path`.
+/// The cookie of the network namespace at `path` (its identity; inodes are recycled).
 pub fn netns_cookie(path: &Path) -> Result<u64> {
-    testkit::netns::cookie_of(path)
+    tracing::cookie_of(path)
+}
+
+/// The cookie of a test's [`Netns`], read as the daemon reads it.
+pub trait NetnsCookie {
+    fn cookie(&self) -> Result<u64>;
+}
+
+impl NetnsCookie for Netns {
+    fn cookie(&self) -> Result<u64> {
+        netns_cookie(self.path())
+    }
 }
 
 /// Waits (at most `limit`) until `netns` holds no link but `lo`: retired host veths are

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::{Netns, RuntimeNetns, wait_until};
+use provisioner_tests::{Netns, NetnsCookie, RuntimeNetns, wait_until};
 use serde_json::Value;
 
 /// Bound on the waits for the watch's answers (a loaded machine, a state read).

@@ -16,7 +16,7 @@ use provisioner_tests::daemon_queries::{
     allocations, cookie_of, log_field, names_pod_in_fields, pod_of_view, verdict_and_intent,
     wait_views_of,
 };
-use provisioner_tests::{Netns, wait_until};
+use provisioner_tests::{Netns, NetnsCookie, wait_until};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);

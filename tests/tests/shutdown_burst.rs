@@ -15,7 +15,7 @@ use provisioner_tests::crash_harness::assert_store_is_node;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::daemon_queries::{allocations, cookie_of};
 use provisioner_tests::pod_net::wait_node_bare;
-use provisioner_tests::{Netns, wait_until};
+use provisioner_tests::{Netns, NetnsCookie, wait_until};
 use serde_json::Value;
 
 const CALLERS: usize = 16;

@@ -26,6 +26,9 @@ pub fn prepare() -> Result<(bootstrap::EbpfToolchain, PathBuf)> {
 
 /// [`build`]s the object and has every later cargo build of this xtask run embed it.
 pub fn build_once_for_all() -> Result<()> {
+    if crate::step::shared_ebpf_object().is_some() {
+        return Ok(());
+    }
     let object = build()?;
     crate::step::embed_ebpf_object(object);
     Ok(())

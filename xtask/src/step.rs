@@ -52,6 +52,11 @@ pub fn embed_ebpf_object(object: std::path::PathBuf) {
     let _ = EBPF_OBJECT.set(object);
 }
 
+/// The object [`embed_ebpf_object`] named, if any.
+pub fn shared_ebpf_object() -> Option<&'static std::path::Path> {
+    EBPF_OBJECT.get().map(std::path::PathBuf::as_path)
+}
+
 /// Has the cargo `cmd` embed the shared eBPF object, when [`embed_ebpf_object`] named one.
 pub fn with_shared_ebpf_object(cmd: &mut Command) {
     if let Some(object) = EBPF_OBJECT.get() {
