@@ -189,6 +189,23 @@ impl Daemon {
         )
     }
 
+    /// Waits (at most `limit`) until the daemon's kernel tracing is attached: it loads in the
+    /// background after ready, and `sandboxes` says why it is unavailable until then.
+    pub fn wait_tracing(&self, limit: Duration) -> Result<()> {
+        let mut why = String::new();
+        crate::wait_until("kernel tracing to attach", limit, || {
+            let answer = self.request(&json!({"op": "sandboxes"}))?;
+            match answer["tracing_unavailable"].as_str() {
+                None => Ok(Some(())),
+                Some(reason) => {
+                    reason.clone_into(&mut why);
+                    Ok(None)
+                }
+            }
+        })
+        .with_context(|| format!("tracing unavailable: {why}; log:\n{}", self.log_tail()))
+    }
+
     /// Sends one request; the `result` of an ok answer, an error naming code and message else.
     pub fn request(&self, request: &Value) -> Result<Value> {
         ok(call(&self.socket, request)?)

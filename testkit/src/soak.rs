@@ -112,6 +112,9 @@ pub fn run(
     )?;
     let mut daemon = Daemon::spawn(bin, &node, dir, &[])?;
     daemon.wait_ready(Duration::from_secs(30))?;
+    // The start of the soak has the kernel watch's programs and maps loaded: their fds and
+    // memory are not growth, and every cycle is traced.
+    daemon.wait_tracing(Duration::from_secs(60))?;
     let mut samples = Vec::new();
     let mut cpu = daemon.cpu_time()?;
     let first = sample(&daemon, &node, 0, &mut Vec::new(), Duration::ZERO)?;

@@ -181,15 +181,6 @@ impl Daemon {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
-    /// Waits (at most `limit`) until the daemon's kernel tracing is attached.
-    pub fn wait_tracing(&self, limit: Duration) -> Result<()> {
-        crate::wait_until("kernel tracing to attach", limit, || {
-            let answer = self.sandboxes()?;
-            Ok(answer["tracing_unavailable"].is_null().then_some(()))
-        })
-        .with_context(|| format!("log:\n{}", self.log()))
-    }
-
     /// Kills the daemon with SIGKILL (as a crash would) and reaps it.
     pub fn kill(&mut self) -> Result<()> {
         self.process.kill()

@@ -354,25 +354,12 @@ fn run_runtime(runtime: &Path, args: &[&str]) -> Result<()> {
 /// fails, saying why, when it does not.
 fn wait_tracing(daemon: &Daemon) -> Result<()> {
     let started = Instant::now();
-    loop {
-        let answer = daemon.request(&serde_json::json!({ "op": "sandboxes" }))?;
-        match answer["tracing_unavailable"].as_str() {
-            None => {
-                detail(&format!(
-                    "kernel tracing attached ({} ms after the socket opened)",
-                    started.elapsed().as_millis()
-                ));
-                return Ok(());
-            }
-            Some(reason) if reason != "kernel tracing is starting" => {
-                bail!("kernel tracing unavailable: {reason}");
-            }
-            Some(_) if started.elapsed() > PATIENCE => {
-                bail!("kernel tracing still starting after {PATIENCE:?}: giving up");
-            }
-            Some(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
+    daemon.wait_tracing(PATIENCE)?;
+    detail(&format!(
+        "kernel tracing attached ({} ms after the socket opened)",
+        started.elapsed().as_millis()
+    ));
+    Ok(())
 }
 
 /// Writes the template, renders it into the conf dir, waits for ready; the rendered conflist.

@@ -90,7 +90,7 @@ pub fn start(opts: &Options, bin: &Path, node: &Netns, tmp: &Path) -> Result<Sta
 /// the kernel watch running (a netns created before costs a read of its state at its first ADD).
 pub fn seen_created(daemon: &Daemon, opts: &Options, prefix: &str, n: usize) -> Result<Vec<Netns>> {
     if !opts.no_trace {
-        trace_overhead::wait_attached(daemon)?;
+        daemon.wait_tracing(trace_overhead::ATTACH_WITHIN)?;
     }
     let created = Instant::now();
     let pods = sandbox_namespaces(prefix, n)?;

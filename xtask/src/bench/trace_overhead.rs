@@ -22,9 +22,9 @@
 
 use std::net::UdpSocket;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -42,6 +42,8 @@ use testkit::cni::{Plugin, plugin_stdin};
 use testkit::daemon::{Daemon, write_conflist};
 
 /// Datagrams per sendto measurement, after [`WARMUP_SENDS`].
+/// Longest wait for a daemon's kernel watch to attach its programs.
+pub const ATTACH_WITHIN: Duration = Duration::from_secs(20);
 const SENDS: usize = 25_000;
 const WARMUP_SENDS: usize = 1000;
 /// Sendto measurements per round and condition; the round's figure is the lowest: more,
@@ -99,7 +101,7 @@ pub fn run(opts: &Options, bin: &Path) -> Result<Results> {
         write_conflist(&dir, &conflist)?;
         let mut daemon = Daemon::spawn(bin, &node, &dir, &[])?;
         daemon.wait_ready(Duration::from_secs(10))?;
-        wait_attached(&daemon)?;
+        daemon.wait_tracing(ATTACH_WITHIN)?;
         let plugin = plugin(bin, plugin_stdin(&conflist)?, &node);
         let quiet = opts.quiet_wait / 3;
         Round {
@@ -205,22 +207,10 @@ impl Round<'_> {
 /// (the daemon answers once the programs are detached).
 fn switch_kernel_watch(daemon: &Daemon, on: bool) -> Result<()> {
     daemon.request(&json!({"op": "kernel_watch", "on": on}))?;
-    if on { wait_attached(daemon) } else { Ok(()) }
-}
-
-/// Polls the daemon until its kernel watch has attached the programs.
-pub fn wait_attached(daemon: &Daemon) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let answer = daemon.request(&json!({"op": "sandboxes"}))?;
-        match answer["tracing_unavailable"].as_str() {
-            None => return Ok(()),
-            Some(why) if started.elapsed() > Duration::from_secs(20) => {
-                let log = daemon.log_tail();
-                bail!("kernel watch not attached after 20 s: {why}; log:\n{log}")
-            }
-            Some(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
+    if on {
+        daemon.wait_tracing(ATTACH_WITHIN)
+    } else {
+        Ok(())
     }
 }
 
