@@ -1,7 +1,6 @@
 //! One rtnetlink connection per namespace, built from a socket created inside that namespace.
 
 use std::io;
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -13,6 +12,7 @@ use netlink_packet_core::{
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
+use provisioner_netlink::{Req, encode};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
@@ -55,54 +55,6 @@ pub(crate) fn socket_in(ns: &NetnsFile) -> Result<Socket, DataplaneError> {
             netns: ns.label().to_owned(),
             source,
         })
-}
-
-/// One request of a [`Conn::batch`]: the message, extra header flags and the operation named in
-/// errors.
-#[derive(Debug)]
-pub(crate) struct Req {
-    pub msg: RouteNetlinkMessage,
-    pub flags: u16,
-    pub op: String,
-}
-
-impl Req {
-    pub(crate) fn new(msg: RouteNetlinkMessage, flags: u16, op: impl Into<String>) -> Self {
-        Self {
-            msg,
-            flags,
-            op: op.into(),
-        }
-    }
-}
-
-/// Appends `msg` as the kernel receives it, with header `flags` and sequence number `seq`, to
-/// `out`; returns where it lies in `out`.
-fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32, out: &mut Vec<u8>) -> Range<usize> {
-    let mut req = NetlinkMessage::from(msg);
-    req.header.flags = flags;
-    req.header.sequence_number = seq;
-    req.finalize();
-    let at = out.len();
-    let len = req.buffer_len();
-    out.resize(at + len, 0);
-    req.serialize(&mut out[at..]);
-    at..at + len
-}
-
-/// The bytes a [`Conn`] sends for `msg` with header `flags` and sequence number 1, in hex: what
-/// the tests of the dataplane's requests compare.
-#[cfg(test)]
-pub(crate) fn wire_hex(msg: RouteNetlinkMessage, flags: u16) -> String {
-    let mut out = Vec::new();
-    encode(msg, flags, 1, &mut out);
-    out.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// What [`Conn::batch`] sends for `req` (with sequence number 1), in hex.
-#[cfg(test)]
-pub(crate) fn req_hex(req: Req) -> String {
-    wire_hex(req.msg, NLM_F_REQUEST | NLM_F_ACK | req.flags)
 }
 
 /// A typed handle on one rtnetlink socket; every error names the netns.

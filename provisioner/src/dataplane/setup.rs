@@ -4,10 +4,12 @@ use std::sync::atomic::Ordering;
 
 use ipnetwork::IpNetwork;
 
+use provisioner_netlink::{self as req, Req};
+
 use super::error::{CheckFailure, DataplaneError, SetupStep};
 use super::link::{self, Link};
 use super::naming::{graveyard_ifname, host_ifname};
-use super::netlink::{Conn, Req};
+use super::netlink::Conn;
 use super::netns::NetnsFile;
 use super::plan::{ExpectedState, check_link, plan};
 use super::route::Route;
@@ -335,13 +337,13 @@ impl Run {
         // per sandbox.
         host_ops.push(Op::new(
             S::LinkUp,
-            link::set_up_req(host_link.index, &host_ifname),
+            req::link::set_up(host_link.index, &host_ifname),
             None,
         ));
         for fam in &plan.families {
             host_ops.push(Op::new(
                 S::HostAddress,
-                address::add_req(host_link.index, &host_ifname, fam.host_address, false),
+                req::address::add(host_link.index, &host_ifname, fam.host_address, false),
                 Some(Undo::HostAddr {
                     index: host_link.index,
                     name: host_ifname.clone(),
@@ -350,7 +352,7 @@ impl Run {
             ));
             sbx_ops.push(Op::new(
                 S::SandboxAddress,
-                address::add_req(sbx_link.index, &ifname, fam.pod, true),
+                req::address::add(sbx_link.index, &ifname, fam.pod, true),
                 Some(Undo::SandboxAddr {
                     index: sbx_link.index,
                     name: ifname.clone(),
@@ -360,19 +362,19 @@ impl Run {
         }
         sbx_ops.push(Op::new(
             S::LinkUp,
-            link::set_up_req(sbx_link.index, &ifname),
+            req::link::set_up(sbx_link.index, &ifname),
             None,
         ));
         // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
         sbx_ops.push(Op::new(
             S::LinkUp,
-            link::set_up_req(LOOPBACK_IFINDEX, "lo"),
+            req::link::set_up(LOOPBACK_IFINDEX, "lo"),
             None,
         ));
         for fam in &plan.families {
             host_ops.push(Op::new(
                 S::HostRoute,
-                route::add_req(host_link.index, &host_ifname, &fam.host_route),
+                req::route::add(host_link.index, &host_ifname, &fam.host_route),
                 Some(Undo::HostRoute {
                     index: host_link.index,
                     name: host_ifname.clone(),
@@ -383,7 +385,7 @@ impl Run {
         for r in &plan.sandbox_routes {
             sbx_ops.push(Op::new(
                 S::SandboxRoutes,
-                route::add_req(sbx_link.index, &ifname, r),
+                req::route::add(sbx_link.index, &ifname, r),
                 Some(Undo::SandboxRoute {
                     index: sbx_link.index,
                     name: ifname.clone(),
@@ -659,7 +661,7 @@ fn missing_after_create(name: &str, conn: &Conn) -> DataplaneError {
 /// reaper deleted meanwhile is fine.
 async fn rename_retired(host: &Conn, old: &Link) -> Result<(), DataplaneError> {
     let Req { msg, flags, op } =
-        link::rename_req(old.index, &old.name, &graveyard_ifname(old.index));
+        req::link::rename(old.index, &old.name, &graveyard_ifname(old.index));
     match host.ack(msg, flags, &op).await {
         Err(e) if e.errno() != Some(libc::ENODEV) => Err(e),
         _ => Ok(()),

@@ -16,10 +16,12 @@ use std::path::Path;
 
 use ipnetwork::IpNetwork;
 
+use provisioner_netlink::{self as req, Req};
+
 use super::error::DataplaneError;
 use super::link::{self, Link};
-use super::naming::{graveyard_ifname, host_ifname};
-use super::netlink::{Conn, Req};
+use super::naming::{GRAVEYARD_GROUP, graveyard_ifname, host_ifname};
+use super::netlink::Conn;
 use super::netns::{BadNetns, NetnsFile};
 use super::plan::host_route_to;
 use super::reaper::Doomed;
@@ -128,12 +130,12 @@ async fn withdraw_sandbox(
     };
     let mut reqs: Vec<(Kind, Req)> = pods
         .iter()
-        .map(|net| (Kind::Addr, address::del_req(l.index, &l.name, *net)))
+        .map(|net| (Kind::Addr, req::address::del(l.index, &l.name, *net)))
         .collect();
-    reqs.push((Kind::Link, link::set_down_req(l.index, &l.name)));
+    reqs.push((Kind::Link, req::link::set_down(l.index, &l.name)));
     reqs.push((
         Kind::Link,
-        link::rename_req(l.index, &l.name, &graveyard_ifname(l.index)),
+        req::link::rename(l.index, &l.name, &graveyard_ifname(l.index)),
     ));
     let mut end = SandboxEnd {
         cleaned: true,
@@ -224,13 +226,16 @@ async fn withdraw_host(
         .iter()
         .map(|pod| {
             let route = host_route_to(*pod);
-            (Kind::Route, route::del_req(l.index, &l.name, &route))
+            (Kind::Route, req::route::del(l.index, &l.name, &route))
         })
         .collect();
     for a in addrs.iter().filter(|a| !a.link_local) {
-        reqs.push((Kind::Addr, address::del_req(l.index, &l.name, a.net)));
+        reqs.push((Kind::Addr, req::address::del(l.index, &l.name, a.net)));
     }
-    reqs.push((Kind::Link, link::retire_req(l.index, &l.name)));
+    reqs.push((
+        Kind::Link,
+        req::link::retire(l.index, &l.name, GRAVEYARD_GROUP),
+    ));
     let mut results = run_reqs(host, reqs).await;
     let retired = results.pop();
     errors.extend(results.into_iter().filter_map(Result::err));

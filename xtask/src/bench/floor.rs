@@ -5,8 +5,8 @@
 //! - kernel: the netlink requests of one provisioner ADD (veth pair created into the sandbox
 //!   netns, the host end's IPv6 off (a sysctl), links up, addresses, routes), issued back to
 //!   back on blocking sockets, one namespace's socket each, no runtime, no parsing beyond the
-//!   ack: the kernel's own cost for the same work. xtask builds these messages itself: it
-//!   cannot depend on the provisioner crate, which embeds the eBPF object that xtask builds.
+//!   ack: the kernel's own cost for the same work. The requests are provisioner-netlink's, the
+//!   very ones the daemon sends.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -14,16 +14,13 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
-};
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags};
-use netlink_packet_route::link::{LinkInfo, LinkMessage};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
-use netlink_packet_route::route::{RouteProtocol, RouteScope, RouteType};
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use ipnetwork::IpNetwork;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use nix::sys::socket::{self, MsgFlags, SockFlag, SockProtocol, SockType, recv, send, socket};
+use provisioner_netlink::route::{Route, Scope};
+use provisioner_netlink::{self as req, Req};
 
 use super::machine::wait_quiet;
 use super::stats::{Samples, Summary, thread_cpu};
@@ -120,15 +117,17 @@ impl Socket {
         })
     }
 
-    /// Sends one request with an ack and waits for it; the echoed link, if asked for.
-    fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Option<LinkMessage>> {
+    /// Sends `req` (with `extra_flags`) and waits for its ack; the echoed link, if asked for.
+    fn request(&mut self, req: Req, extra_flags: u16) -> Result<Option<LinkMessage>> {
+        let Req { msg, flags, op } = req;
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags | extra_flags)
+            .with_context(|| op)
+    }
+
+    fn exchange(&mut self, msg: RouteNetlinkMessage, flags: u16) -> Result<Option<LinkMessage>> {
         self.seq += 1;
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        req.header.sequence_number = self.seq;
-        req.finalize();
-        let mut out = vec![0; req.buffer_len()];
-        req.serialize(&mut out);
+        let mut out = Vec::new();
+        provisioner_netlink::encode(msg, flags, self.seq, &mut out);
         let sent = send(self.fd.as_raw_fd(), &out, MsgFlags::empty()).context("netlink send")?;
         if sent != out.len() {
             bail!("netlink send: {sent} of {} bytes", out.len());
@@ -161,107 +160,66 @@ impl Socket {
     }
 }
 
-fn set_up(index: u32) -> RouteNetlinkMessage {
-    let mut msg = LinkMessage::default();
-    msg.header.index = index;
-    msg.header.flags = LinkFlags::Up;
-    msg.header.change_mask = LinkFlags::Up;
-    RouteNetlinkMessage::SetLink(msg)
-}
-
-fn address(index: u32, ip: Ipv4Addr, prefix: u8, no_prefix_route: bool) -> RouteNetlinkMessage {
-    let mut msg = AddressMessage::default();
-    msg.header.family = AddressFamily::Inet;
-    msg.header.prefix_len = prefix;
-    msg.header.index = index;
-    msg.attributes.push(AddressAttribute::Local(IpAddr::V4(ip)));
-    msg.attributes
-        .push(AddressAttribute::Address(IpAddr::V4(ip)));
-    if no_prefix_route {
-        msg.attributes
-            .push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
+/// `dst` through the link, from the pod's address `src`, via `gw` if given (as the daemon plans
+/// them).
+fn route(dst: IpNetwork, gw: Option<Ipv4Addr>, src: Option<Ipv4Addr>, scope: Scope) -> Route {
+    Route {
+        dst,
+        gw: gw.map(IpAddr::V4),
+        src: src.map(IpAddr::V4),
+        scope,
     }
-    RouteNetlinkMessage::NewAddress(msg)
 }
 
-/// A route out of `oif` to `dst`/`prefix` (a default route for prefix 0), via `gw`, from `src`.
-fn route(
-    oif: u32,
-    (dst, prefix): (Ipv4Addr, u8),
-    gw: Option<Ipv4Addr>,
-    src: Option<Ipv4Addr>,
-) -> RouteNetlinkMessage {
-    let mut msg = RouteMessage::default();
-    msg.header.address_family = AddressFamily::Inet;
-    msg.header.destination_prefix_length = prefix;
-    msg.header.table = RouteHeader::RT_TABLE_MAIN;
-    msg.header.protocol = RouteProtocol::Boot;
-    msg.header.kind = RouteType::Unicast;
-    // A host route on the node, a link route to the gateway, the others through it.
-    msg.header.scope = match (gw, src) {
-        (Some(_), _) => RouteScope::Universe,
-        (None, Some(_)) => RouteScope::Link,
-        (None, None) => RouteScope::Host,
-    };
-    let attributes = [
-        (prefix > 0).then_some(RouteAttribute::Destination(RouteAddress::Inet(dst))),
-        gw.map(|gw| RouteAttribute::Gateway(RouteAddress::Inet(gw))),
-        src.map(|src| RouteAttribute::PrefSource(RouteAddress::Inet(src))),
-        Some(RouteAttribute::Oif(oif)),
-    ];
-    msg.attributes.extend(attributes.into_iter().flatten());
-    RouteNetlinkMessage::NewRoute(msg)
+fn v4(ip: Ipv4Addr, prefix: u8) -> Result<IpNetwork> {
+    Ok(IpNetwork::new(IpAddr::V4(ip), prefix)?)
 }
 
-/// The requests of one provisioner ADD (IPv4, mtu 1460, default route), back to back.
+/// The requests of one provisioner ADD (IPv4, mtu 1460, default route), back to back, in the
+/// daemon's order on each socket.
 fn add((node, pod): (&mut Socket, &mut Socket), pod_fd: i32, i: usize) -> Result<()> {
     let n = u32::try_from(i)? + 2;
     let ip = Ipv4Addr::new(10, 244, u8::try_from(n >> 8)?, u8::try_from(n & 0xff)?);
     let (host, sandbox) = veth(node, pod_fd, i)?;
-    let create = NLM_F_CREATE | NLM_F_EXCL;
-    node.request(set_up(host), 0)?;
-    node.request(address(host, GATEWAY, 32, false), create)?;
-    node.request(route(host, (ip, 32), None, None), create)?;
-    pod.request(address(sandbox, ip, PREFIX, true), create)?;
-    pod.request(set_up(sandbox), 0)?;
-    pod.request(set_up(1), 0)?;
-    let subnet = Ipv4Addr::new(10, 244, 0, 0);
-    pod.request(route(sandbox, (GATEWAY, 32), None, Some(ip)), create)?;
-    pod.request(
-        route(sandbox, (subnet, PREFIX), Some(GATEWAY), Some(ip)),
-        create,
-    )?;
-    pod.request(
-        route(sandbox, (Ipv4Addr::UNSPECIFIED, 0), Some(GATEWAY), None),
-        create,
-    )?;
+    let host_name = format!("pfl{i}");
+    node.request(req::link::set_up(host, &host_name), 0)?;
+    let gateway = v4(GATEWAY, 32)?;
+    node.request(req::address::add(host, &host_name, gateway, false), 0)?;
+    let host_route = route(v4(ip, 32)?, None, None, Scope::Host);
+    node.request(req::route::add(host, &host_name, &host_route), 0)?;
+    pod.request(req::address::add(sandbox, "eth0", v4(ip, PREFIX)?, true), 0)?;
+    pod.request(req::link::set_up(sandbox, "eth0"), 0)?;
+    pod.request(req::link::set_up(1, "lo"), 0)?;
+    let routes = [
+        route(gateway, None, Some(ip), Scope::Link),
+        route(
+            v4(Ipv4Addr::new(10, 244, 0, 0), PREFIX)?,
+            Some(GATEWAY),
+            Some(ip),
+            Scope::Universe,
+        ),
+        route(
+            v4(Ipv4Addr::UNSPECIFIED, 0)?,
+            Some(GATEWAY),
+            None,
+            Scope::Universe,
+        ),
+    ];
+    for r in &routes {
+        pod.request(req::route::add(sandbox, "eth0", r), 0)?;
+    }
     Ok(())
 }
 
-/// The veth pair `pfl<i>` / `eth0` (in the pod, one queue each), with the host end's IPv6 off:
-/// their indexes.
+/// The veth pair `pfl<i>` / `eth0` (in the pod, one queue each, a fixed MAC), with the host
+/// end's IPv6 off: their indexes.
 fn veth(node: &mut Socket, pod_fd: i32, i: usize) -> Result<(u32, u32)> {
-    let one_queue = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
-    let mut peer = LinkMessage::default();
-    let peer_attributes = [
-        LinkAttribute::IfName("eth0".into()),
-        LinkAttribute::NetNsFd(pod_fd),
-    ];
-    peer.attributes
-        .extend(peer_attributes.into_iter().chain([LinkAttribute::Mtu(MTU)]));
-    peer.attributes.extend(one_queue.clone());
-    let mut veth = LinkMessage::default();
-    veth.attributes
-        .push(LinkAttribute::IfName(format!("pfl{i}")));
-    veth.attributes.push(LinkAttribute::Mtu(MTU));
-    veth.attributes.push(LinkAttribute::LinkInfo(vec![
-        LinkInfo::Kind(InfoKind::Veth),
-        LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
-    ]));
-    veth.attributes.extend(one_queue);
-    let flags = NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO;
+    let name = format!("pfl{i}");
+    let [hi, lo] = u16::try_from(i)?.to_be_bytes();
+    let mac = [0x02, 0, 0, 0, hi, lo];
+    let create = req::link::veth(&name, "eth0", pod_fd, Some(MTU), Some(mac));
     let echoed = node
-        .request(RouteNetlinkMessage::NewLink(veth), flags)?
+        .request(create, NLM_F_ECHO)?
         .context("the kernel did not echo the new veth (needs Linux >= 6.3)")?;
     let peer = echoed.attributes.iter().find_map(|a| match a {
         LinkAttribute::Link(peer) => Some(*peer),
@@ -270,9 +228,9 @@ fn veth(node: &mut Socket, pod_fd: i32, i: usize) -> Result<(u32, u32)> {
     let sandbox = peer.context("echoed veth without its peer's index")?;
     // The calling thread is in the node's namespace. A node without IPv6 has no such key, and
     // the daemon skips it there too.
-    match std::fs::write(format!("/proc/sys/net/ipv6/conf/pfl{i}/disable_ipv6"), "1") {
+    match std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1") {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("turn IPv6 off on pfl{i}"))
+            Err(e).with_context(|| format!("turn IPv6 off on {name}"))
         }
         _ => Ok((echoed.header.index, sandbox)),
     }
