@@ -106,6 +106,84 @@ fn step_pos(step: SetupStep) -> usize {
         .unwrap_or(usize::MAX)
 }
 
+/// The requests that give the pair `plan`'s addresses and routes, in two pipelined batches, one
+/// per socket, run at once: each batch is sent in one go and the kernel applies it in order
+/// (the host end: up, address, route; the sandbox end: address, links up, routes).
+fn wiring_ops(
+    plan: &ExpectedState,
+    veth: &Veth,
+    ifname: &str,
+    host_ifname: &str,
+) -> (Vec<Op>, Vec<Op>) {
+    use SetupStep as S;
+    let (host_link, sbx_link) = (&veth.host_link, &veth.sandbox_link);
+    let mut host_ops: Vec<Op> = Vec::new();
+    let mut sbx_ops: Vec<Op> = Vec::new();
+    // The host end comes up before it gets its address: an address added to a down link
+    // has its local route made again when the link comes up, and every host veth carries
+    // the same gateway address, so each time is a walk of the node's aliases of it, one
+    // per sandbox.
+    host_ops.push(Op::new(
+        S::LinkUp,
+        req::link::set_up(host_link.index, host_ifname),
+        None,
+    ));
+    for fam in &plan.families {
+        host_ops.push(Op::new(
+            S::HostAddress,
+            req::address::add(host_link.index, host_ifname, fam.host_address, false),
+            Some(Undo::HostAddr {
+                index: host_link.index,
+                name: host_ifname.to_owned(),
+                net: fam.host_address,
+            }),
+        ));
+        sbx_ops.push(Op::new(
+            S::SandboxAddress,
+            req::address::add(sbx_link.index, ifname, fam.pod, true),
+            Some(Undo::SandboxAddr {
+                index: sbx_link.index,
+                name: ifname.to_owned(),
+                net: fam.pod,
+            }),
+        ));
+    }
+    sbx_ops.push(Op::new(
+        S::LinkUp,
+        req::link::set_up(sbx_link.index, ifname),
+        None,
+    ));
+    // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
+    sbx_ops.push(Op::new(
+        S::LinkUp,
+        req::link::set_up(LOOPBACK_IFINDEX, "lo"),
+        None,
+    ));
+    for fam in &plan.families {
+        host_ops.push(Op::new(
+            S::HostRoute,
+            req::route::add(host_link.index, host_ifname, &fam.host_route),
+            Some(Undo::HostRoute {
+                index: host_link.index,
+                name: host_ifname.to_owned(),
+                route: fam.host_route.clone(),
+            }),
+        ));
+    }
+    for r in &plan.sandbox_routes {
+        sbx_ops.push(Op::new(
+            S::SandboxRoutes,
+            req::route::add(sbx_link.index, ifname, r),
+            Some(Undo::SandboxRoute {
+                index: sbx_link.index,
+                name: ifname.to_owned(),
+                route: r.clone(),
+            }),
+        ));
+    }
+    (host_ops, sbx_ops)
+}
+
 /// Sends `ops` as one batch; for each, the undo to record (when it succeeded) or its error.
 async fn run_ops(
     conn: &Conn,
@@ -326,73 +404,7 @@ impl Run {
         self.sysctls(plan, &host_ifname).await?;
         self.done(S::Sysctl)?;
 
-        // Everything else in two pipelined batches, one per socket, run at once: each batch is
-        // sent in one go and the kernel applies it in order (the host end: up, address, route;
-        // the sandbox end: address, links up, routes).
-        let mut host_ops: Vec<Op> = Vec::new();
-        let mut sbx_ops: Vec<Op> = Vec::new();
-        // The host end comes up before it gets its address: an address added to a down link
-        // has its local route made again when the link comes up, and every host veth carries
-        // the same gateway address, so each time is a walk of the node's aliases of it, one
-        // per sandbox.
-        host_ops.push(Op::new(
-            S::LinkUp,
-            req::link::set_up(host_link.index, &host_ifname),
-            None,
-        ));
-        for fam in &plan.families {
-            host_ops.push(Op::new(
-                S::HostAddress,
-                req::address::add(host_link.index, &host_ifname, fam.host_address, false),
-                Some(Undo::HostAddr {
-                    index: host_link.index,
-                    name: host_ifname.clone(),
-                    net: fam.host_address,
-                }),
-            ));
-            sbx_ops.push(Op::new(
-                S::SandboxAddress,
-                req::address::add(sbx_link.index, &ifname, fam.pod, true),
-                Some(Undo::SandboxAddr {
-                    index: sbx_link.index,
-                    name: ifname.clone(),
-                    net: fam.pod,
-                }),
-            ));
-        }
-        sbx_ops.push(Op::new(
-            S::LinkUp,
-            req::link::set_up(sbx_link.index, &ifname),
-            None,
-        ));
-        // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
-        sbx_ops.push(Op::new(
-            S::LinkUp,
-            req::link::set_up(LOOPBACK_IFINDEX, "lo"),
-            None,
-        ));
-        for fam in &plan.families {
-            host_ops.push(Op::new(
-                S::HostRoute,
-                req::route::add(host_link.index, &host_ifname, &fam.host_route),
-                Some(Undo::HostRoute {
-                    index: host_link.index,
-                    name: host_ifname.clone(),
-                    route: fam.host_route.clone(),
-                }),
-            ));
-        }
-        for r in &plan.sandbox_routes {
-            sbx_ops.push(Op::new(
-                S::SandboxRoutes,
-                req::route::add(sbx_link.index, &ifname, r),
-                Some(Undo::SandboxRoute {
-                    index: sbx_link.index,
-                    name: ifname.clone(),
-                    route: r.clone(),
-                }),
-            ));
-        }
+        let (mut host_ops, mut sbx_ops) = wiring_ops(plan, veth, &ifname, &host_ifname);
         // Fault injection: stop right after the requested step.
         if let Some(stop) = self.fail_after {
             let pos = step_pos(stop);
