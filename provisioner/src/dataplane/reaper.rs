@@ -10,7 +10,7 @@
 //! a group deletion never takes a pair whose teardown is still running.
 //!
 //! A link retired while the reaper is idle is deleted at once (a lone DEL's pair is gone from
-//! both namespaces within milliseconds, as before batching). Under a stream of retirements (a
+//! both namespaces within milliseconds). Under a stream of retirements (a
 //! batch ended less than [`GATHER_WINDOW`] ago) a batch gathers the links retired within
 //! [`GATHER_WINDOW`] of its first, up to [`MAX_BATCH`]. Most of a deletion's cost is per
 //! request, not per link: the kernel's `rcu_barrier` after every unregistration spins on a

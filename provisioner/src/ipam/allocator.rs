@@ -22,7 +22,7 @@
 //! commits it once with `Durability::Immediate` (one fsync) and only then answers every caller,
 //! so an answer is always durable. While a batch is being fsynced the next one queues up, so under
 //! load n concurrent callers cost about one fsync each round instead of n serialised ones; a lone
-//! caller pays one transaction, as before.
+//! caller pays one transaction of its own.
 //!
 //! Each operation is split into a read-only *plan* (choose every address, decode records, detect
 //! exhaustion) and an *apply* that only writes what the plan chose. A plan that fails (exhaustion,
