@@ -473,8 +473,7 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     for i in 0..WORKLOAD_PODS {
         let ready = node
             .containerd
-            .cri()
-            .run_ready_pod(&format!("web-{i}"), &log_dir)
+            .run_ready_pod(&format!("web-{i}"))
             .with_context(|| container_log(&daemon_log))?;
         let [v4, v6] = ready.ips.as_slice() else {
             bail!("a dual-stack pod with addresses {:?}", ready.ips);
