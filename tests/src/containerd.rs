@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::cri::Cri;
+use crate::cri::{Cri, ReadyPod};
+use crate::daemon_harness::Daemon;
 use crate::oci_image::{self, ImageSpec};
 use crate::process::{pids_with_arg, spawn_in_netns, stop_pid, unmount_under};
-use crate::{Netns, provisioner_bin, run};
+use crate::{Netns, deploy, provisioner_bin, run};
 
 /// Debian's reference plugins; containerd runs `loopback` for every pod.
 pub const CNI_PLUGIN_DIR: &str = "/usr/lib/cni";
@@ -42,6 +43,21 @@ impl CniSetup {
             conf_dir: Some(conf_dir.to_path_buf()),
             ..Self::default()
         }
+    }
+
+    /// A node as the DaemonSet sets it up, for `daemon`: containerd reads the daemon's conf dir
+    /// and renders the DaemonSet's template (deploy/) into it, the socket the template names
+    /// replaced by `daemon`'s.
+    pub fn deploy_template_for(daemon: &Daemon) -> Result<Self> {
+        const SHIPPED_SOCKET: &str = "/run/provisioner/provisioner.sock";
+        let shipped = deploy::cni_template()?;
+        if !shipped.contains(SHIPPED_SOCKET) {
+            bail!("the deploy template does not name {SHIPPED_SOCKET}: {shipped}");
+        }
+        Ok(Self {
+            template: Some(shipped.replace(SHIPPED_SOCKET, &daemon.socket.display().to_string())),
+            ..Self::reading(&daemon.conf_dir)
+        })
     }
 }
 
@@ -131,6 +147,12 @@ impl Containerd {
         self.cri
             .as_mut()
             .expect("the CRI client is connected by Containerd::start")
+    }
+
+    /// [`Cri::run_ready_pod`] of pod `name`, its logs under this containerd's log dir.
+    pub fn run_ready_pod(&mut self, name: &str) -> Result<ReadyPod> {
+        let log_dir = self.log_dir.clone();
+        self.cri().run_ready_pod(name, &log_dir)
     }
 
     /// The containerd log so far (for failure messages).

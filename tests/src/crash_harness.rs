@@ -163,6 +163,15 @@ impl CrashDaemon {
         }
         serde_json::from_slice(&out.stdout).context("provisioner list --json: not a list")
     }
+
+    /// Every address the store's allocations hold, in a collection of the caller's choice.
+    pub fn addresses<C: FromIterator<String>>(&self) -> Result<C> {
+        Ok(self
+            .allocations()?
+            .into_iter()
+            .flat_map(|a| a.addresses)
+            .collect())
+    }
 }
 
 /// Our links on the node: host veths with the pod addresses routed through each, and retired

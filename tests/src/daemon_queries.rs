@@ -28,6 +28,25 @@ pub fn cookie_of(view: &Value) -> Option<u64> {
         .or_else(|| view["intent"]["intent"]["netns_cookie"].as_u64())
 }
 
+/// The views of the namespaces in `cookies` that one `provisioner sandboxes --json` answer holds
+/// (while kernel tracing is starting, those it holds then); an error when tracing is
+/// unavailable for any other reason.
+pub fn views_of(daemon: &Daemon, cookies: &HashSet<u64>) -> Result<Vec<Value>> {
+    let answer = daemon.sandboxes()?;
+    if let Some(reason) = answer["tracing_unavailable"].as_str()
+        && reason != "kernel tracing is starting"
+    {
+        bail!("tracing unavailable: {reason}");
+    }
+    Ok(answer["sandboxes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| cookie_of(v).is_some_and(|c| cookies.contains(&c)))
+        .cloned()
+        .collect())
+}
+
 /// `verdict+intent status` of a view, e.g. `networked+confirmed` or `skipped+none`.
 pub fn verdict_and_intent(view: &Value) -> String {
     format!(

@@ -19,28 +19,18 @@ pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip literal")
 }
 
+/// `eth0` of sandbox `id` in `sandbox` with `addrs` (address, gateway), MTU 1460, and a default
+/// route of the first address's family.
 pub fn spec(id: &str, sandbox: &Netns, addrs: &[(&str, &str)]) -> SandboxSpec {
-    SandboxSpec {
-        container_id: id.to_owned(),
-        netns: sandbox.path().to_owned(),
-        ifname: "eth0".to_owned(),
-        addresses: addrs
-            .iter()
-            .map(|(a, g)| PodAddress {
-                address: net(a),
-                gateway: ip(g),
-            })
-            .collect(),
-        mtu: Some(1460),
-        routes: vec![RouteSpec {
-            dst: net(if addrs[0].0.contains(':') {
-                "::/0"
-            } else {
-                "0.0.0.0/0"
-            }),
-            gw: None,
-        }],
-    }
+    let default = if addrs[0].0.contains(':') {
+        "::/0"
+    } else {
+        "0.0.0.0/0"
+    };
+    SandboxSpec::new(id, sandbox.path(), "eth0")
+        .with_addresses(addrs.iter().map(|(a, g)| PodAddress::new(net(a), ip(g))))
+        .with_mtu(Some(1460))
+        .with_routes([RouteSpec::new(net(default), None)])
 }
 
 pub fn node() -> Result<(Netns, Dataplane)> {

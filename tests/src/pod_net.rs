@@ -37,6 +37,26 @@ pub fn check_pod_network(netns: &Path, address: &str) -> Result<()> {
     Ok(())
 }
 
+/// The sysctls the daemon turns on in the node namespace for dual-stack pods.
+pub const FORWARDING_SYSCTLS: [&str; 2] = [
+    "/proc/sys/net/ipv4/ip_forward",
+    "/proc/sys/net/ipv6/conf/all/forwarding",
+];
+
+/// The [`FORWARDING_SYSCTLS`] of the node namespace, as `path=value`.
+pub fn node_forwarding(node: &Netns) -> Result<Vec<String>> {
+    in_netns(node.path(), || {
+        FORWARDING_SYSCTLS
+            .iter()
+            .map(|path| {
+                std::fs::read_to_string(path)
+                    .map(|v| format!("{path}={}", v.trim()))
+                    .with_context(|| format!("read {path} in the node namespace"))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?
+}
+
 /// What the node namespace holds besides `lo`: links, and IPv4/IPv6 main-table routes.
 pub fn node_leftovers(node: &Netns) -> Result<Vec<String>> {
     let mut left: Vec<String> = node

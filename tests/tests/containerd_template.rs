@@ -99,6 +99,12 @@ impl Renderer {
     }
 }
 
+/// containerd's own templates, kept once for this test and the provisioner's unit tests.
+const CONTAINERD_REFERENCE: &str =
+    include_str!("../../provisioner/tests/fixtures/containerd-templates/reference.tmpl");
+const CONTAINERD_GCE: &str =
+    include_str!("../../provisioner/tests/fixtures/containerd-templates/gce.tmpl");
+
 fn assert_same(theirs: &[u8], ours: &[u8], what: &str) {
     assert!(
         theirs == ours,
@@ -113,19 +119,7 @@ fn kubelet_pod_cidr_renders_the_deploy_template_and_pods_get_network() -> Result
     let node = Netns::new("node")?;
     let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
     // The DaemonSet's template, pointed at this test's daemon instead of /run/provisioner.
-    let shipped = deploy::cni_template()?;
-    let default_socket = "/run/provisioner/provisioner.sock";
-    if !shipped.contains(default_socket) {
-        bail!("the deploy template does not name {default_socket}: {shipped}");
-    }
-    let template = shipped.replace(default_socket, &daemon.socket.display().to_string());
-    let mut containerd = Containerd::start(
-        &node,
-        &CniSetup {
-            template: Some(template),
-            ..CniSetup::reading(&daemon.conf_dir)
-        },
-    )?;
+    let mut containerd = Containerd::start(&node, &CniSetup::deploy_template_for(&daemon)?)?;
     // Nothing to load yet: neither is ready.
     assert!(!containerd.cri().conditions()?.network_ready);
     assert_eq!(daemon.status()?["ready"], false);
@@ -151,10 +145,8 @@ fn kubelet_pod_cidr_renders_the_deploy_template_and_pods_get_network() -> Result
 
     let mut pods = Vec::new();
     for i in 0..PODS {
-        let log_dir = containerd.log_dir.clone();
         let ready = containerd
-            .cri()
-            .run_ready_pod(&format!("tpl-{i}"), &log_dir)
+            .run_ready_pod(&format!("tpl-{i}"))
             .with_context(|| daemon.log())?;
         let [v4, v6] = ready.ips.as_slice() else {
             bail!("a dual-stack pod with addresses {:?}", ready.ips);
@@ -180,29 +172,6 @@ fn kubelet_pod_cidr_renders_the_deploy_template_and_pods_get_network() -> Result
 /// Templates written for containerd's renderer give the same bytes with `render-config`.
 #[test]
 fn templates_render_byte_for_byte_like_containerd() -> Result<()> {
-    // containerd's documented single-stack template for the reference plugins.
-    const REFERENCE: &str = r#"{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {
-      "type": "ptp",
-      "mtu": 1460,
-      "ipam": {
-        "type": "host-local",
-        "subnet": "{{.PodCIDR}}",
-        "routes": [
-          {"dst": "0.0.0.0/0"}
-        ]
-      }
-    },
-    {
-      "type": "portmap",
-      "capabilities": {"portMappings": true}
-    }
-  ]
-}
-"#;
     // Go template features beyond field access: functions (printf with %q, widths and %%),
     // pipelines, comparisons, with, if/else, variables, trim markers, comments.
     const FEATURES: &str = r#"{{- /* comment */ -}}
@@ -235,7 +204,13 @@ fn templates_render_byte_for_byte_like_containerd() -> Result<()> {
             template.as_str(),
             " fd00:10:244:3::/64 , 10.244.3.0/24",
         ),
-        ("reference plugins", REFERENCE, "10.244.3.0/24"),
+        ("reference plugins", CONTAINERD_REFERENCE, "10.244.3.0/24"),
+        ("GCE, IPv4", CONTAINERD_GCE, "10.244.3.0/24"),
+        (
+            "GCE, dual-stack",
+            CONTAINERD_GCE,
+            "10.244.3.0/24,fd00:10:244:3::/64",
+        ),
         (
             "template features",
             FEATURES,

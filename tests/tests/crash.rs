@@ -66,14 +66,6 @@ fn ok(daemon: &CrashDaemon, command: &str, container_id: &str, netns: &Path) -> 
     Ok(())
 }
 
-fn addresses(daemon: &CrashDaemon) -> Result<Vec<String>> {
-    Ok(daemon
-        .allocations()?
-        .into_iter()
-        .flat_map(|a| a.addresses)
-        .collect())
-}
-
 /// A crash in ADD, healed by the runtime retrying the ADD, then by a DEL of another crashed ADD.
 fn add_point_converges(point: &str) -> Result<()> {
     let node = Netns::new("crnode")?;
@@ -104,9 +96,9 @@ fn add_point_converges(point: &str) -> Result<()> {
 
     // Nothing leaked: a new sandbox gets an address nobody holds, and after DEL of all the node
     // is bare and the store empty.
-    let before = addresses(&daemon)?;
+    let before: Vec<String> = daemon.addresses()?;
     ok(&daemon, "ADD", "c2", pods[2].path())?;
-    let after = addresses(&daemon)?;
+    let after: Vec<String> = daemon.addresses()?;
     ensure!(after.len() == 3, "{after:?}");
     for (i, pod) in pods.iter().enumerate() {
         ok(&daemon, "DEL", &format!("c{i}"), pod.path())?;

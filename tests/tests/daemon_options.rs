@@ -12,7 +12,8 @@ use anyhow::{Context, Result};
 use provisioner::dataplane::{GRAVEYARD_GROUP, host_ifname};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::daemon_queries::allocations;
-use provisioner_tests::{Netns, in_netns, wait_only_lo, wait_until};
+use provisioner_tests::pod_net::{FORWARDING_SYSCTLS, node_forwarding};
+use provisioner_tests::{Netns, wait_only_lo, wait_until};
 use serde_json::Value;
 use testkit::daemon::sandbox_request;
 
@@ -341,23 +342,6 @@ fn gc_skips_a_sandbox_whose_add_is_in_flight() -> Result<()> {
     )
 }
 
-/// The forwarding sysctls of the node namespace, as `path=value`.
-fn node_forwarding(node: &Netns) -> Result<Vec<String>> {
-    in_netns(node.path(), || {
-        [
-            "/proc/sys/net/ipv4/ip_forward",
-            "/proc/sys/net/ipv6/conf/all/forwarding",
-        ]
-        .iter()
-        .map(|path| {
-            std::fs::read_to_string(path)
-                .map(|v| format!("{path}={}", v.trim()))
-                .with_context(|| format!("read {path} in the node namespace"))
-        })
-        .collect::<Result<Vec<_>>>()
-    })?
-}
-
 /// `--proc-sys DIR`: the sysctls are read and written under DIR. A `DIR/net` that leads to
 /// `/proc/sys/net` (a link here, a bind mount in a container: either resolves against the
 /// namespace of the thread that opens a file) serves a dual-stack ADD, which turns forwarding
@@ -365,11 +349,8 @@ fn node_forwarding(node: &Netns) -> Result<Vec<String>> {
 /// naming the file under DIR, and the node's forwarding stays off.
 #[test]
 fn proc_sys_dir_holds_the_sysctls_the_daemon_reads_and_writes() -> Result<()> {
-    let off = [
-        "/proc/sys/net/ipv4/ip_forward=0",
-        "/proc/sys/net/ipv6/conf/all/forwarding=0",
-    ];
-    let on = off.map(|f| f.replace("=0", "=1"));
+    let off = FORWARDING_SYSCTLS.map(|f| format!("{f}=0"));
+    let on = FORWARDING_SYSCTLS.map(|f| format!("{f}=1"));
     for (i, linked) in [(34, true), (35, false)] {
         let node = Netns::new("node")?;
         assert_eq!(node_forwarding(&node)?, off, "a new namespace forwards");

@@ -8,17 +8,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
+use provisioner_tests::daemon_queries::{cookie_of, views_of};
 use provisioner_tests::{Netns, NetnsCookie, RuntimeNetns, wait_until};
 use serde_json::Value;
 
 /// Bound on the waits for the watch's answers (a loaded machine, a state read).
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn cookie_of_view(view: &Value) -> Option<u64> {
-    view["verdict"]["netns"]["cookie"]
-        .as_u64()
-        .or_else(|| view["intent"]["intent"]["netns_cookie"].as_u64())
-}
 
 /// The daemon's views of `cookies`, once `done` holds for every one of them (bounded wait).
 fn wait_views(
@@ -29,18 +24,9 @@ fn wait_views(
 ) -> Result<HashMap<u64, Value>> {
     let mut last = HashMap::new();
     let waited = wait_until(what, PATIENCE, || {
-        let answer = daemon.sandboxes()?;
-        if let Some(reason) = answer["tracing_unavailable"].as_str()
-            && reason != "kernel tracing is starting"
-        {
-            bail!("tracing unavailable: {reason}");
-        }
-        last = answer["sandboxes"]
-            .as_array()
+        last = views_of(daemon, cookies)?
             .into_iter()
-            .flatten()
-            .filter_map(|v| cookie_of_view(v).map(|c| (c, v.clone())))
-            .filter(|(c, _)| cookies.contains(c))
+            .filter_map(|v| Some((cookie_of(&v)?, v)))
             .collect();
         Ok((last.len() == cookies.len() && last.values().all(&done)).then(|| last.clone()))
     });
@@ -234,23 +220,18 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
     for (i, pod) in pods.iter().enumerate() {
         del(&format!("tr-{i}"), Some(pod.path()), &stdin)?;
     }
-    let answer = daemon.sandboxes()?;
-    let drifts_after: usize = answer["sandboxes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| cookie_of_view(v).is_some_and(|c| cookies.contains(&c)))
+    let views = views_of(&daemon, &cookies)?;
+    let drifts_after: usize = views
+        .iter()
         .map(|v| v["drifts"].as_array().map_or(0, Vec::len))
         .sum();
-    assert_eq!(drifts_after, 1, "only the deleted route drifted: {answer}");
+    assert_eq!(
+        drifts_after, 1,
+        "only the deleted route drifted: {views:#?}"
+    );
     // After DEL a view is history: removed by DEL, naming the addresses it released (the
     // marking happens before the DEL answers: no wait).
-    for view in answer["sandboxes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| cookie_of_view(v).is_some_and(|c| cookies.contains(&c)))
-    {
+    for view in &views {
         let allocated = view["intent"]["intent"]["addresses"][0]
             .as_str()
             .unwrap_or_default();

@@ -14,10 +14,9 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::{self, Pod};
 use provisioner_tests::daemon_queries::{cookie_of, verdict_and_intent};
+use provisioner_tests::pod_net::node_forwarding;
 use provisioner_tests::podman::Podman;
-use provisioner_tests::{
-    Netns, deploy, in_netns, kubelet, netns_cookie, provisioner_bin, wait_until,
-};
+use provisioner_tests::{Netns, deploy, kubelet, netns_cookie, provisioner_bin, wait_until};
 
 /// The node's pod CIDRs, as the kubelet passes them to the runtime: dual-stack.
 const POD_CIDR: &str = "10.247.0.0/24,fd00:247::/64";
@@ -28,12 +27,6 @@ const WORKLOAD_PODS: usize = 3;
 /// namespace of the thread that opens it: the daemon writes those of the node namespace and of
 /// its pods, never the root namespace's).
 const REAL_HOST_PATHS: &[&str] = &["/run/netns", "/sys/kernel/tracing", "/proc/sys/net"];
-
-/// Forwarding sysctls the daemon turns on in the node namespace for dual-stack pods.
-const FORWARDING: &[&str] = &[
-    "/proc/sys/net/ipv4/ip_forward",
-    "/proc/sys/net/ipv6/conf/all/forwarding",
-];
 
 fn ctr_import(containerd: &Containerd, archive: &Path) -> Result<()> {
     provisioner_tests::run(
@@ -379,20 +372,6 @@ impl Workload {
     }
 }
 
-/// The forwarding sysctls of the node namespace, as `path=value`.
-fn node_forwarding(node: &Netns) -> Result<Vec<String>> {
-    in_netns(node.path(), || {
-        FORWARDING
-            .iter()
-            .map(|path| {
-                std::fs::read_to_string(path)
-                    .map(|v| format!("{path}={}", v.trim()))
-                    .with_context(|| format!("read {path} in the node namespace"))
-            })
-            .collect::<Result<Vec<_>>>()
-    })?
-}
-
 #[test]
 fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     let archive = deploy::image_archive()?;
@@ -473,8 +452,7 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     for i in 0..WORKLOAD_PODS {
         let ready = node
             .containerd
-            .cri()
-            .run_ready_pod(&format!("web-{i}"), &log_dir)
+            .run_ready_pod(&format!("web-{i}"))
             .with_context(|| container_log(&daemon_log))?;
         let [v4, v6] = ready.ips.as_slice() else {
             bail!("a dual-stack pod with addresses {:?}", ready.ips);

@@ -224,10 +224,7 @@ async fn dual_stack() -> Result<()> {
             ("fd00:3::2/64", "fd00:3::1"),
         ],
     );
-    s.routes.push(RouteSpec {
-        dst: net("::/0"),
-        gw: None,
-    });
+    s.routes.push(RouteSpec::new(net("::/0"), None));
     dp.setup(&s).await?;
     dp.check(&s).await?;
     // The configured addresses are usable at once (NODAD); kernel link-locals may take a moment
@@ -512,17 +509,8 @@ async fn setup_and_check_names_node_routing_that_bypasses_the_veth() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_name_operation_object_and_netns() -> Result<()> {
     let (_node, dp) = node()?;
-    let s = SandboxSpec {
-        container_id: "nons".to_owned(),
-        netns: "/run/netns/does-not-exist-dataplane".into(),
-        ifname: "eth0".to_owned(),
-        addresses: vec![PodAddress {
-            address: net("10.244.9.2/24"),
-            gateway: ip("10.244.9.1"),
-        }],
-        mtu: None,
-        routes: vec![],
-    };
+    let s = SandboxSpec::new("nons", "/run/netns/does-not-exist-dataplane", "eth0")
+        .with_addresses([PodAddress::new(net("10.244.9.2/24"), ip("10.244.9.1"))]);
     let err = dp.setup(&s).await.expect_err("missing netns");
     ensure!(err.setup_step() == Some(SetupStep::SandboxNetns), "{err}");
     let text = err.to_string();

@@ -13,7 +13,7 @@ use provisioner::cni::CniError;
 use provisioner::dataplane::host_ifname;
 use provisioner_tests::crash_harness::assert_store_is_node;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::daemon_queries::{allocations, cookie_of};
+use provisioner_tests::daemon_queries::{allocations, views_of};
 use provisioner_tests::pod_net::wait_node_bare;
 use provisioner_tests::{Netns, NetnsCookie, wait_until};
 use serde_json::Value;
@@ -148,19 +148,7 @@ fn wait_confirmed(daemon: &Daemon, pods: &[Netns], finished: &BTreeSet<String>) 
         "the audit confirms every finished ADD",
         Duration::from_secs(30),
         || {
-            let answer = daemon.sandboxes()?;
-            if let Some(reason) = answer["tracing_unavailable"].as_str()
-                && reason != "kernel tracing is starting"
-            {
-                bail!("tracing unavailable: {reason}");
-            }
-            last = answer["sandboxes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|v| cookie_of(v).is_some_and(|c| cookies.contains(&c)))
-                .cloned()
-                .collect();
+            last = views_of(daemon, &cookies)?;
             let confirmed = last
                 .iter()
                 .filter(|v| v["intent"]["status"] == "confirmed")

@@ -194,16 +194,8 @@ fn add_fails_clean(
     ))
 }
 
-fn addresses(daemon: &CrashDaemon) -> Result<Vec<String>> {
-    Ok(daemon
-        .allocations()?
-        .into_iter()
-        .flat_map(|a| a.addresses)
-        .collect())
-}
-
 fn distinct(daemon: &CrashDaemon) -> Result<()> {
-    let all = addresses(daemon)?;
+    let all: Vec<String> = daemon.addresses()?;
     let set: HashSet<&String> = all.iter().collect();
     ensure!(set.len() == all.len(), "an address held twice: {all:?}");
     Ok(())
@@ -312,7 +304,7 @@ fn a_read_only_data_dir_makes_the_daemon_unready_and_it_heals_when_writable() ->
     daemon.start(&node, None)?;
     add(&daemon, "r0", &pods[0])?;
     add(&daemon, "r1", &pods[1])?;
-    let live: HashSet<String> = addresses(&daemon)?.into_iter().collect();
+    let live: HashSet<String> = daemon.addresses()?;
     daemon.kill()?;
 
     disk.remount("ro")?;
@@ -323,7 +315,7 @@ fn a_read_only_data_dir_makes_the_daemon_unready_and_it_heals_when_writable() ->
     disk.remount("rw")?;
     wait_ready(&daemon)?;
     ensure!(daemon.running(), "the daemon restarted or stopped");
-    let now: HashSet<String> = addresses(&daemon)?.into_iter().collect();
+    let now: HashSet<String> = daemon.addresses()?;
     ensure!(now == live, "held after the heal: {now:?}, live: {live:?}");
     add(&daemon, "r2", &pods[2])?;
     add(&daemon, "r3", &pods[3])?;

@@ -18,14 +18,6 @@ fn ok(daemon: &CrashDaemon, command: &str, container_id: &str, netns: &Netns) ->
     Ok(())
 }
 
-fn addresses(daemon: &CrashDaemon) -> Result<HashSet<String>> {
-    Ok(daemon
-        .allocations()?
-        .into_iter()
-        .flat_map(|a| a.addresses)
-        .collect())
-}
-
 /// Store files kept aside in the data dir.
 fn kept_aside(daemon: &CrashDaemon) -> Result<Vec<String>> {
     let mut kept = Vec::new();
@@ -106,19 +98,19 @@ fn live_pods_survive(
     for (i, pod) in pods.iter().take(3).enumerate() {
         ok(&daemon, "ADD", &format!("p{i}"), pod)?;
     }
-    let live = addresses(&daemon)?;
+    let live: HashSet<String> = daemon.addresses()?;
     daemon.kill()?;
     damage(&mut daemon)?;
     daemon.start(&node, None)?;
     check(&daemon)?;
     ensure!(
-        addresses(&daemon)? == live,
+        daemon.addresses::<HashSet<String>>()? == live,
         "the live pods' addresses are not all held after the restart: {:?} vs {live:?}\n{}",
         daemon.allocations()?,
         daemon.log()
     );
     ok(&daemon, "ADD", "p3", &pods[3])?;
-    let now = addresses(&daemon)?;
+    let now: HashSet<String> = daemon.addresses()?;
     ensure!(
         now.len() == 4,
         "a live pod's address was handed out again: {now:?}"
@@ -186,7 +178,7 @@ fn a_daemon_in_the_wrong_host_netns_releases_nothing() -> Result<()> {
     for (i, pod) in pods.iter().enumerate() {
         ok(&daemon, "ADD", &format!("w{i}"), pod)?;
     }
-    let live = addresses(&daemon)?;
+    let live: HashSet<String> = daemon.addresses()?;
     daemon.kill()?;
 
     daemon.start_unready(&wrong)?;
@@ -202,11 +194,14 @@ fn a_daemon_in_the_wrong_host_netns_releases_nothing() -> Result<()> {
     })
     .with_context(|| daemon.log())?;
     ensure!(status["ready"] == false, "{status}");
-    ensure!(addresses(&daemon)? == live, "released in the wrong netns");
+    ensure!(
+        daemon.addresses::<HashSet<String>>()? == live,
+        "released in the wrong netns"
+    );
     daemon.kill()?;
 
     daemon.start(&node, None)?;
-    ensure!(addresses(&daemon)? == live);
+    ensure!(daemon.addresses::<HashSet<String>>()? == live);
     assert_converged(&daemon, &node)?;
     for (i, pod) in pods.iter().enumerate() {
         ok(&daemon, "DEL", &format!("w{i}"), pod)?;
@@ -253,9 +248,9 @@ fn a_second_daemon_on_the_same_store_waits_keeps_nothing_aside_and_takes_over() 
         ensure!(kept_aside(&first)?.is_empty(), "{:?}", kept_aside(&first)?);
         std::thread::sleep(Duration::from_millis(200));
     }
-    ensure!(addresses(&first)?.len() == 1);
+    ensure!(first.addresses::<HashSet<String>>()?.len() == 1);
 
-    let live = addresses(&first)?;
+    let live: HashSet<String> = first.addresses()?;
     first.kill()?;
     wait_until("the second daemon ready", Duration::from_secs(10), || {
         let out = second.cli(&["status", "--json"])?;
@@ -263,9 +258,13 @@ fn a_second_daemon_on_the_same_store_waits_keeps_nothing_aside_and_takes_over() 
         Ok((status["ready"] == true).then_some(()))
     })
     .with_context(|| second.log())?;
-    ensure!(addresses(&second)? == live, "{:?}", second.allocations()?);
+    ensure!(
+        second.addresses::<HashSet<String>>()? == live,
+        "{:?}",
+        second.allocations()?
+    );
     ok(&second, "ADD", "t1", &pods[1])?;
-    ensure!(addresses(&second)?.len() == 2);
+    ensure!(second.addresses::<HashSet<String>>()?.len() == 2);
     ensure!(kept_aside(&second)?.is_empty());
     assert_converged(&second, &node).with_context(|| second.log())?;
     for (i, pod) in pods.iter().enumerate() {

@@ -13,6 +13,6 @@ pub mod version;
 pub use conf::{Attachment, NetConf};
 pub use env::{CniArgs, CniEnv, Command, ContainerEnv, validate_netns_path};
 pub use error::CniError;
-pub use plugin::{MAX_STDIN, PluginBackend, PluginOutput, Request, run_plugin};
+pub use plugin::{AcceptAll, MAX_STDIN, PluginBackend, PluginOutput, Request, run_plugin};
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use version::{CniVersion, version_answer};

@@ -50,6 +50,40 @@ pub trait PluginBackend {
     }
 }
 
+/// A backend that accepts every request, for running [`run_plugin`] without a daemon (the fuzz
+/// target, tests): ADD answers with the request's `prevResult` (an empty result without one),
+/// every other verb succeeds. With `check_netns`, CNI_NETNS is checked as the trait's default
+/// does ([`validate_netns_path`]); without it every path is accepted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AcceptAll {
+    pub check_netns: bool,
+}
+
+impl PluginBackend for AcceptAll {
+    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        Ok(req.prev_result.clone().unwrap_or_default())
+    }
+    fn del(&self, _: &Request) -> Result<(), CniError> {
+        Ok(())
+    }
+    fn check(&self, _: &Request) -> Result<(), CniError> {
+        Ok(())
+    }
+    fn status(&self, _: &NetConf) -> Result<(), CniError> {
+        Ok(())
+    }
+    fn gc(&self, _: &NetConf, _: &[Attachment]) -> Result<(), CniError> {
+        Ok(())
+    }
+    fn validate_netns(&self, path: &Path) -> Result<(), CniError> {
+        if self.check_netns {
+            validate_netns_path(path)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// What the plugin process prints and how it exits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginOutput {
@@ -575,28 +609,11 @@ mod tests {
     }
 
     #[test]
-    fn default_netns_validation_is_wired() {
-        struct Minimal;
-        impl PluginBackend for Minimal {
-            fn add(&self, _: &Request) -> Result<CniResult, CniError> {
-                Ok(CniResult::default())
-            }
-            fn del(&self, _: &Request) -> Result<(), CniError> {
-                Ok(())
-            }
-            fn check(&self, _: &Request) -> Result<(), CniError> {
-                Ok(())
-            }
-            fn status(&self, _: &NetConf) -> Result<(), CniError> {
-                Ok(())
-            }
-            fn gc(&self, _: &NetConf, _: &[Attachment]) -> Result<(), CniError> {
-                Ok(())
-            }
-        }
+    fn netns_validation_checks_the_path() {
         let mut vars = env("ADD");
         vars.push(("CNI_NETNS".into(), "/nonexistent/netns/pod".into()));
-        let out = run(vars, &conf(CniVersion::V1_0_0), &Minimal);
+        let backend = AcceptAll { check_netns: true };
+        let out = run(vars, &conf(CniVersion::V1_0_0), &backend);
         assert_error(&out, 3, CniVersion::V1_0_0, "/nonexistent/netns/pod");
     }
 

@@ -509,28 +509,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> 
 mod tests {
     use super::*;
 
-    /// containerd's GCE-style template (containerd's `conf_template` for GKE/GCE nodes), verbatim.
-    const GCE_TEMPLATE: &str = r#"{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {
-      "type": "ptp",
-      "mtu": 1460,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [{{range $i, $range := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$range}}"}]{{end}}],
-        "routes": [{{range $i, $route := .Routes}}{{if $i}}, {{end}}{"dst": "{{$route}}"}{{end}}]
-      }
-    },
-    {
-      "type": "portmap",
-      "capabilities": {
-        "portMappings": true
-      }
-    }
-  ]
-}"#;
+    /// containerd's GCE-style template (containerd's `conf_template` for GKE/GCE nodes), verbatim;
+    /// the containerd test renders it with containerd too.
+    const GCE_TEMPLATE: &str = include_str!("../../tests/fixtures/containerd-templates/gce.tmpl");
+
+    /// containerd's documented single-stack template for the reference plugins, verbatim.
+    const REFERENCE_TEMPLATE: &str =
+        include_str!("../../tests/fixtures/containerd-templates/reference.tmpl");
 
     /// The template of containerd's own `TestUpdateRuntimeConfig`, verbatim: note the trailing
     /// comma after the plugin, so its output is not JSON (containerd writes it anyway).
@@ -612,6 +597,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, CONTAINERD_TEST_EXPECTED);
+    }
+
+    #[test]
+    fn reference_template_takes_the_first_pod_cidr() {
+        let out = render_template(
+            REFERENCE_TEMPLATE,
+            &cidrs("10.244.1.0/24,fd00:10:244:1::/64"),
+        )
+        .unwrap();
+        assert_eq!(
+            ipam_of(&out),
+            serde_json::json!({"type": "host-local",
+                "subnet": "10.244.1.0/24", "routes": [{"dst": "0.0.0.0/0"}]})
+        );
     }
 
     #[test]

@@ -239,26 +239,14 @@ mod tests {
     }
 
     fn spec(addrs: &[(&str, &str)], routes: &[(&str, Option<&str>)]) -> SandboxSpec {
-        SandboxSpec {
-            container_id: "c1".to_owned(),
-            netns: "/run/netns/x".into(),
-            ifname: "eth0".to_owned(),
-            addresses: addrs
-                .iter()
-                .map(|(a, g)| PodAddress {
-                    address: net(a),
-                    gateway: ip(g),
-                })
-                .collect(),
-            mtu: Some(1460),
-            routes: routes
-                .iter()
-                .map(|(d, g)| RouteSpec {
-                    dst: net(d),
-                    gw: g.map(ip),
-                })
-                .collect(),
-        }
+        SandboxSpec::new("c1", "/run/netns/x", "eth0")
+            .with_addresses(addrs.iter().map(|(a, g)| PodAddress::new(net(a), ip(g))))
+            .with_mtu(Some(1460))
+            .with_routes(
+                routes
+                    .iter()
+                    .map(|(d, g)| RouteSpec::new(net(d), g.map(ip))),
+            )
     }
 
     fn show(p: &ExpectedState) -> Vec<String> {

@@ -19,6 +19,40 @@ pub struct SandboxSpec {
     pub routes: Vec<RouteSpec>,
 }
 
+impl SandboxSpec {
+    /// `ifname` in the netns at `netns` for `container_id`: no address, the kernel's MTU and no
+    /// extra route until the `with_` methods give them.
+    pub fn new(
+        container_id: impl Into<String>,
+        netns: impl Into<PathBuf>,
+        ifname: impl Into<String>,
+    ) -> Self {
+        Self {
+            container_id: container_id.into(),
+            netns: netns.into(),
+            ifname: ifname.into(),
+            addresses: Vec::new(),
+            mtu: None,
+            routes: Vec::new(),
+        }
+    }
+
+    pub fn with_addresses(mut self, addresses: impl IntoIterator<Item = PodAddress>) -> Self {
+        self.addresses = addresses.into_iter().collect();
+        self
+    }
+
+    pub fn with_mtu(mut self, mtu: Option<u32>) -> Self {
+        self.mtu = mtu;
+        self
+    }
+
+    pub fn with_routes(mut self, routes: impl IntoIterator<Item = RouteSpec>) -> Self {
+        self.routes = routes.into_iter().collect();
+        self
+    }
+}
+
 /// The part of a [`SandboxSpec`] its veth pair needs: no address. ADD makes the pair with
 /// it while the addresses are being reserved ([`crate::dataplane::Dataplane::start_setup`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,12 +81,24 @@ pub struct PodAddress {
     pub gateway: IpAddr,
 }
 
+impl PodAddress {
+    pub const fn new(address: IpNetwork, gateway: IpAddr) -> Self {
+        Self { address, gateway }
+    }
+}
+
 /// An extra route in the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteSpec {
     pub dst: IpNetwork,
     /// `None`: via the gateway of the route's family.
     pub gw: Option<IpAddr>,
+}
+
+impl RouteSpec {
+    pub const fn new(dst: IpNetwork, gw: Option<IpAddr>) -> Self {
+        Self { dst, gw }
+    }
 }
 
 /// What setup created.

@@ -701,29 +701,21 @@ impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {
 
     /// The wiring an allocation implies in `netns`.
     pub fn spec_for(&self, allocation: &Allocation, netns: &Path) -> SandboxSpec {
-        SandboxSpec {
-            container_id: allocation.key.container_id.clone(),
-            netns: netns.to_path_buf(),
-            ifname: allocation.key.ifname.clone(),
-            addresses: allocation
-                .ips
-                .iter()
-                .map(|ip| PodAddress {
-                    address: ip.address,
-                    gateway: ip.gateway,
-                })
-                .collect(),
-            mtu: self.network.mtu,
-            routes: self
-                .network
-                .routes
-                .iter()
-                .map(|r| RouteSpec {
-                    dst: r.dst,
-                    gw: r.gw,
-                })
-                .collect(),
-        }
+        let key = &allocation.key;
+        SandboxSpec::new(&key.container_id, netns, &key.ifname)
+            .with_addresses(
+                allocation
+                    .ips
+                    .iter()
+                    .map(|ip| PodAddress::new(ip.address, ip.gateway)),
+            )
+            .with_mtu(self.network.mtu)
+            .with_routes(
+                self.network
+                    .routes
+                    .iter()
+                    .map(|r| RouteSpec::new(r.dst, r.gw)),
+            )
     }
 
     async fn release_after_failure(&self, key: &AllocationKey, label: &str) {

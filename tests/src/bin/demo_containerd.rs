@@ -24,7 +24,7 @@ use provisioner_tests::daemon_queries::{
     allocations, cookie_of, verdict_and_intent, wait_views_created_by, wait_views_of,
 };
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
-use provisioner_tests::{Netns, deploy, netns_cookie, wait_until};
+use provisioner_tests::{Netns, netns_cookie, wait_until};
 
 /// The node's pod CIDRs, as the kubelet passes them.
 const POD_CIDRS: &str = "10.244.9.0/24,fd00:10:244:9::/64";
@@ -50,22 +50,12 @@ fn main() -> Result<()> {
     let node = Netns::new("ctrd-node")?;
     let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
     daemon.wait_tracing(PATIENCE)?;
-    let template = deploy::cni_template()?.replace(
-        "/run/provisioner/provisioner.sock",
-        &daemon.socket.display().to_string(),
-    );
     let stray = daemon.conf_dir.join("10-loopback.conf");
     std::fs::write(
         &stray,
         r#"{"cniVersion": "0.4.0", "name": "lo", "type": "loopback"}"#,
     )?;
-    let mut containerd = Containerd::start(
-        &node,
-        &CniSetup {
-            template: Some(template),
-            ..CniSetup::reading(&daemon.conf_dir)
-        },
-    )?;
+    let mut containerd = Containerd::start(&node, &CniSetup::deploy_template_for(&daemon)?)?;
     detail(&format!(
         "containerd pid {}, config {}\nconf dir {} (provisioner watches it too), conf_template {}",
         containerd.pid().unwrap_or_default(),
@@ -142,10 +132,8 @@ fn template_path(daemon: &Daemon, containerd: &mut Containerd, node: &Netns) -> 
     let mut pods = Vec::new();
     let mut cookies = HashSet::new();
     for i in 0..PODS {
-        let log_dir = containerd.log_dir.clone();
         let ready = containerd
-            .cri()
-            .run_ready_pod(&format!("web-{i}"), &log_dir)
+            .run_ready_pod(&format!("web-{i}"))
             .with_context(|| daemon.log())?;
         check_pod_network(&ready.netns, &ready.ips[0])?;
         node.ping(&ready.ips[0])?;
