@@ -9,7 +9,7 @@ pub mod netns;
 pub mod oci;
 pub mod soak;
 
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -18,14 +18,19 @@ pub use netns::Netns;
 
 /// Runs a command, failing with its stderr when it exits non-zero; its stdout.
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let what = format!("{program} {}", args.join(" "));
     let out = Command::new(program)
         .args(args)
         .output()
-        .with_context(|| format!("spawn {program} {}", args.join(" ")))?;
+        .with_context(|| format!("spawn {what}"))?;
+    stdout_of(&what, &out)
+}
+
+/// The stdout of the command `what` that gave `out`, or an error with its status and stderr.
+pub fn stdout_of(what: &str, out: &Output) -> Result<String> {
     if !out.status.success() {
         bail!(
-            "{program} {} failed ({}): {}",
-            args.join(" "),
+            "{what} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

@@ -167,9 +167,13 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
+            delete_quietly(&self.name);
         }
     }
+}
+
+/// Deletes `/run/netns/<name>` on a best-effort basis (from a drop, where a failure has nowhere
+/// to go).
+pub fn delete_quietly(name: &str) {
+    let _ = Command::new("ip").args(["netns", "del", name]).output();
 }

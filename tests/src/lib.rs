@@ -189,9 +189,7 @@ impl RuntimeNetns {
 impl Drop for RuntimeNetns {
     fn drop(&mut self) {
         if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .output();
+            testkit::netns::delete_quietly(&self.name);
         }
     }
 }

@@ -121,15 +121,8 @@ volume_path = "{b}/volumes"
     /// Runs `podman <args>` in the node namespace; its stdout, or an error with its stderr.
     pub fn run(&self, args: &[&str]) -> Result<String> {
         let out = self.output(args)?;
-        if !out.status.success() {
-            bail!(
-                "podman {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        let stdout = testkit::stdout_of(&format!("podman {}", args.join(" ")), &out)?;
+        Ok(stdout.trim().to_owned())
     }
 
     /// Runs `podman <args>` in the node namespace and returns what it did.
