@@ -85,42 +85,43 @@ pub fn wait_only_lo(netns: &Netns, limit: std::time::Duration) -> Result<()> {
 pub fn stand_in_runtime() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("stand-in-runtime-{}", std::process::id()));
-        let path = dir.join("containerd");
-        let _ = std::fs::remove_file(&path);
-        let linked = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::os::unix::fs::symlink("/usr/sbin/ip", &path));
-        assert!(
-            linked.is_ok(),
-            "link {} to /usr/sbin/ip: {linked:?}",
-            path.display()
-        );
-        path
+        let linked = stand_in("ip", "containerd", "/usr/sbin/ip");
+        linked.unwrap_or_else(|e| panic!("the stand-in runtime: {e:#}"))
     })
+}
+
+/// `<tmp>/provisioner-stand-ins/<kind>/<name>`, a symlink to `target`, made when missing. The
+/// links never change, so every test process of every run shares them: a run leaves nothing
+/// behind but this one directory.
+fn stand_in(kind: &str, name: &str, target: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir()
+        .join("provisioner-stand-ins")
+        .join(kind);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let path = dir.join(name);
+    if std::fs::read_link(&path).is_ok_and(|to| to == Path::new(target)) {
+        return Ok(path);
+    }
+    // Missing, or left pointing elsewhere by an older run: made again (a concurrent test
+    // process makes the same link).
+    let _ = std::fs::remove_file(&path);
+    match std::os::unix::fs::symlink(target, &path) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            Err(e).with_context(|| format!("link {} to {target}", path.display()))
+        }
+        _ => Ok(path),
+    }
 }
 
 /// A stand-in runtime running a stand-in CNI plugin: `sh` named `containerd` forks and execs
 /// `/bin/true` named `plugin` (it lives about a millisecond, as containerd's `loopback` does),
 /// with `env` as its whole environment (what containerd hands a plugin); as `uid` when given.
 pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)]) -> Result<()> {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        std::env::temp_dir().join(format!("stand-in-cni-runtime-{}", std::process::id()))
-    });
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    // Symlinks, not copies (see `stand_in_runtime`); made once per name.
-    for (name, target) in [("containerd", "/bin/sh"), (plugin, "/bin/true")] {
-        let path = dir.join(name);
-        if std::fs::symlink_metadata(&path).is_err() {
-            match std::os::unix::fs::symlink(target, &path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e).with_context(|| format!("link {}", path.display())),
-            }
-        }
-    }
+    // Symlinks, not copies (see `stand_in_runtime`).
+    let runtime = stand_in("sh", "containerd", "/bin/sh")?;
+    let plugin_path = stand_in("sh", plugin, "/bin/true")?;
     // `&` makes the shell fork, so the plugin's parent is the shell named `containerd`.
-    let mut cmd = Command::new(dir.join("containerd"));
+    let mut cmd = Command::new(runtime);
     if let Some(uid) = uid {
         std::os::unix::process::CommandExt::uid(&mut cmd, uid);
     }
@@ -129,7 +130,7 @@ pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)])
         .envs(env.iter().copied())
         .arg("-c")
         .arg("\"$0\" & wait $!")
-        .arg(dir.join(plugin))
+        .arg(plugin_path)
         .status()
         .context("run the stand-in runtime's plugin")?;
     anyhow::ensure!(status.success(), "stand-in plugin {plugin}: {status}");
