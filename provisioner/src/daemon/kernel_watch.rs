@@ -147,8 +147,9 @@ pub struct SandboxesAnswer {
 #[derive(Default)]
 struct Shared {
     unavailable: Option<String>,
-    /// By netns cookie, insertion order kept in `order`.
-    views: HashMap<u64, SandboxView>,
+    /// By netns cookie, insertion order kept in `order`. Each boxed: a map's table is sized to
+    /// a power of two, and its empty slots are as large as what it holds.
+    views: HashMap<u64, Box<SandboxView>>,
     order: VecDeque<u64>,
     /// The views (cookies) holding an ADD's intent, by (container id, ifname): found without
     /// a scan of every view on each ADD and DEL.
@@ -173,14 +174,16 @@ impl Shared {
                 }
             }
         }
-        self.views.entry(cookie).or_insert_with(|| SandboxView {
-            verdict: None,
-            intent: None,
-            container_id: None,
-            pod: None,
-            drifts: Vec::new(),
-            removed: None,
-            text: Vec::new(),
+        self.views.entry(cookie).or_insert_with(|| {
+            Box::new(SandboxView {
+                verdict: None,
+                intent: None,
+                container_id: None,
+                pod: None,
+                drifts: Vec::new(),
+                removed: None,
+                text: Vec::new(),
+            })
         })
     }
 
@@ -587,7 +590,7 @@ impl KernelWatch {
                 .filter(|view| filter.keeps(view))
                 .map(|view| SandboxView {
                     pod: view.pod().cloned(),
-                    ..view.clone()
+                    ..SandboxView::clone(view)
                 })
                 .collect(),
             absent: shared

@@ -168,8 +168,8 @@ pub enum Step {
         parent: String,
         /// The plugin's real uid; only root's plugins name a pod.
         uid: u32,
-        /// The pod its `CNI_ARGS` named.
-        pod: Option<Pod>,
+        /// The pod its `CNI_ARGS` named (boxed: every step is as large as its largest kind).
+        pod: Option<Box<Pod>>,
     },
     /// A verdict was given (a later one revises it).
     Verdict {
@@ -381,6 +381,10 @@ pub struct Drift {
 /// Everything the correlator reports.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "report", rename_all = "snake_case")]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a report is handed on as it comes (a kept verdict is moved into an Arc), never held"
+)]
 pub enum Report {
     Verdict(NetnsVerdict),
     Intent(IntentVerdict),

@@ -57,7 +57,7 @@ impl Correlator {
                 |name| matches!(name, NetnsName::Process { pid, .. } if pids.contains(pid)),
             )
         };
-        if let Some(previous) = self.namespaces.insert(netns.cookie, ns)
+        if let Some(previous) = self.namespaces.insert(netns.cookie, Box::new(ns))
             && let Some(ns) = self.namespaces.get_mut(&netns.cookie)
         {
             // A timeline started early (an ADD named it first): keep what it knew.

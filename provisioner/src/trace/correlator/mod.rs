@@ -111,7 +111,9 @@ pub struct CorrelatorMetrics {
 /// Timelines and verdicts.
 pub struct Correlator {
     config: CorrelatorConfig,
-    namespaces: HashMap<u64, Ns>,
+    /// Each boxed: a map's table is sized to a power of two, and its empty slots are as large
+    /// as what it holds.
+    namespaces: HashMap<u64, Box<Ns>>,
     /// Latest netns created with a given owner pid (clone) or by a pid (unshare).
     by_pid: HashMap<u32, u64>,
     requests: Requests,
@@ -186,7 +188,7 @@ impl Correlator {
 
     /// The timeline of a tracked namespace so far.
     pub fn timeline(&self, cookie: u64) -> Option<Vec<Arc<TimelineEntry>>> {
-        self.namespaces.get(&cookie).map(Ns::timeline)
+        self.namespaces.get(&cookie).map(|ns| ns.timeline())
     }
 
     /// Marks the namespace `netns` (a file at `path`) as a sandbox, whoever created it. One not
@@ -333,7 +335,7 @@ impl Correlator {
         }
         let judged = self.judged.get(&netns.cookie).copied();
         self.namespaces.entry(netns.cookie).or_insert_with(|| {
-            let mut ns = Ns::new(netns, now);
+            let mut ns = Box::new(Ns::new(netns, now));
             ns.verdict = judged;
             ns
         })

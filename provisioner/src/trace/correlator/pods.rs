@@ -275,7 +275,7 @@ impl Correlator {
                 plugin,
                 parent: call.parent.clone(),
                 uid: call.uid,
-                pod,
+                pod: pod.map(Box::new),
             },
             None,
         );

@@ -65,8 +65,9 @@ pub(super) struct Ns {
     /// Named by an ADD, `--netns`, or found pinned as a sandbox.
     pub expected: bool,
     pub entries: Vec<Entry>,
-    /// What the entries folded away added up to.
-    base: Progress,
+    /// What the entries folded away added up to, once some were (boxed: most timelines never
+    /// hold enough entries to fold any).
+    base: Option<Box<Progress>>,
     /// The whole timeline folded, kept up to date while entries arrive in time order (the
     /// common case); recomputed after one arrives late or a request turns out rejected. Shared
     /// with the callers of [`Ns::progress`] rather than copied for each.
@@ -100,7 +101,7 @@ impl Ns {
             handles: Vec::new(),
             expected: false,
             entries: Vec::with_capacity(FIRST_ENTRIES),
-            base: Progress::default(),
+            base: None,
             folded: Some(Arc::default()),
             latest: None,
             folded_away: 0,
@@ -236,7 +237,8 @@ impl Ns {
         if let Some(folded) = &self.folded {
             return Arc::clone(folded);
         }
-        let folded = Arc::new(self.base.clone().fold(self.sorted(), &self.ifnames));
+        let base = self.base.as_deref().cloned().unwrap_or_default();
+        let folded = Arc::new(base.fold(self.sorted(), &self.ifnames));
         self.folded = Some(Arc::clone(&folded));
         folded
     }
@@ -292,7 +294,8 @@ impl Ns {
         let keep = self.entries.split_off(self.entries.len() / 2);
         let old = std::mem::replace(&mut self.entries, keep);
         self.folded_away += old.len();
-        self.base = std::mem::take(&mut self.base).fold(&old, &self.ifnames);
+        let base = self.base.take().map(|b| *b).unwrap_or_default();
+        self.base = Some(Box::new(base.fold(&old, &self.ifnames)));
     }
 }
 
