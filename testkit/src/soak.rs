@@ -134,8 +134,38 @@ pub fn run(
         on_sample(&s);
         samples.push(s);
     }
+    if let (Some(start), Some(end)) = (samples.get(1).map(|s| s.threads), samples.last_mut()) {
+        end.threads = threads_settled(&daemon, start)?;
+    }
     daemon.stop()?;
     Ok(samples)
+}
+
+/// The daemon's thread count once it is back to `start`, or as it is after [`THREADS_SETTLE`]:
+/// the threads its blocking pool started for a burst leave when idle for tokio's keep-alive
+/// (10 s), a leaked thread never does.
+fn threads_settled(daemon: &Daemon, start: u64) -> Result<u64> {
+    let deadline = Instant::now() + THREADS_SETTLE;
+    loop {
+        let threads = threads_of(daemon)?;
+        if threads <= start || Instant::now() >= deadline {
+            return Ok(threads);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Longer than tokio's blocking-pool keep-alive.
+const THREADS_SETTLE: Duration = Duration::from_secs(15);
+
+fn threads_of(daemon: &Daemon) -> Result<u64> {
+    let pid = daemon.pid().context("the daemon is not running")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no Threads in /proc/<pid>/status")
 }
 
 /// Cycles `from..to`, taken in turn by one thread per pod; the ADD latencies.
@@ -202,12 +232,7 @@ fn sample(
         std::thread::sleep(Duration::from_millis(50));
         links = node.links()?.len();
     }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let threads = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("no Threads in /proc/<pid>/status")?;
+    let threads = threads_of(daemon)?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
     let store_bytes = std::fs::metadata(daemon.data_dir.join("ipam.redb"))
         .map(|m| m.len())
