@@ -249,10 +249,34 @@ impl Collector for TraceCollector {
         let Some(trace) = &export.0 else {
             return Ok(());
         };
+        encode_backends(&mut encoder, trace)?;
         encode_verdicts(&mut encoder, trace)?;
         encode_events(&mut encoder, trace)?;
         encode_tracker_state(&mut encoder, trace)
     }
+}
+
+/// What each observation of the kernel watch runs on: one series per observation, its
+/// backend `unavailable` when it has none.
+fn encode_backends(
+    encoder: &mut DescriptorEncoder,
+    trace: &TraceMetrics,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(
+        "tracing_backend",
+        "1 for the backend each observation of the kernel watch runs on (docs/install.md)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for status in &trace.observations {
+        let backend = status.backend.map_or("unavailable", |b| b.name());
+        let labels = [
+            ("observation", status.observation.name()),
+            ("backend", backend),
+        ];
+        ConstGauge::new(1).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// The verdicts on sandboxes, their revisions, and the daemon's setups checked against them.
@@ -478,9 +502,23 @@ mod tests {
         trace.correlator.verdicts = BTreeMap::from([("skipped", 3), ("networked", 0)]);
         trace.correlator.events = BTreeMap::from([("netns_created", 7)]);
         trace.correlator.intents.confirmed = 2;
+        trace.observations = vec![
+            crate::trace::ObservationStatus {
+                observation: crate::trace::Observation::Rtnetlink,
+                backend: Some(crate::trace::Backend::SyscallTracepoints),
+                detail: String::new(),
+            },
+            crate::trace::ObservationStatus {
+                observation: crate::trace::Observation::ErrorMessages,
+                backend: None,
+                detail: "no netlink_extack tracepoint".to_owned(),
+            },
+        ];
         metrics.set_trace(Some(trace));
         let text = metrics.encode();
         for line in [
+            r#"provisioner_tracing_backend{observation="rtnetlink",backend="syscall_tracepoints"} 1"#,
+            r#"provisioner_tracing_backend{observation="error_messages",backend="unavailable"} 1"#,
             r#"provisioner_operations_total{op="add",result="ok"} 1"#,
             r#"provisioner_operations_total{op="add",result="101"} 1"#,
             r#"provisioner_sandbox_verdicts_total{verdict="skipped"} 3"#,

@@ -108,6 +108,7 @@ impl Daemon {
             .arg(&self.data_dir)
             .arg("--host-netns")
             .arg(node.path())
+            .args(chosen_backend_args())
             .args(extra)
             .env("PROVISIONER_LOG", "info")
             .envs(env.iter().copied())
@@ -392,4 +393,20 @@ pub fn sandbox_request(op: &str, container_id: &str, netns: &Path) -> Value {
         "netns": netns,
         "network": null,
     })
+}
+
+/// The environment variable naming backends the tests' kernel watches run on instead of the
+/// kernel's choice (`observation=backend`, comma separated): how the host runs the backends of
+/// older kernels (`cargo xtask test` sets it for a second run of the kernel-level tests).
+pub const TRACE_BACKENDS_ENV: &str = "PROVISIONER_TEST_TRACE_BACKENDS";
+
+/// `--trace-backend` arguments for the choices of [`TRACE_BACKENDS_ENV`].
+fn chosen_backend_args() -> Vec<String> {
+    std::env::var(TRACE_BACKENDS_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|choice| !choice.is_empty())
+        .flat_map(|choice| ["--trace-backend".to_owned(), choice.to_owned()])
+        .collect()
 }

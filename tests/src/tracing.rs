@@ -7,21 +7,22 @@ use anyhow::{Context, Result, bail};
 use provisioner::trace::diagnosis::CniSetup;
 use provisioner::trace::driver::{self, Command, DriverOptions, RunSummary, Sink};
 use provisioner::trace::{
-    CorrelatorConfig, IntentVerdict, NetnsVerdict, Report, SandboxRules, netns_of_path,
+    Attached, BackendChoices, CorrelatorConfig, IntentVerdict, NetnsIds, NetnsVerdict, Report,
+    SandboxRules, netns_of_path,
 };
 use tokio::sync::{mpsc, oneshot};
 
 /// What the driver said, in order.
 enum Said {
-    Attached,
+    Attached(Box<Attached>),
     Report(Box<Report>),
 }
 
 struct Forward(mpsc::UnboundedSender<Said>);
 
 impl Sink for Forward {
-    fn attached(&mut self) {
-        let _ = self.0.send(Said::Attached);
+    fn attached(&mut self, attached: &Attached) {
+        let _ = self.0.send(Said::Attached(Box::new(attached.clone())));
     }
 
     fn reports(&mut self, reports: Vec<Report>) {
@@ -40,6 +41,21 @@ pub struct Tracing {
     /// Every verdict so far, with when it arrived.
     pub verdicts: Vec<(Instant, NetnsVerdict)>,
     pub intents: Vec<IntentVerdict>,
+    /// What the kernel let the driver attach, and how it names namespaces.
+    pub attached: Option<Attached>,
+}
+
+pub use testkit::daemon::TRACE_BACKENDS_ENV;
+
+/// The backends [`TRACE_BACKENDS_ENV`] chooses (none when unset): those the in-process kernel
+/// watches of the tests run on; the daemons of the tests get them as `--trace-backend`.
+pub fn chosen_backends() -> Result<BackendChoices> {
+    match std::env::var(TRACE_BACKENDS_ENV) {
+        Ok(text) => text
+            .parse()
+            .map_err(|err| anyhow::anyhow!("{TRACE_BACKENDS_ENV}: {err}")),
+        Err(_) => Ok(BackendChoices::default()),
+    }
 }
 
 impl Tracing {
@@ -55,6 +71,7 @@ impl Tracing {
             scan_pins: true,
             cni_fallback: CniSetup::default(),
             pod_resolver: None,
+            backends: chosen_backends()?,
         };
         let task = tokio::spawn(async move {
             let mut sink = Forward(tx);
@@ -72,9 +89,13 @@ impl Tracing {
             task: Some(task),
             verdicts: Vec::new(),
             intents: Vec::new(),
+            attached: None,
         };
         match tokio::time::timeout(Duration::from_secs(30), tracing.said.recv()).await {
-            Ok(Some(Said::Attached)) => Ok(tracing),
+            Ok(Some(Said::Attached(attached))) => {
+                tracing.attached = Some(*attached);
+                Ok(tracing)
+            }
             Ok(_) => {
                 let task = tracing.task.take().context("driver task")?;
                 match task.await? {
@@ -84,6 +105,20 @@ impl Tracing {
             }
             Err(_) => bail!("the trace driver did not attach within 30 s"),
         }
+    }
+
+    /// The cookie of the namespace at `path` as this driver names it (its identity; inodes are
+    /// recycled).
+    pub fn cookie_of(&self, path: &Path) -> Result<u64> {
+        named(&self.ids()?, path)
+    }
+
+    /// How this driver names namespaces (for a closure that outlives a borrow of `self`).
+    pub fn ids(&self) -> Result<NetnsIds> {
+        self.attached
+            .as_ref()
+            .map(|a| a.ids.clone())
+            .context("the driver has not attached")
     }
 
     /// Treats the namespace at `path` as a sandbox.
@@ -176,7 +211,24 @@ impl Drop for Tracing {
     }
 }
 
-/// The cookie of the namespace at `path` (its identity; inodes are recycled).
+/// The cookie of the namespace at `path` as `ids` names it.
+pub fn named(ids: &NetnsIds, path: &Path) -> Result<u64> {
+    ids.of_path(path)
+        .map(|n| n.cookie)
+        .with_context(|| format!("identify netns {}", path.display()))
+}
+
+/// The cookie of the calling thread's namespace as `ids` names it. Allocates nothing: a child
+/// of `clone` may call it.
+pub fn own_netns_name(ids: &NetnsIds) -> Option<u64> {
+    let inode = nix::sys::stat::stat("/proc/thread-self/ns/net")
+        .ok()?
+        .st_ino;
+    ids.name(inode, provisioner::dataplane::current_netns_cookie().ok())
+}
+
+/// The kernel's cookie of the namespace at `path` (its identity; inodes are recycled): how
+/// every kernel watch names it on a kernel that gives cookies (`SO_NETNS_COOKIE`).
 pub fn cookie_of(path: &Path) -> Result<u64> {
     netns_of_path(path)
         .map(|n| n.cookie)

@@ -4,7 +4,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use provisioner::trace::{EventKind, KernelTracer};
-use provisioner_tests::{current_netns_cookie, require_root};
+use provisioner_tests::require_root;
+use provisioner_tests::tracing::{chosen_backends, own_netns_name};
 
 const PER_THREAD: usize = 1000;
 const THREADS: usize = 2;
@@ -14,15 +15,19 @@ const NETNS_CREATED_KIND: u32 = 1;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_of_2000_netns_creations_is_fully_accounted_for() -> anyhow::Result<()> {
     require_root();
-    let (tracer, mut rx) = KernelTracer::start(65_536)?;
+    let (tracer, mut rx) = KernelTracer::start(65_536, &chosen_backends()?)?;
+    let ids = tracer.attached().ids.clone();
     let started = std::time::Instant::now();
     let workers: Vec<_> = (0..THREADS)
         .map(|_| {
-            std::thread::spawn(|| -> anyhow::Result<Vec<u64>> {
+            let ids = ids.clone();
+            std::thread::spawn(move || -> anyhow::Result<Vec<u64>> {
                 let mut cookies = Vec::with_capacity(PER_THREAD);
                 for _ in 0..PER_THREAD {
                     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
-                    cookies.push(current_netns_cookie()?);
+                    cookies.push(
+                        own_netns_name(&ids).ok_or_else(|| anyhow::anyhow!("name own netns"))?,
+                    );
                 }
                 Ok(cookies)
             })

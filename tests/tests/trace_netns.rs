@@ -5,15 +5,18 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
-use provisioner::trace::{EventBatch, EventKind, KernelTracer, NetnsOrigin, TraceEvent};
-use provisioner_tests::{current_netns_cookie, require_root};
+use provisioner::trace::{EventBatch, EventKind, KernelTracer, NetnsIds, NetnsOrigin, TraceEvent};
+use provisioner_tests::require_root;
+use provisioner_tests::tracing::{chosen_backends, own_netns_name};
 use tokio::sync::mpsc::Receiver;
 
-/// A namespace created by a fresh thread that unshares; its cookie.
-fn unshared_netns_cookie() -> anyhow::Result<(u64, i32)> {
-    std::thread::spawn(|| -> anyhow::Result<(u64, i32)> {
+/// A namespace created by a fresh thread that unshares; its cookie as `ids` names it.
+fn unshared_netns_cookie(ids: &NetnsIds) -> anyhow::Result<(u64, i32)> {
+    let ids = ids.clone();
+    std::thread::spawn(move || -> anyhow::Result<(u64, i32)> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
-        Ok((current_netns_cookie()?, nix::unistd::gettid().as_raw()))
+        let name = own_netns_name(&ids).ok_or_else(|| anyhow::anyhow!("name own netns"))?;
+        Ok((name, nix::unistd::gettid().as_raw()))
     })
     .join()
     .map_err(|_| anyhow::anyhow!("unshare thread panicked"))?
@@ -24,10 +27,11 @@ fn unshared_netns_cookie() -> anyhow::Result<(u64, i32)> {
 /// report of `cookie` (made when it was created) cannot arrive after the marker's.
 async fn events_for(
     rx: &mut Receiver<EventBatch>,
+    ids: &NetnsIds,
     cookie: u64,
     limit: Duration,
 ) -> anyhow::Result<Vec<TraceEvent>> {
-    let (marker, _) = unshared_netns_cookie()?;
+    let (marker, _) = unshared_netns_cookie(ids)?;
     let mut found = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     loop {
@@ -55,10 +59,11 @@ async fn events_for(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unshare_reports_one_event_with_the_right_cookie() -> anyhow::Result<()> {
     require_root();
-    let (tracer, mut rx) = KernelTracer::start(4096)?;
-    let (cookie, tid) = unshared_netns_cookie()?;
+    let (tracer, mut rx) = KernelTracer::start(4096, &chosen_backends()?)?;
+    let ids = tracer.attached().ids.clone();
+    let (cookie, tid) = unshared_netns_cookie(&ids)?;
 
-    let events = events_for(&mut rx, cookie, Duration::from_secs(10)).await?;
+    let events = events_for(&mut rx, &ids, cookie, Duration::from_secs(10)).await?;
     assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
     let event = &events[0];
     let EventKind::NetnsCreated(created) = &event.kind else {
@@ -75,17 +80,20 @@ async fn unshare_reports_one_event_with_the_right_cookie() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clone_with_newnet_reports_the_child_namespace() -> anyhow::Result<()> {
     require_root();
-    let (_tracer, mut rx) = KernelTracer::start(4096)?;
+    let (tracer, mut rx) = KernelTracer::start(4096, &chosen_backends()?)?;
+    let ids = tracer.attached().ids.clone();
     let (read_end, write_end): (OwnedFd, OwnedFd) = nix::unistd::pipe()?;
     let mut stack = vec![0u8; 256 * 1024];
     let write_fd = write_end.as_raw_fd();
+    let child_ids = ids.clone();
     let child = Box::new(move || -> isize {
-        let cookie = current_netns_cookie().unwrap_or(0);
+        let cookie = own_netns_name(&child_ids).unwrap_or(0);
         // SAFETY: write_fd stays open in the child until it exits.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(write_fd) };
         isize::from(nix::unistd::write(fd, &cookie.to_ne_bytes()).is_err())
     });
-    // SAFETY: the child only computes a cookie and writes to a pipe before exiting.
+    // SAFETY: the child only names its namespace (no allocation) and writes to a pipe before
+    // exiting.
     let pid = unsafe {
         nix::sched::clone(
             child,
@@ -101,7 +109,7 @@ async fn clone_with_newnet_reports_the_child_namespace() -> anyhow::Result<()> {
     let cookie = u64::from_ne_bytes(buf);
     assert_ne!(cookie, 0, "child could not read its netns cookie");
 
-    let events = events_for(&mut rx, cookie, Duration::from_secs(10)).await?;
+    let events = events_for(&mut rx, &ids, cookie, Duration::from_secs(10)).await?;
     assert_eq!(events.len(), 1, "events for cookie {cookie}: {events:?}");
     let EventKind::NetnsCreated(created) = &events[0].kind else {
         panic!("not NetnsCreated: {:?}", events[0]);

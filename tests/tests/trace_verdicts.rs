@@ -10,7 +10,7 @@ use provisioner::trace::render::verdict_lines;
 use provisioner::trace::{NetnsVerdict, SandboxRules, Step, Verdict};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::reference::Ptp;
-use provisioner_tests::tracing::{Tracing, cookie_of, pin_path};
+use provisioner_tests::tracing::{Tracing, named, pin_path};
 use provisioner_tests::{Netns, RuntimeNetns, run, runtime, runtime_runs_plugin, unique_name};
 
 const DEADLINE: Duration = Duration::from_secs(1);
@@ -64,7 +64,9 @@ async fn runtime_created_sandboxes_without_network_are_skipped_naming_the_creato
     let mut t = tracing().await?;
     let sandboxes = blocking(|| (0..3).map(|_| sandbox()).collect::<Result<Vec<_>>>()).await?;
     for sb in &sandboxes {
-        let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+        let (_, v) = t
+            .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+            .await?;
         assert_eq!(
             v.verdict,
             Verdict::Skipped,
@@ -104,7 +106,9 @@ async fn loopback_only_sandbox_is_skipped_and_its_timeline_shows_lo() -> Result<
         Ok(sb)
     })
     .await?;
-    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .await?;
     assert_eq!(v.verdict, Verdict::Skipped, "{}", v.reason);
     assert!(v.reason.contains("lo up"), "{}", v.reason);
     assert!(
@@ -126,7 +130,9 @@ async fn interface_without_address_is_partial() -> Result<()> {
         Ok(sb)
     })
     .await?;
-    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .await?;
     assert_eq!(
         v.verdict,
         Verdict::Partial,
@@ -158,7 +164,9 @@ async fn route_the_kernel_rejects_is_failed_with_the_reason() -> Result<()> {
         Ok(sb)
     })
     .await?;
-    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .await?;
     assert_eq!(
         v.verdict,
         Verdict::Failed,
@@ -183,9 +191,10 @@ async fn route_the_kernel_rejects_is_failed_with_the_reason() -> Result<()> {
 async fn non_runtime_namespace_destroyed_after_100ms_is_gone_never_skipped() -> Result<()> {
     let mut t = tracing().await?;
     let name = unique_name("trnon");
+    let ids = t.ids()?;
     let cookie = blocking(move || {
         run("ip", &["netns", "add", &name])?;
-        let cookie = cookie_of(&pin_path(&name));
+        let cookie = named(&ids, &pin_path(&name));
         run("ip", &["-n", &name, "link", "set", "lo", "up"])?;
         std::thread::sleep(Duration::from_millis(100));
         run("ip", &["netns", "del", &name])?;
@@ -207,9 +216,10 @@ async fn non_runtime_namespace_destroyed_after_100ms_is_gone_never_skipped() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_sandbox_with_only_lo_destroyed_after_30ms_is_skipped_within_1s() -> Result<()> {
     let mut t = tracing().await?;
-    let (cookie, deleted_at) = blocking(|| {
+    let ids = t.ids()?;
+    let (cookie, deleted_at) = blocking(move || {
         let mut sb = sandbox()?;
-        let cookie = sb.cookie()?;
+        let cookie = named(&ids, &sb.path())?;
         runtime(&["-n", sb.name(), "link", "set", "lo", "up"])?;
         std::thread::sleep(Duration::from_millis(30));
         sb.delete()?;
@@ -249,7 +259,9 @@ async fn reference_ptp_plugin_sandbox_is_networked_and_the_plugin_exec_shows() -
     let sb = sandbox()?;
     let output = ptp.run("ADD", sb.name(), &sb.path())?;
     assert!(output.stdout.contains("10.244.7."), "{output:?}");
-    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .await?;
     let text = timeline_text(&v);
     assert_eq!(v.verdict, Verdict::Networked, "{}\n{text}", v.reason);
     assert!(v.reason.contains("seen being set up"), "{}", v.reason);
@@ -279,13 +291,17 @@ async fn sandboxes_pinned_before_tracing_starts_are_judged_from_their_state() ->
     interface(&half, None)?;
 
     let mut t = tracing().await?;
-    let (_, v) = t.verdict(wired.cookie()?, SLACK).await?;
+    let (_, v) = t.verdict(t.cookie_of(&wired.path())?, SLACK).await?;
     assert_eq!(v.verdict, Verdict::Networked, "{}", v.reason);
     assert!(v.reason.contains("found set up at"), "{}", v.reason);
-    let (_, v) = t.verdict(lo_only.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&lo_only.path())?, DEADLINE + SLACK)
+        .await?;
     assert_eq!(v.verdict, Verdict::Skipped, "{}", v.reason);
     assert!(v.reason.contains("created before tracing"), "{}", v.reason);
-    let (_, v) = t.verdict(half.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&half.path())?, DEADLINE + SLACK)
+        .await?;
     assert_eq!(v.verdict, Verdict::Partial, "{}", v.reason);
     ptp.run("DEL", wired.name(), &wired.path())?;
     Ok(())
@@ -348,7 +364,7 @@ async fn short_lived_sandboxes_wired_then_removed_are_networked_with_their_teard
             Wirer::Reference(&ptp)
         };
         let mut sb = sandbox()?;
-        cookies.push((i, sb.cookie()?));
+        cookies.push((i, t.cookie_of(&sb.path())?));
         wirer.wire_and_remove(&mut sb)?;
     }
     for (i, cookie) in cookies {
@@ -410,7 +426,9 @@ async fn a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod() 
         )
     })
     .await?;
-    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .await?;
     let text = timeline_text(&v);
     assert_eq!(v.verdict, Verdict::Skipped, "{}\n{text}", v.reason);
     let Some(PodName::Known { pod, source }) = &v.pod else {
@@ -465,7 +483,9 @@ async fn a_reference_ptp_sandbox_run_by_hand_with_cni_args_is_named() -> Result<
         &unnamed.path(),
         Some("IgnoreUnknown=1"),
     )?;
-    let (_, v) = t.verdict(named.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&named.path())?, DEADLINE + SLACK)
+        .await?;
     let text = timeline_text(&v);
     assert_eq!(v.verdict, Verdict::Networked, "{}\n{text}", v.reason);
     assert_eq!(pod_of(&v), "default/web-0", "{text}");
@@ -473,7 +493,9 @@ async fn a_reference_ptp_sandbox_run_by_hand_with_cni_args_is_named() -> Result<
         text.contains("CNI ADD by ptp") && text.contains("for pod default/web-0"),
         "{text}"
     );
-    let (_, v) = t.verdict(unnamed.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&unnamed.path())?, DEADLINE + SLACK)
+        .await?;
     assert_eq!(v.verdict, Verdict::Networked, "{}", v.reason);
     assert_eq!(
         v.pod,
@@ -509,7 +531,9 @@ async fn a_plugin_run_by_another_user_than_root_names_no_pod() -> Result<()> {
         )
     })
     .await?;
-    let (_, v) = t.verdict(sb.cookie()?, DEADLINE + SLACK).await?;
+    let (_, v) = t
+        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .await?;
     let text = timeline_text(&v);
     assert_eq!(v.verdict, Verdict::Skipped, "{}\n{text}", v.reason);
     assert_eq!(

@@ -49,6 +49,11 @@ pub struct DaemonArgs {
     /// Seconds a sandbox namespace has to get its network before its verdict.
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     trace_deadline: f64,
+    /// Run an observation of the kernel watch on this backend instead of the one this
+    /// kernel's probe picks, e.g. `rtnetlink=syscall_tracepoints` (repeatable; see
+    /// `provisioner status` and docs/install.md).
+    #[arg(long, value_name = "OBSERVATION=BACKEND")]
+    trace_backend: Vec<String>,
     /// CRI socket asked for the pod of a sandbox no CNI plugin ran for (default: the socket of
     /// the runtime that created its namespace, from its command line and config).
     #[arg(long, value_name = "PATH")]
@@ -103,6 +108,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
                 .context("--trace-deadline")?,
             rules: SandboxRules::default(),
             pod_resolver: Some(pod_resolver),
+            backends: super::backend_choices(&args.trace_backend, "--trace-backend")?,
         })
     };
     let seconds = |flag: &str, value: f64| {

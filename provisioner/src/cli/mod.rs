@@ -200,6 +200,20 @@ pub fn main() -> ExitCode {
 /// The error and its causes, each said once: our errors' messages already name their cause
 /// (CNI messages and log lines print one message, and must be complete), so a cause whose text
 /// its parent's message already holds is not repeated.
+/// The backends `choices` (`observation=backend` each) name; the error names `flag`.
+fn backend_choices(
+    choices: &[String],
+    flag: &str,
+) -> anyhow::Result<provisioner::trace::BackendChoices> {
+    let mut chosen = provisioner::trace::BackendChoices::default();
+    for choice in choices {
+        chosen
+            .choose(choice)
+            .map_err(|err| anyhow::anyhow!("{flag} {err}"))?;
+    }
+    Ok(chosen)
+}
+
 fn error_text(err: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in err.chain() {

@@ -10,6 +10,7 @@ use provisioner::daemon::api::WhyAnswer;
 use provisioner::daemon::api::{AllocationInfo, Request, Response, SandboxRequest, Status};
 use provisioner::daemon::client;
 use provisioner::pod::{Pod, PodName};
+use provisioner::trace::{Backend, ObservationStatus};
 
 use super::SandboxArgs;
 use super::local_ops::Op;
@@ -102,6 +103,18 @@ pub fn status(socket: &Path, json: bool) -> Result<bool> {
     if let Some(n) = status.allocations {
         println!("allocations: {n}");
     }
+    match &status.kernel_watch {
+        None => println!("kernel watch: off (--no-trace)"),
+        Some(watch) => {
+            match &watch.unavailable {
+                None => println!("kernel watch: running"),
+                Some(why) => println!("kernel watch: not running: {why}"),
+            }
+            for observation in &watch.observations {
+                println!("  {}", observation.line());
+            }
+        }
+    }
     Ok(status.ready)
 }
 
@@ -149,6 +162,22 @@ pub fn kernel_watch(socket: &Path, state: Switch, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `clones=btf_tracepoint rtnetlink=syscall_tracepoints (every syscall ...) ...`: each
+/// observation's backend, with what it costs where it costs something.
+fn backends_line(observations: &[ObservationStatus]) -> String {
+    observations
+        .iter()
+        .map(|o| match o.backend {
+            Some(b @ (Backend::BtfTracepoint | Backend::KernelCookie)) => {
+                format!("{}={b}", o.observation)
+            }
+            Some(b) => format!("{}={b} ({})", o.observation, o.detail),
+            None => format!("{}=unavailable ({})", o.observation, o.detail),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn sandboxes(
     socket: &Path,
     json: bool,
@@ -162,6 +191,11 @@ pub fn sandboxes(
     }
     if let Some(reason) = result["tracing_unavailable"].as_str() {
         println!("kernel tracing unavailable: {reason}");
+    }
+    let observations: Vec<ObservationStatus> =
+        serde_json::from_value(result["metrics"]["observations"].clone()).unwrap_or_default();
+    if !observations.is_empty() {
+        println!("kernel watch: {}", backends_line(&observations));
     }
     let sandboxes = result["sandboxes"].as_array().cloned().unwrap_or_default();
     for view in &sandboxes {

@@ -32,6 +32,10 @@ pub struct TraceArgs {
     /// Print verdicts only, not every event.
     #[arg(long)]
     verdicts_only: bool,
+    /// Run an observation on this backend instead of the one this kernel's probe picks, e.g.
+    /// `rtnetlink=syscall_tracepoints` (repeatable).
+    #[arg(long, value_name = "OBSERVATION=BACKEND")]
+    backend: Vec<String>,
     /// comm of a runtime process whose namespaces are sandboxes (repeatable; replaces the
     /// default list: containerd, containerd-shim*, runc*, crun, crio, conmon, pinns, podman, pause).
     #[arg(long = "runtime-comm", value_name = "COMM")]
@@ -79,6 +83,7 @@ pub fn run(args: TraceArgs) -> Result<()> {
         verdicts_only: args.verdicts_only,
         cni_conf_dir: args.cni_conf_dir,
         pod_resolver,
+        backends: super::backend_choices(&args.backend, "--backend")?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -99,6 +99,18 @@ pub struct Status {
     pub config_source: PathBuf,
     pub socket: PathBuf,
     pub data_dir: PathBuf,
+    /// The kernel watch; `None` when the daemon runs without it (`--no-trace`).
+    #[serde(default)]
+    pub kernel_watch: Option<KernelWatchStatus>,
+}
+
+/// Whether the kernel watch runs, and what each of its observations runs on on this kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelWatchStatus {
+    /// `None` while it runs; else why it does not (starting, paused, or what the kernel lacks).
+    pub unavailable: Option<String>,
+    /// Empty until the programs were attached once.
+    pub observations: Vec<crate::trace::ObservationStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -23,10 +23,11 @@ use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
 use crate::trace::render::{intent_line, report_lines, verdict_lines};
 use crate::trace::verdict::format_time;
 use crate::trace::{
-    CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentVerdict, NetnsVerdict, Report,
-    SandboxRules, TraceMetrics,
+    Attached, BackendChoices, CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentVerdict,
+    NetnsVerdict, Report, SandboxRules, TraceMetrics,
 };
 
+use super::TraceOptions;
 use super::sandbox_filter::SandboxFilter;
 use super::watch_log::{Reported, log};
 
@@ -399,10 +400,16 @@ struct WatchSink {
 }
 
 impl Sink for WatchSink {
-    fn attached(&mut self) {
+    fn attached(&mut self, attached: &Attached) {
         crate::memory::return_freed_memory();
-        tracing::info!(deadline = ?self.deadline, "kernel tracing of sandbox network setup started");
-        lock(&self.shared).unavailable = None;
+        let observations: Vec<String> = attached.observations.iter().map(|o| o.line()).collect();
+        tracing::info!(deadline = ?self.deadline, observations = ?observations, "kernel tracing of sandbox network setup started");
+        let mut shared = lock(&self.shared);
+        shared.unavailable = None;
+        shared
+            .metrics
+            .observations
+            .clone_from(&attached.observations);
     }
 
     fn reports(&mut self, reports: Vec<Report>) {
@@ -451,6 +458,7 @@ struct Settings {
     rules: SandboxRules,
     cni_fallback: CniSetup,
     pod_resolver: Option<Arc<dyn PodResolver>>,
+    backends: BackendChoices,
 }
 
 /// One run of the tracer, from loading the programs to their detachment.
@@ -464,18 +472,14 @@ struct Run {
 impl KernelWatch {
     /// Starts the tracer on a thread of its own; never fails (see [`SandboxesAnswer`]). Intents
     /// sent before the programs are attached wait for them.
-    pub fn start(
-        deadline: Duration,
-        rules: SandboxRules,
-        cni_conf_dir: &Path,
-        pod_resolver: Option<Arc<dyn PodResolver>>,
-    ) -> Self {
+    pub fn start(opts: &TraceOptions, cni_conf_dir: &Path) -> Self {
         let watch = Self {
             settings: Arc::new(Settings {
-                deadline,
-                rules,
+                deadline: opts.deadline,
+                rules: opts.rules.clone(),
                 cni_fallback: CniSetup::assumed(cni_conf_dir),
-                pod_resolver,
+                pod_resolver: opts.pod_resolver.clone(),
+                backends: opts.backends.clone(),
             }),
             run: Arc::new(Mutex::new(None)),
             shared: Arc::new(Mutex::new(Shared::default())),
@@ -506,6 +510,7 @@ impl KernelWatch {
                 scan_pins: true,
                 cni_fallback: settings.cni_fallback.clone(),
                 pod_resolver: settings.pod_resolver.clone(),
+                backends: settings.backends.clone(),
             };
             let stopped = async {
                 let _ = stop_rx.await;

@@ -92,6 +92,8 @@ pub struct TraceOptions {
     pub rules: crate::trace::SandboxRules,
     /// Asked for the pod of an alarmed sandbox no CNI call named (the node's CRI runtime).
     pub pod_resolver: Option<Arc<dyn crate::pod::PodResolver>>,
+    /// Backends chosen instead of the probe's (`--trace-backend`).
+    pub backends: crate::trace::BackendChoices,
 }
 
 pub struct RenderAtStart {
@@ -107,14 +109,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     }
     crate::dataplane::set_netlink_timeout(opts.netlink_timeout);
     let dataplane = open_dataplane(opts.host_netns.as_deref(), &opts.proc_sys)?;
-    let kernel = opts.trace.as_ref().map(|t| {
-        KernelWatch::start(
-            t.deadline,
-            t.rules.clone(),
-            &cni_conf_dir(&opts.config_source),
-            t.pod_resolver.clone(),
-        )
-    });
+    let kernel = opts
+        .trace
+        .as_ref()
+        .map(|t| KernelWatch::start(t, &cni_conf_dir(&opts.config_source)));
     let (watcher, mut config_rx) = ConfigWatcher::start(&opts.config_source)
         .with_context(|| format!("watch {}", opts.config_source.display()))?;
     let state = Arc::new(new_state(&opts, dataplane, kernel));

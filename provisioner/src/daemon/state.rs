@@ -12,7 +12,7 @@ use crate::ipam::Allocator;
 use crate::metrics::Metrics;
 use crate::sandbox::{KeyLocks, Network, NoObserver, SandboxObserver, SandboxService};
 
-use super::api::{LoadInfo, NetworkInfo, Status};
+use super::api::{KernelWatchStatus, LoadInfo, NetworkInfo, Status};
 use super::kernel_watch::{self, KernelWatch};
 use super::reconcile;
 use super::store_health;
@@ -390,6 +390,13 @@ impl DaemonState {
             config_source: self.paths.config_source.clone(),
             socket: self.paths.socket.clone(),
             data_dir: self.paths.data_dir.clone(),
+            kernel_watch: self.kernel.as_ref().map(|kernel| {
+                let (unavailable, metrics) = kernel.metrics();
+                KernelWatchStatus {
+                    unavailable,
+                    observations: metrics.observations,
+                }
+            }),
         }
     }
 }

@@ -416,21 +416,31 @@ impl NetnsFile {
 }
 
 /// Inode and cookie of the network namespace at `path` (checked to be one); the cookie from
-/// [`netns_cookie_of_file`], else read on a pooled netns worker (no thread created per call).
-pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, u64), DataplaneError> {
+/// [`netns_cookie_of_file`], else read on a pooled netns worker (no thread created per call);
+/// `None` where the kernel gives no cookie (`SO_NETNS_COOKIE`, Linux 5.14).
+pub async fn netns_inode_and_cookie(path: &Path) -> Result<(u64, Option<u64>), DataplaneError> {
     let ns = NetnsFile::open_nonblocking(path).await?;
     let inode = ns.inode()?;
     if let Some(cookie) = netns_cookie_of_file(&ns.file) {
-        return Ok((inode, cookie));
+        return Ok((inode, Some(cookie)));
     }
-    let cookie =
-        ns.run(current_netns_cookie)
-            .await?
-            .map_err(|source| DataplaneError::OpenNetns {
-                netns: ns.label().to_owned(),
-                source,
-            })?;
+    let cookie = ns
+        .run(|| without_cookies_as_none(current_netns_cookie()))
+        .await?
+        .map_err(|source| DataplaneError::OpenNetns {
+            netns: ns.label().to_owned(),
+            source,
+        })?;
     Ok((inode, cookie))
+}
+
+/// `read`'s cookie, or `None` when the kernel has no `SO_NETNS_COOKIE` (`ENOPROTOOPT`).
+pub(crate) fn without_cookies_as_none(read: io::Result<u64>) -> io::Result<Option<u64>> {
+    match read {
+        Ok(cookie) => Ok(Some(cookie)),
+        Err(err) if err.raw_os_error() == Some(libc::ENOPROTOOPT) => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// An `O_PATH` handle on `path`, resolved from the dentry cache alone (`EAGAIN` when that is

@@ -9,13 +9,15 @@ use ipnetwork::IpNetwork;
 
 use super::error::DataplaneError;
 use super::netlink::{Conn, socket_in};
-use super::netns::{NetnsFile, socket_netns_cookie};
+use super::netns::{NetnsFile, socket_netns_cookie, without_cookies_as_none};
 use super::{address, link, route};
 
 /// The network state of one namespace, as the kernel held it when it was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetnsSnapshot {
-    /// `SO_NETNS_COOKIE` of the namespace read (its identity; inode numbers are recycled).
+    /// The kernel's cookie of the namespace read (`SO_NETNS_COOKIE`: its identity; inode
+    /// numbers are recycled), or 0 where the kernel gives none (before Linux 5.14). The kernel
+    /// watch names namespaces its own way (`trace::kernel::NetnsIds`).
     pub cookie: u64,
     /// Inode of the namespace file.
     pub inode: u64,
@@ -52,10 +54,12 @@ pub(crate) async fn take(path: &Path) -> Result<NetnsSnapshot, DataplaneError> {
     let ns = NetnsFile::open_nonblocking(path).await?;
     let inode = ns.inode()?;
     let socket = socket_in(&ns)?;
-    let cookie = socket_netns_cookie(socket.as_fd()).map_err(|source| DataplaneError::Socket {
-        netns: ns.label().to_owned(),
-        source,
-    })?;
+    let cookie = without_cookies_as_none(socket_netns_cookie(socket.as_fd()))
+        .map_err(|source| DataplaneError::Socket {
+            netns: ns.label().to_owned(),
+            source,
+        })?
+        .unwrap_or(0);
     let conn = Conn::from_socket(socket, ns.label())?;
     let (links, addresses, routes) = futures::join!(
         link::all(&conn),

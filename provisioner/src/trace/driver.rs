@@ -16,10 +16,11 @@ use crate::pod::{PodName, PodResolver};
 
 use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
 use super::diagnosis::{CniSetup, diagnose};
-use super::events::{NetnsRef, TraceEvent};
-use super::loader::{EventBatch, KernelTracer, LossCounters};
+use super::kernel::events::{NetnsRef, TraceEvent};
+use super::kernel::{
+    Attached, Backend, BackendChoices, EventBatch, KernelTracer, LossCounters, NetnsIds,
+};
 use super::metrics::TraceMetrics;
-use super::netns_id::identify;
 use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent, Verdict};
 use super::{TraceError, background};
 
@@ -38,7 +39,8 @@ pub struct IntentSpec {
     pub key: IntentKey,
     pub origin: IntentOrigin,
     pub netns: PathBuf,
-    /// The namespace's cookie, when the caller knows it (else it is read from `netns`).
+    /// The kernel's cookie of the namespace, when the caller knows it (else the namespace is
+    /// identified from `netns`).
     pub netns_cookie: Option<u64>,
     pub ifname: String,
     pub addresses: Vec<ipnetwork::IpNetwork>,
@@ -93,8 +95,9 @@ pub enum Command {
 
 /// Where the driver's output goes.
 pub trait Sink {
-    /// The programs are attached: events flow from now on.
-    fn attached(&mut self) {}
+    /// The programs are attached: events flow from now on. `attached` says what each
+    /// observation runs on and how namespaces are named.
+    fn attached(&mut self, _attached: &Attached) {}
     /// A kernel event, after the correlator saw it.
     fn event(&mut self, _event: &TraceEvent) {}
     fn reports(&mut self, reports: Vec<Report>);
@@ -113,6 +116,8 @@ pub struct DriverOptions {
     /// Asked who a sandbox belongs to when an alarm is due on it and no CNI plugin's
     /// environment named its pod (at most once per namespace, with the read of its state).
     pub pod_resolver: Option<Arc<dyn PodResolver>>,
+    /// Backends chosen instead of the probe's (see [`BackendChoices`]).
+    pub backends: BackendChoices,
 }
 
 impl std::fmt::Debug for DriverOptions {
@@ -122,6 +127,7 @@ impl std::fmt::Debug for DriverOptions {
             .field("scan_pins", &self.scan_pins)
             .field("cni_fallback", &self.cni_fallback)
             .field("pod_resolver", &self.pod_resolver.is_some())
+            .field("backends", &self.backends)
             .finish()
     }
 }
@@ -183,20 +189,28 @@ pub async fn run<S: Sink>(
     sink: &mut S,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<RunSummary, TraceError> {
-    let (tracer, mut events) = tokio::task::spawn_blocking(|| KernelTracer::start(EVENT_CHANNEL))
-        .await
-        .map_err(|e| TraceError::Worker(e.to_string()))??;
-    sink.attached();
+    let backends = opts.backends.clone();
+    let (tracer, mut events) =
+        tokio::task::spawn_blocking(move || KernelTracer::start(EVENT_CHANNEL, &backends))
+            .await
+            .map_err(|e| TraceError::Worker(e.to_string()))??;
+    sink.attached(tracer.attached());
+    let ids = tracer.attached().ids.clone();
     let mut correlator = Correlator::new(opts.correlator.clone());
     let mut work: JoinSet<Done> = JoinSet::new();
-    let mut reads = Reads::default();
+    let mut reads = Reads {
+        ids: ids.clone(),
+        in_flight: 0,
+        queued: Vec::new(),
+    };
     let mut intake = Intake {
         commands,
+        ids: ids.clone(),
         latest: HashMap::new(),
         seq: 0,
     };
     if opts.scan_pins {
-        spawn_pin_reads(&opts.correlator.rules, &mut work).await;
+        spawn_pin_reads(&opts.correlator.rules, &ids, &mut work).await;
     }
     let mut ticker = tokio::time::interval(TICK);
     let mut turns = background::CpuTurns::new();
@@ -255,8 +269,8 @@ pub async fn run<S: Sink>(
 
 /// Reads of namespace states the correlator asked for: at most [`CONCURRENT_READS`] at once,
 /// the rest queued in the order asked.
-#[derive(Default)]
 struct Reads {
+    ids: NetnsIds,
     in_flight: usize,
     queued: Vec<SnapshotRequest>,
 }
@@ -278,10 +292,11 @@ impl Reads {
             let request = self.queued.remove(0);
             self.in_flight += 1;
             let resolver = resolver.clone();
+            let ids = self.ids.clone();
             work.spawn(async move {
                 let at = SystemTime::now();
                 let (read, pod) =
-                    tokio::join!(read_cookie(&request), resolve_pod(resolver, &request));
+                    tokio::join!(read_cookie(&request, &ids), resolve_pod(resolver, &request));
                 Done::Read(request.cookie, at, read, pod)
             });
         }
@@ -289,15 +304,16 @@ impl Reads {
 }
 
 /// Starts a read of each sandbox pin present now (listed off the async workers).
-async fn spawn_pin_reads(rules: &super::SandboxRules, work: &mut JoinSet<Done>) {
+async fn spawn_pin_reads(rules: &super::SandboxRules, ids: &NetnsIds, work: &mut JoinSet<Done>) {
     let rules = rules.clone();
     let pins = tokio::task::spawn_blocking(move || sandbox_pins(&rules))
         .await
         .unwrap_or_default();
     for path in pins {
+        let ids = ids.clone();
         work.spawn(async move {
             let at = SystemTime::now();
-            let read = read_state(&path).await;
+            let read = read_state(&path, &ids).await;
             Done::Found(path, at, read)
         });
     }
@@ -324,6 +340,7 @@ fn tick<S: Sink>(correlator: &mut Correlator, tracer: &KernelTracer, sink: &mut 
         &correlator.metrics(),
         &tracer.loss_counters(),
         tracer.ring_usage(),
+        &tracer.attached().observations,
     ));
     reports
 }
@@ -344,7 +361,12 @@ fn wind_down<S: Sink>(
         sink.reports(diagnosed(correlator, reports, fallback));
     }
     let loss = tracer.loss_counters();
-    let metrics = TraceMetrics::collect(&correlator.metrics(), &loss, tracer.ring_usage());
+    let metrics = TraceMetrics::collect(
+        &correlator.metrics(),
+        &loss,
+        tracer.ring_usage(),
+        &tracer.attached().observations,
+    );
     sink.metrics(metrics.clone());
     RunSummary { loss, metrics }
 }
@@ -352,6 +374,7 @@ fn wind_down<S: Sink>(
 /// The commands from the daemon, and what is needed to take them in order.
 struct Intake {
     commands: mpsc::UnboundedReceiver<Command>,
+    ids: NetnsIds,
     /// The latest intent command per key: an identification that finishes after a newer
     /// command (or a forget) for its key is dropped.
     latest: HashMap<IntentKey, u64>,
@@ -374,7 +397,12 @@ impl Intake {
                     self.seq += 1;
                     let this = self.seq;
                     self.latest.insert(spec.key.clone(), this);
-                    if let Some(cookie) = spec.netns_cookie {
+                    // The caller's cookie is the kernel's: the name of a namespace where the
+                    // watch names them by the kernel's cookies.
+                    if let Some(cookie) = spec
+                        .netns_cookie
+                        .filter(|_| self.ids.backend() == Backend::KernelCookie)
+                    {
                         // Known already: registered now (an identification of an older command
                         // for this key still under way is dropped when it finishes).
                         let (reports, _) = finish(
@@ -393,8 +421,9 @@ impl Intake {
                         }
                         continue;
                     }
+                    let ids = self.ids.clone();
                     work.spawn(async move {
-                        let netns = identify(&spec.netns).await;
+                        let netns = ids.identify(&spec.netns).await;
                         Done::Identified(Identified {
                             seq: this,
                             spec,
@@ -407,8 +436,9 @@ impl Intake {
                     correlator.remove_intent(&key);
                 }
                 Command::Expect(path) => {
+                    let ids = self.ids.clone();
                     work.spawn(async move {
-                        let netns = identify(&path).await;
+                        let netns = ids.identify(&path).await;
                         Done::Expected(path, netns)
                     });
                 }
@@ -516,10 +546,17 @@ fn finish(
     }
 }
 
-/// Reads the state of the namespace at `path`, bounded in time.
-async fn read_state(path: &Path) -> Result<NetnsSnapshot, String> {
+/// Reads the state of the namespace at `path`, bounded in time; the snapshot names the
+/// namespace as `ids` does.
+async fn read_state(path: &Path, ids: &NetnsIds) -> Result<NetnsSnapshot, String> {
     match tokio::time::timeout(SNAPSHOT_WAIT, crate::dataplane::snapshot(path)).await {
-        Ok(Ok(snapshot)) => Ok(snapshot),
+        Ok(Ok(mut snapshot)) => {
+            let kernel_cookie = (snapshot.cookie != 0).then_some(snapshot.cookie);
+            snapshot.cookie = ids
+                .name(snapshot.inode, kernel_cookie)
+                .ok_or_else(|| format!("{} cannot be named on this kernel", path.display()))?;
+            Ok(snapshot)
+        }
         Ok(Err(err)) => Err(err.to_string()),
         Err(_) => Err(format!(
             "reading {} took longer than {} ms",
@@ -552,10 +589,10 @@ async fn resolve_pod(
 }
 
 /// Reads the state of namespace `request.cookie` from the first of its files that still is it.
-async fn read_cookie(request: &SnapshotRequest) -> Result<NetnsSnapshot, String> {
+async fn read_cookie(request: &SnapshotRequest, ids: &NetnsIds) -> Result<NetnsSnapshot, String> {
     let mut tried = Vec::new();
     for path in &request.paths {
-        match read_state(path).await {
+        match read_state(path, ids).await {
             Ok(snapshot) if snapshot.cookie == request.cookie => return Ok(snapshot),
             Ok(_) => tried.push(format!("{} is another namespace now", path.display())),
             Err(err) => tried.push(err),
@@ -622,6 +659,7 @@ mod tests {
         let (commands, taken) = mpsc::unbounded_channel();
         let mut intake = Intake {
             commands: taken,
+            ids: NetnsIds::kernel_cookies(),
             latest: HashMap::new(),
             seq: 0,
         };
@@ -630,6 +668,7 @@ mod tests {
             scan_pins: false,
             cni_fallback: CniSetup::assumed(Path::new("/nonexistent/cni")),
             pod_resolver: None,
+            backends: BackendChoices::default(),
         };
         let mut correlator = Correlator::new(opts.correlator.clone());
         let mut work = JoinSet::new();
@@ -695,7 +734,9 @@ mod tests {
     /// the state: the alarm it leads to names the pod.
     #[test]
     fn the_resolvers_answer_is_taken_before_the_read_is_judged() {
-        use crate::trace::events::{EventKind, NetnsCreated, NetnsOrigin, TaskInfo, TraceEvent};
+        use crate::trace::kernel::events::{
+            EventKind, NetnsCreated, NetnsOrigin, TaskInfo, TraceEvent,
+        };
         let config = CorrelatorConfig {
             deadline: Duration::from_millis(100),
             ..CorrelatorConfig::default()

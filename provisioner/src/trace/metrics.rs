@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use provisioner_common::kind;
 
 use super::correlator::CorrelatorMetrics;
-use super::loader::{LossCounters, RingUsage};
+use super::kernel::{LossCounters, ObservationStatus, RingUsage};
 use super::verdict::Verdict;
 
 /// A snapshot of the tracer's counters.
@@ -21,10 +21,17 @@ pub struct TraceMetrics {
     /// Records the kernel did not send because the task's netns could not be read, by kind.
     pub netns_unreadable_by_kind: BTreeMap<&'static str, u64>,
     pub ring: RingUsage,
+    /// What each observation runs on (see `trace::kernel::backends`).
+    pub observations: Vec<ObservationStatus>,
 }
 
 impl TraceMetrics {
-    pub fn collect(correlator: &CorrelatorMetrics, loss: &LossCounters, ring: RingUsage) -> Self {
+    pub fn collect(
+        correlator: &CorrelatorMetrics,
+        loss: &LossCounters,
+        ring: RingUsage,
+        observations: &[ObservationStatus],
+    ) -> Self {
         let mut correlator = correlator.clone();
         for verdict in Verdict::ALL {
             correlator.verdicts.entry(verdict.as_str()).or_default();
@@ -42,6 +49,7 @@ impl TraceMetrics {
             undecodable_by_kind: by_kind(&loss.decode_failures),
             netns_unreadable_by_kind: by_kind(&loss.netns_unreadable),
             ring,
+            observations: observations.to_vec(),
         }
     }
 
@@ -72,7 +80,7 @@ mod tests {
             decode_failures: vec![(kind::EXEC, 1)],
             netns_unreadable: vec![(kind::NETNS_CREATED, 2)],
         };
-        let m = TraceMetrics::collect(&correlator, &loss, RingUsage::default());
+        let m = TraceMetrics::collect(&correlator, &loss, RingUsage::default(), &[]);
         assert_eq!(m.correlator.verdicts.len(), Verdict::ALL.len());
         assert_eq!(m.correlator.verdicts["skipped"], 2);
         assert_eq!(m.correlator.verdicts["networked"], 0);

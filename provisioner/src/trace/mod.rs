@@ -1,41 +1,38 @@
-//! eBPF loading (aya), event decoding, correlation, verdicts, the `trace` session.
+//! The kernel watch: the kernel-facing half (`kernel/`: eBPF loading and backends, BTF,
+//! decoding), the judging half (`correlator/`, verdicts, diagnosis), the driver that runs one
+//! against the other for the daemon and for `provisioner trace`, and that session.
 
 mod background;
-mod btf_offsets;
 pub mod cni_env;
 pub mod correlator;
 pub mod diagnosis;
 pub mod driver;
-mod error;
-mod events;
-mod kernel_fs;
-mod loader;
+pub mod kernel;
 pub mod metrics;
-pub mod netlink_parse;
-pub mod netns_id;
 pub mod render;
 pub mod sandbox_rules;
 pub mod session;
 pub mod verdict;
 
-pub use btf_offsets::KernelOffsets;
 pub use correlator::{
     Correlator, CorrelatorConfig, CorrelatorMetrics, IntentCounts, PodQuery, SNAPSHOT_WAIT,
     SnapshotRequest,
 };
-pub use error::TraceError;
-pub use events::{
+pub use kernel::btf::KernelOffsets;
+pub use kernel::events::{
     BindMount, DevChange, EventKind, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply,
     NetlinkRequest, NetnsCreated, NetnsOrigin, NetnsRef, TaskInfo, TraceEvent,
 };
 /// The ring-buffer record decoder, public for the fuzz targets (fuzz/).
 #[doc(hidden)]
-pub use events::{Clock, decode};
-pub use loader::{
-    EventBatch, KernelTracer, LossCounters, NamespaceHooks, RingUsage, load_syscall_fallback,
+pub use kernel::events::{Clock, decode};
+pub use kernel::netlink_parse;
+pub use kernel::{
+    Attached, Backend, BackendChoices, EventBatch, KernelTracer, LossCounters, NetnsIds,
+    Observation, ObservationStatus, ProgramCheck, RingUsage, TraceError, check_every_backend,
+    netns_of_path,
 };
 pub use metrics::TraceMetrics;
-pub use netns_id::netns_of_path;
 pub use sandbox_rules::{SandboxReason, SandboxRules};
 pub use session::{SessionOptions, SessionSummary};
 pub use verdict::{

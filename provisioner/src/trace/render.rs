@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use super::events::{EventKind, ExecEnv, NetlinkReply, NetlinkRequest, TraceEvent};
-use super::netlink_parse::{RtRequest, op_name};
+use super::kernel::events::{EventKind, ExecEnv, NetlinkReply, NetlinkRequest, TraceEvent};
+use super::kernel::netlink_parse::{RtRequest, op_name};
 use super::verdict::{IntentStatus, IntentVerdict, NetnsVerdict, Report, errno_text, format_time};
 use crate::pod::{PodName, PodSource, short_id};
 

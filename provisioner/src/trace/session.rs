@@ -11,10 +11,9 @@ use super::TraceError;
 use super::correlator::CorrelatorConfig;
 use super::diagnosis::CniSetup;
 use super::driver::{self, Command, DriverOptions, Sink};
-use super::events::TraceEvent;
-use super::loader::LossCounters;
+use super::kernel::events::TraceEvent;
+use super::kernel::{Attached, BackendChoices, LossCounters};
 use super::metrics::TraceMetrics;
-use super::netns_id::identify;
 use super::render::{event_line, report_lines};
 use super::sandbox_rules::SandboxRules;
 use super::verdict::Report;
@@ -39,6 +38,8 @@ pub struct SessionOptions {
     pub cni_conf_dir: PathBuf,
     /// Asked for the pod of an alarmed sandbox no CNI call named (the node's CRI runtime).
     pub pod_resolver: Option<std::sync::Arc<dyn crate::pod::PodResolver>>,
+    /// Backends chosen instead of the probe's.
+    pub backends: BackendChoices,
 }
 
 impl Default for SessionOptions {
@@ -53,6 +54,7 @@ impl Default for SessionOptions {
             verdicts_only: false,
             cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
             pod_resolver: None,
+            backends: BackendChoices::default(),
         }
     }
 }
@@ -79,7 +81,7 @@ impl Filter {
             && self.comm.as_ref().is_none_or(|comm| {
                 &event.task.comm == comm
                     || matches!(&event.kind,
-                        super::events::EventKind::NetnsCreated(c) if &c.parent_comm == comm)
+                        super::kernel::events::EventKind::NetnsCreated(c) if &c.parent_comm == comm)
             })
     }
 
@@ -105,6 +107,10 @@ struct Printer<'a> {
     out: &'a mut dyn Write,
     /// The first write error; the session stops printing after it.
     error: Option<std::io::Error>,
+    /// `--netns` could not be named once the programs were attached.
+    netns_error: Option<std::io::Error>,
+    /// Ends the session (`--netns` could not be named).
+    abort: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Printer<'_> {
@@ -118,11 +124,27 @@ impl Printer<'_> {
 }
 
 impl Sink for Printer<'_> {
-    fn attached(&mut self) {
+    fn attached(&mut self, attached: &Attached) {
+        if let Some(path) = &self.opts.netns {
+            // Named as this run of the watch names namespaces (see `NetnsIds`).
+            match attached.ids.of_path(path) {
+                Ok(netns) => self.filter.cookie = Some(netns.cookie),
+                Err(err) => {
+                    self.netns_error = Some(err);
+                    self.abort.notify_one();
+                }
+            }
+        }
         let line = if self.opts.json {
-            serde_json::json!({ "report": "started" }).to_string()
+            serde_json::json!({ "report": "started", "observations": &attached.observations })
+                .to_string()
         } else {
-            format!("tracing started (deadline {:?})", self.opts.deadline)
+            let mut text = format!("tracing started (deadline {:?})", self.opts.deadline);
+            for observation in &attached.observations {
+                text.push_str("\n  ");
+                text.push_str(&observation.line());
+            }
+            text
         };
         self.write(&line);
     }
@@ -163,27 +185,28 @@ impl Sink for Printer<'_> {
 /// Sandbox namespaces pinned when it starts are judged from their state.
 pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSummary, TraceError> {
     let (commands, rx) = mpsc::unbounded_channel();
-    let cookie = match &opts.netns {
-        Some(path) => {
-            let netns = identify(path).await.map_err(|source| TraceError::Netns {
+    if let Some(path) = &opts.netns {
+        crate::dataplane::netns_inode_and_cookie(path)
+            .await
+            .map_err(|err| TraceError::Netns {
                 path: path.clone(),
-                source,
+                source: std::io::Error::other(err),
             })?;
-            let _ = commands.send(Command::Expect(path.clone()));
-            Some(netns.cookie)
-        }
-        None => None,
-    };
+        let _ = commands.send(Command::Expect(path.clone()));
+    }
     let mut printer = Printer {
         opts: &opts,
         filter: Filter {
-            cookie,
+            cookie: None,
             comm: opts.comm.clone(),
         },
         summary: SessionSummary::default(),
         out,
         error: None,
+        netns_error: None,
+        abort: std::sync::Arc::default(),
     };
+    let abort = std::sync::Arc::clone(&printer.abort);
     let stop = async {
         let ctrl_c = tokio::signal::ctrl_c();
         match opts.duration {
@@ -206,9 +229,22 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
         scan_pins: true,
         cni_fallback: CniSetup::assumed(&opts.cni_conf_dir),
         pod_resolver: opts.pod_resolver.clone(),
+        backends: opts.backends.clone(),
     };
-    let run = driver::run(driver_opts, rx, &mut printer, stop).await?;
+    let stop_or_abort = async {
+        tokio::select! {
+            () = stop => {}
+            () = abort.notified() => {}
+        }
+    };
+    let run = driver::run(driver_opts, rx, &mut printer, stop_or_abort).await?;
     drop(commands);
+    if let (Some(path), Some(source)) = (&opts.netns, printer.netns_error.take()) {
+        return Err(TraceError::Netns {
+            path: path.clone(),
+            source,
+        });
+    }
     if let Some(err) = printer.error.take() {
         return Err(TraceError::Output(err));
     }

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipnetwork::IpNetwork;
 
-use super::events::NetnsRef;
+use super::kernel::events::NetnsRef;
 use super::sandbox_rules::SandboxReason;
 use crate::pod::{Pod, PodName};
 

@@ -196,7 +196,7 @@ pub(super) fn missing_steps(intent: &Intent, state: &State) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::events::NetnsRef;
+    use crate::trace::kernel::events::NetnsRef;
     use crate::trace::verdict::{IntentKey, IntentOrigin, RouteIntent};
     use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::trace::events::{
+use crate::trace::kernel::events::{
     BindMount, DevChange, Exec, NetlinkReply, NetlinkRequest, NetnsCreated, NetnsRef, TraceEvent,
 };
 use crate::trace::netlink_parse::{is_change_type, op_name};

@@ -39,7 +39,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::dataplane::NetnsSnapshot;
 
-use super::events::{EventKind, NetnsRef, TraceEvent};
+use super::kernel::events::{EventKind, NetnsRef, TraceEvent};
 use super::sandbox_rules::SandboxRules;
 use super::verdict::{Evidence, Intent, IntentKey, Report, SkipSummary, TimelineEntry, Verdict};
 

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::pod::{Pod, PodName, PodSource};
 use crate::trace::cni_env::CniEnv;
-use crate::trace::events::{ExecEnv, TraceEvent};
+use crate::trace::kernel::events::{ExecEnv, TraceEvent};
 use crate::trace::sandbox_rules::{PinSource, parse_pin_source};
 use crate::trace::verdict::Step;
 

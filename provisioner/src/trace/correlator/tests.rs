@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::*;
 use crate::dataplane::{SnapshotAddress, SnapshotLink, SnapshotRoute};
 use crate::pod::{NetnsCreator, PodName};
-use crate::trace::events::{
+use crate::trace::kernel::events::{
     BindMount, DevChange, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply, NetlinkRequest,
     NetnsCreated, NetnsOrigin, TaskInfo,
 };

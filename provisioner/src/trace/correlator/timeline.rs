@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::trace::events::{NetnsRef, TraceEvent};
+use crate::trace::kernel::events::{NetnsRef, TraceEvent};
 use crate::trace::verdict::{Creator, RequestStatus, Step, TimelineEntry, Verdict};
 
 use super::effects::Effect;
@@ -302,8 +302,8 @@ impl Ns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::events::DevChange;
-    use crate::trace::events::{EventKind, TaskInfo};
+    use crate::trace::kernel::events::DevChange;
+    use crate::trace::kernel::events::{EventKind, TaskInfo};
     use std::time::{Duration, UNIX_EPOCH};
 
     #[test]

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use nix::mount::{MsFlags, mount};
 
-use super::TraceError;
+use crate::trace::TraceError;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 const BPFFS: &str = "/sys/fs/bpf";
@@ -47,4 +47,13 @@ pub fn ensure_mounted() -> Result<(), TraceError> {
 fn is_bpffs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// Whether tracefs has the tracepoint `category/name` (mounted by [`ensure_mounted`]).
+pub fn has_tracepoint(category: &str, name: &str) -> bool {
+    Path::new(TRACEFS)
+        .join("events")
+        .join(category)
+        .join(name)
+        .exists()
 }

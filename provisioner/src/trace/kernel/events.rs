@@ -4,8 +4,8 @@ use std::time::{Duration, SystemTime};
 
 use provisioner_common as common;
 
-use super::cni_env::CniEnv;
 use super::netlink_parse::{NlReply, NlRequest, parse_replies, parse_requests};
+use crate::trace::cni_env::CniEnv;
 
 /// The task that caused an event.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -432,7 +432,7 @@ mod wall_time {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::netlink_parse::RtRequest;
+    use crate::trace::kernel::netlink_parse::RtRequest;
 
     fn raw_netns_created() -> Vec<u8> {
         let mut comm = [0u8; 16];

@@ -3,7 +3,10 @@ use std::path::PathBuf;
 /// Why kernel tracing could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("read kernel BTF {path}: {source}")]
+    #[error(
+        "this kernel has no readable BTF ({path}: {source}); the kernel watch needs \
+         CONFIG_DEBUG_INFO_BTF"
+    )]
     ReadBtf {
         path: PathBuf,
         source: btf_rs::Error,
@@ -18,6 +21,11 @@ pub enum TraceError {
     },
     #[error("load eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
+    #[error(
+        "this kernel has no BPF ring buffer (Linux 5.8), which the kernel watch sends its \
+         records through: creating it failed: {0}"
+    )]
+    NoRingBuffer(String),
     #[error("eBPF program {program}: {action}: {source}")]
     Program {
         program: &'static str,
@@ -49,4 +57,18 @@ pub enum TraceError {
          daemon runs without tracing with --no-trace)"
     )]
     UnsupportedArch(&'static str),
+}
+
+impl TraceError {
+    /// The error of loading the object: a ring buffer the kernel cannot create says so.
+    pub(crate) fn from_load(err: aya::EbpfError) -> Self {
+        match &err {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, io_error })
+                if name == "EVENTS" =>
+            {
+                Self::NoRingBuffer(io_error.to_string())
+            }
+            _ => Self::Load(err),
+        }
+    }
 }
