@@ -38,12 +38,34 @@ pub fn stdout_of(what: &str, out: &Output) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Polls `check` until it returns a value, at most `limit`; the error says what was awaited.
+/// The environment variable that stretches the tests' waits and the deadlines they give the
+/// product, by a factor (default 1): the kernel matrix's VMs run under software emulation,
+/// several times slower than this machine.
+pub const TIME_SCALE_ENV: &str = "PROVISIONER_TEST_TIME_SCALE";
+
+/// `d` stretched by [`TIME_SCALE_ENV`].
+pub fn scaled(d: Duration) -> Duration {
+    let factor = std::env::var(TIME_SCALE_ENV)
+        .ok()
+        .and_then(|f| f.parse::<f64>().ok())
+        .filter(|f| f.is_finite() && *f >= 1.0)
+        .unwrap_or(1.0);
+    d.mul_f64(factor)
+}
+
+/// `secs` seconds stretched by [`TIME_SCALE_ENV`], as an argument (`--trace-deadline`).
+pub fn scaled_secs(secs: f64) -> String {
+    format!("{:.3}", scaled(Duration::from_secs_f64(secs)).as_secs_f64())
+}
+
+/// Polls `check` until it returns a value, at most `limit` (stretched by [`scaled`]); the
+/// error says what was awaited.
 pub fn wait_until<T>(
     what: &str,
     limit: Duration,
     mut check: impl FnMut() -> Result<Option<T>>,
 ) -> Result<T> {
+    let limit = scaled(limit);
     let started = Instant::now();
     loop {
         if let Some(done) = check()? {

@@ -32,6 +32,13 @@ pub fn cookie_of(view: &Value) -> Option<u64> {
 /// (while kernel tracing is starting, those it holds then); an error when tracing is
 /// unavailable for any other reason.
 pub fn views_of(daemon: &Daemon, cookies: &HashSet<u64>) -> Result<Vec<Value>> {
+    views_where(daemon, |v| {
+        cookie_of(v).is_some_and(|c| cookies.contains(&c))
+    })
+}
+
+/// The views `keep` keeps of one `provisioner sandboxes --json` answer (see [`views_of`]).
+pub fn views_where(daemon: &Daemon, keep: impl Fn(&Value) -> bool) -> Result<Vec<Value>> {
     let answer = daemon.sandboxes()?;
     if let Some(reason) = answer["tracing_unavailable"].as_str()
         && reason != "kernel tracing is starting"
@@ -42,7 +49,7 @@ pub fn views_of(daemon: &Daemon, cookies: &HashSet<u64>) -> Result<Vec<Value>> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|v| cookie_of(v).is_some_and(|c| cookies.contains(&c)))
+        .filter(|v| keep(v))
         .cloned()
         .collect())
 }
@@ -56,6 +63,21 @@ pub fn verdict_and_intent(view: &Value) -> String {
     )
 }
 
+/// The container id of a view: the sandbox of the daemon's ADD (or audit) it holds.
+pub fn container_of(view: &Value) -> Option<&str> {
+    view["container_id"].as_str()
+}
+
+/// The views of the daemon's sandboxes with these container ids, in one `provisioner
+/// sandboxes --json` answer. Unlike a cookie, a container id names a sandbox the same way to
+/// the test and to the daemon on every kernel (without `SO_NETNS_COOKIE`, the daemon's cookies
+/// are its kernel watch's own).
+pub fn views_of_containers(daemon: &Daemon, containers: &HashSet<String>) -> Result<Vec<Value>> {
+    views_where(daemon, |v| {
+        container_of(v).is_some_and(|c| containers.contains(c))
+    })
+}
+
 /// Waits (bounded) until every namespace in `cookies` has a verdict, and an intent status too
 /// when `with_intent`; returns their views.
 pub fn wait_views_of(
@@ -66,6 +88,21 @@ pub fn wait_views_of(
 ) -> Result<Vec<Value>> {
     wait_views(daemon, cookies.len(), limit, |view| {
         cookie_of(view).is_some_and(|c| cookies.contains(&c))
+            && !view["verdict"].is_null()
+            && (!with_intent || !view["intent"].is_null())
+    })
+}
+
+/// Waits (bounded) until the views of the sandboxes of `containers` have a verdict, and an
+/// intent status too when `with_intent`; returns them.
+pub fn wait_views_of_containers(
+    daemon: &Daemon,
+    containers: &HashSet<String>,
+    with_intent: bool,
+    limit: Duration,
+) -> Result<Vec<Value>> {
+    wait_views(daemon, containers.len(), limit, |view| {
+        container_of(view).is_some_and(|c| containers.contains(c))
             && !view["verdict"].is_null()
             && (!with_intent || !view["intent"].is_null())
     })

@@ -27,7 +27,7 @@ pub mod reference;
 pub mod tracing;
 
 pub use testkit::netns::{require_root, unique_name};
-pub use testkit::{Netns, run, wait_until};
+pub use testkit::{Netns, run, scaled, scaled_secs, wait_until};
 
 /// Runs `f` on a fresh thread that has entered the network namespace at `path`.
 pub fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> Result<T> {

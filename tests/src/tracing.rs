@@ -10,6 +10,7 @@ use provisioner::trace::{
     Attached, BackendChoices, CorrelatorConfig, IntentVerdict, NetnsIds, NetnsVerdict, Report,
     SandboxRules, netns_of_path,
 };
+use testkit::scaled;
 use tokio::sync::{mpsc, oneshot};
 
 /// What the driver said, in order.
@@ -59,9 +60,10 @@ pub fn chosen_backends() -> Result<BackendChoices> {
 }
 
 impl Tracing {
-    /// Starts the driver (judging the sandbox pins already there) and waits until its programs
-    /// are attached.
+    /// Starts the driver (judging the sandbox pins already there) with `deadline` stretched by
+    /// [`scaled`], and waits until its programs are attached.
     pub async fn start(rules: SandboxRules, deadline: Duration) -> Result<Self> {
+        let deadline = scaled(deadline);
         crate::require_root();
         let (tx, said) = mpsc::unbounded_channel();
         let (commands, rx) = mpsc::unbounded_channel();
@@ -91,7 +93,7 @@ impl Tracing {
             intents: Vec::new(),
             attached: None,
         };
-        match tokio::time::timeout(Duration::from_secs(30), tracing.said.recv()).await {
+        match tokio::time::timeout(scaled(Duration::from_secs(30)), tracing.said.recv()).await {
             Ok(Some(Said::Attached(attached))) => {
                 tracing.attached = Some(*attached);
                 Ok(tracing)
@@ -126,9 +128,9 @@ impl Tracing {
         let _ = self.commands.send(Command::Expect(path.to_path_buf()));
     }
 
-    /// Collects what the driver says for `span`.
+    /// Collects what the driver says for `span` (stretched by [`scaled`]).
     pub async fn collect(&mut self, span: Duration) {
-        let end = tokio::time::Instant::now() + span;
+        let end = tokio::time::Instant::now() + scaled(span);
         while let Ok(Some(said)) = tokio::time::timeout_at(end, self.said.recv()).await {
             self.keep(said);
         }
@@ -145,13 +147,15 @@ impl Tracing {
         }
     }
 
-    /// The first verdict on namespace `cookie` matching `wanted`, waiting at most `within`.
+    /// The first verdict on namespace `cookie` matching `wanted`, waiting at most `within`
+    /// (stretched by [`scaled`]).
     pub async fn verdict_where(
         &mut self,
         cookie: u64,
         within: Duration,
         wanted: impl Fn(&NetnsVerdict) -> bool,
     ) -> Result<(Instant, NetnsVerdict)> {
+        let within = scaled(within);
         let end = tokio::time::Instant::now() + within;
         loop {
             if let Some(found) = self

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use provisioner_tests::Netns;
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::Cri;
 use provisioner_tests::daemon_harness::Daemon;
 use provisioner_tests::daemon_queries::wait_views_created_by;
+use provisioner_tests::{Netns, scaled_secs};
 use serde_json::Value;
 
 const PODS: usize = 5;
@@ -110,7 +110,7 @@ fn containerd_conf_dir(files: &[(&str, &str)]) -> Result<tempfile::TempDir> {
 #[test]
 fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
+    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", &scaled_secs(2.0)])?;
     daemon.wait_tracing(Duration::from_secs(30))?;
     let conf_dir = containerd_conf_dir(&[(
         "10-loopback.conf",
@@ -153,7 +153,7 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
 #[test]
 fn empty_conf_dir_pods_skipped() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", "2"])?;
+    let daemon = Daemon::start_with(&node, None, &["--trace-deadline", &scaled_secs(2.0)])?;
     daemon.wait_tracing(Duration::from_secs(30))?;
     let conf_dir = containerd_conf_dir(&[])?;
     let mut containerd = Containerd::start(&node, &CniSetup::reading(conf_dir.path()))?;

@@ -8,27 +8,31 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::daemon_queries::{cookie_of, views_of};
-use provisioner_tests::{Netns, NetnsCookie, RuntimeNetns, wait_until};
+use provisioner_tests::daemon_queries::{
+    container_of, cookie_of, views_of_containers, views_where,
+};
+use provisioner_tests::{Netns, NetnsCookie, RuntimeNetns, scaled_secs, wait_until};
 use serde_json::Value;
 
 /// Bound on the waits for the watch's answers (a loaded machine, a state read).
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The daemon's views of `cookies`, once `done` holds for every one of them (bounded wait).
-fn wait_views(
+/// The daemon's views kept by `key_of` under one of `keys`, once `done` holds for every one of
+/// them (bounded wait).
+fn wait_keyed<K: std::hash::Hash + Eq + Clone>(
     daemon: &Daemon,
-    cookies: &HashSet<u64>,
+    keys: &HashSet<K>,
+    key_of: impl Fn(&Value) -> Option<K>,
     what: &str,
     done: impl Fn(&Value) -> bool,
-) -> Result<HashMap<u64, Value>> {
+) -> Result<HashMap<K, Value>> {
     let mut last = HashMap::new();
     let waited = wait_until(what, PATIENCE, || {
-        last = views_of(daemon, cookies)?
+        last = views_where(daemon, |v| key_of(v).is_some_and(|k| keys.contains(&k)))?
             .into_iter()
-            .filter_map(|v| Some((cookie_of(&v)?, v)))
+            .filter_map(|v| Some((key_of(&v)?, v)))
             .collect();
-        Ok((last.len() == cookies.len() && last.values().all(&done)).then(|| last.clone()))
+        Ok((last.len() == keys.len() && last.values().all(&done)).then(|| last.clone()))
     });
     waited.with_context(|| {
         format!(
@@ -37,6 +41,38 @@ fn wait_views(
             daemon.log()
         )
     })
+}
+
+/// The daemon's views of `cookies`, once `done` holds for every one of them (bounded wait).
+fn wait_views(
+    daemon: &Daemon,
+    cookies: &HashSet<u64>,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<HashMap<u64, Value>> {
+    wait_keyed(daemon, cookies, cookie_of, what, done)
+}
+
+/// The daemon's views of the sandboxes of `containers` (the same to the test and to the daemon
+/// on every kernel), once `done` holds for every one of them (bounded wait).
+fn wait_sandboxes(
+    daemon: &Daemon,
+    containers: &HashSet<String>,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<HashMap<String, Value>> {
+    wait_keyed(
+        daemon,
+        containers,
+        |v| container_of(v).map(str::to_owned),
+        what,
+        done,
+    )
+}
+
+/// `prefix-0`, `prefix-1`, ...: the container ids of `n` sandboxes.
+fn containers(prefix: &str, n: usize) -> HashSet<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
 fn verdict(view: &Value) -> &str {
@@ -63,7 +99,7 @@ fn reports_text(view: &Value) -> String {
 }
 
 /// No alarm was ever raised on these views.
-fn assert_no_alarm(views: &HashMap<u64, Value>) {
+fn assert_no_alarm<K>(views: &HashMap<K, Value>) {
     for view in views.values() {
         let text = reports_text(view);
         for alarm in ["SKIPPED", "PARTIAL", "FAILED", "UNKNOWN", "UNCONFIRMED"] {
@@ -78,9 +114,10 @@ fn assert_no_alarm(views: &HashMap<u64, Value>) {
 /// A daemon of network `name` on `subnet` with a 1 s trace deadline, once its tracing is
 /// attached, and the plugin stdin for that network.
 fn traced_daemon(node: &Netns, name: &str, subnet: &str) -> Result<(Daemon, Vec<u8>)> {
-    let daemon = Daemon::start_with_conflist(node, &["--trace-deadline", "1"], |socket| {
-        conflist(name, "1.0.0", socket, subnet, None)
-    })?;
+    let daemon =
+        Daemon::start_with_conflist(node, &["--trace-deadline", &scaled_secs(1.0)], |socket| {
+            conflist(name, "1.0.0", socket, subnet, None)
+        })?;
     let config = conflist(name, "1.0.0", &daemon.socket, subnet, None);
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     daemon.wait_tracing(PATIENCE)?;
@@ -128,10 +165,14 @@ fn adds_arriving_before_tracing_attached_are_networked_and_confirmed() -> Result
                 scope.spawn(move || add(&format!("early-{i}"), pod.path(), stdin))
             })
             .collect();
-        let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "1"], |socket| {
-            let _ = std::os::unix::fs::symlink(socket, &socket_link);
-            conflist("trearly", "1.0.0", &socket_link, "10.254.4.0/24", None)
-        })?;
+        let daemon = Daemon::start_with_conflist(
+            &node,
+            &["--trace-deadline", &scaled_secs(1.0)],
+            |socket| {
+                let _ = std::os::unix::fs::symlink(socket, &socket_link);
+                conflist("trearly", "1.0.0", &socket_link, "10.254.4.0/24", None)
+            },
+        )?;
         for adder in adders {
             adder
                 .join()
@@ -175,10 +216,10 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
     for (i, pod) in pods.iter().enumerate() {
         add(&format!("tr-{i}"), pod.path(), &stdin)?;
     }
-    let cookies: HashSet<u64> = pods.iter().map(Netns::cookie).collect::<Result<_>>()?;
-    let views = wait_views(
+    let sandboxes = containers("tr", N);
+    let views = wait_sandboxes(
         &daemon,
-        &cookies,
+        &sandboxes,
         "every sandbox networked and confirmed",
         networked_and_confirmed,
     )?;
@@ -196,10 +237,9 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
 
     // Someone deletes the default route of a provisioned sandbox: drift, naming the route.
     pods[0].ip(&["route", "del", "default"])?;
-    let cookie = pods[0].cookie()?;
-    let drifted = wait_views(
+    let drifted = wait_sandboxes(
         &daemon,
-        &HashSet::from([cookie]),
+        &HashSet::from(["tr-0".to_owned()]),
         "a drift naming the default route",
         |v| {
             v["drifts"].as_array().into_iter().flatten().any(|d| {
@@ -220,7 +260,7 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
     for (i, pod) in pods.iter().enumerate() {
         del(&format!("tr-{i}"), Some(pod.path()), &stdin)?;
     }
-    let views = views_of(&daemon, &cookies)?;
+    let views = views_of_containers(&daemon, &sandboxes)?;
     let drifts_after: usize = views
         .iter()
         .map(|v| v["drifts"].as_array().map_or(0, Vec::len))
@@ -257,9 +297,10 @@ fn daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed() ->
 fn daemon_adds_are_confirmed_from_the_trace_before_their_deadline() -> Result<()> {
     const N: usize = 5;
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "60"], |socket| {
-        conflist("trnow", "1.0.0", socket, "10.253.0.0/24", None)
-    })?;
+    let daemon =
+        Daemon::start_with_conflist(&node, &["--trace-deadline", &scaled_secs(60.0)], |socket| {
+            conflist("trnow", "1.0.0", socket, "10.253.0.0/24", None)
+        })?;
     let config = conflist("trnow", "1.0.0", &daemon.socket, "10.253.0.0/24", None);
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     daemon.wait_tracing(PATIENCE)?;
@@ -327,18 +368,15 @@ fn restart_audits_live_sandboxes(down: Down) -> Result<()> {
     )?;
     daemon.restart(&node, &[])?;
 
-    let cookies: HashSet<u64> = pods
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != 1)
-        .map(|(_, p)| p.cookie())
-        .collect::<Result<_>>()?;
-    let drifted_cookie = pods[0].cookie()?;
-    let views = wait_views(&daemon, &cookies, "every live sandbox audited", |v| {
+    let live: HashSet<String> = (0..N)
+        .filter(|i| *i != 1)
+        .map(|i| format!("audit-{i}"))
+        .collect();
+    let views = wait_sandboxes(&daemon, &live, "every live sandbox audited", |v| {
         intent_status(v) != "none"
     })?;
-    for (cookie, view) in &views {
-        if *cookie == drifted_cookie {
+    for (container, view) in &views {
+        if container == "audit-0" {
             assert_eq!(intent_status(view), "drifted", "{view:#}");
             let drifts: Vec<&str> = view["drifts"]
                 .as_array()
@@ -357,12 +395,8 @@ fn restart_audits_live_sandboxes(down: Down) -> Result<()> {
             assert_eq!(view["intent"]["evidence"]["by"], "snapshot", "{view:#}");
         }
     }
-    let confirmed: HashSet<u64> = cookies
-        .iter()
-        .copied()
-        .filter(|c| *c != drifted_cookie)
-        .collect();
-    let views = wait_views(&daemon, &confirmed, "found set up: networked", |v| {
+    let confirmed: HashSet<String> = live.into_iter().filter(|c| c != "audit-0").collect();
+    let views = wait_sandboxes(&daemon, &confirmed, "found set up: networked", |v| {
         verdict(v) == "networked"
     })?;
     assert_no_alarm(&views);

@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
-use provisioner_tests::daemon_queries::{allocations, verdict_and_intent, wait_views_of};
+use provisioner_tests::daemon_queries::{
+    allocations, verdict_and_intent, wait_views_of_containers,
+};
 use provisioner_tests::pod_net::{check_pod_network, wait_node_bare};
 use provisioner_tests::podman::{IMAGE, Podman};
-use provisioner_tests::{Netns, netns_cookie};
+use provisioner_tests::{Netns, scaled_secs};
 
 const NETWORK: &str = "podnet";
 const SUBNET: &str = "10.249.0.0/24";
@@ -17,9 +19,10 @@ const SUBNET: &str = "10.249.0.0/24";
 #[test]
 fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
     let node = Netns::new("node")?;
-    let daemon = Daemon::start_with_conflist(&node, &["--trace-deadline", "2"], |socket| {
-        conflist(NETWORK, "1.0.0", socket, SUBNET, None)
-    })?;
+    let daemon =
+        Daemon::start_with_conflist(&node, &["--trace-deadline", &scaled_secs(2.0)], |socket| {
+            conflist(NETWORK, "1.0.0", socket, SUBNET, None)
+        })?;
     daemon.wait_ready(Duration::from_secs(10))?;
     daemon.wait_tracing(Duration::from_secs(30))?;
     let mut podman = Podman::new(&node, &daemon.conf_dir)?;
@@ -64,8 +67,12 @@ fn podman_container_gets_our_address_and_rm_releases_it() -> Result<()> {
     ])?;
     assert!(seen.contains(&format!("inet {ip}/24")), "{seen}");
     node.ping(&ip)?;
-    let cookies = HashSet::from([netns_cookie(&netns)?]);
-    let views = wait_views_of(&daemon, &cookies, true, Duration::from_secs(30))?;
+    let views = wait_views_of_containers(
+        &daemon,
+        &HashSet::from([id.clone()]),
+        true,
+        Duration::from_secs(30),
+    )?;
     assert_eq!(
         verdict_and_intent(&views[0]),
         "networked+confirmed",

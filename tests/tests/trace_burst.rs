@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use provisioner::trace::{EventKind, KernelTracer};
-use provisioner_tests::require_root;
 use provisioner_tests::tracing::{chosen_backends, own_netns_name};
+use provisioner_tests::{require_root, scaled};
 
 const PER_THREAD: usize = 1000;
 const THREADS: usize = 2;
@@ -44,7 +44,7 @@ async fn burst_of_2000_netns_creations_is_fully_accounted_for() -> anyhow::Resul
     assert_eq!(wanted.len(), THREADS * PER_THREAD);
 
     let mut seen = HashSet::new();
-    let mut deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut deadline = tokio::time::Instant::now() + scaled(Duration::from_secs(5));
     while seen.len() < wanted.len() {
         let Ok(Some(batch)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
             break;
@@ -58,7 +58,7 @@ async fn burst_of_2000_netns_creations_is_fully_accounted_for() -> anyhow::Resul
                     "duplicate event for {}",
                     c.netns_cookie
                 );
-                deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+                deadline = tokio::time::Instant::now() + scaled(Duration::from_secs(2));
             }
         }
     }

@@ -6,8 +6,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use provisioner::trace::{EventBatch, EventKind, KernelTracer, NetnsIds, NetnsOrigin, TraceEvent};
-use provisioner_tests::require_root;
 use provisioner_tests::tracing::{chosen_backends, own_netns_name};
+use provisioner_tests::{require_root, scaled};
 use tokio::sync::mpsc::Receiver;
 
 /// A namespace created by a fresh thread that unshares; its cookie as `ids` names it.
@@ -33,7 +33,7 @@ async fn events_for(
 ) -> anyhow::Result<Vec<TraceEvent>> {
     let (marker, _) = unshared_netns_cookie(ids)?;
     let mut found = Vec::new();
-    let deadline = tokio::time::Instant::now() + limit;
+    let deadline = tokio::time::Instant::now() + scaled(limit);
     loop {
         let batch = match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(batch)) => batch,

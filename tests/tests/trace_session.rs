@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use provisioner::trace::SandboxRules;
 use provisioner::trace::session::{SessionOptions, run};
-use provisioner_tests::{require_root, runtime_runs_plugin, stand_in_runtime, unique_name};
+use std::os::unix::fs::MetadataExt;
+
+use provisioner_tests::{
+    require_root, runtime_runs_plugin, scaled, scaled_secs, stand_in_runtime, unique_name,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::Result<()> {
@@ -42,8 +46,8 @@ async fn session_prints_events_and_a_skipped_verdict_as_json_lines() -> anyhow::
         json: true,
         // A session runs for its duration (it has no other end but Ctrl-C): the bound on the
         // 1 s deadline's verdict, with room for a loaded machine.
-        duration: Some(Duration::from_secs(6)),
-        deadline: Duration::from_secs(1),
+        duration: Some(scaled(Duration::from_secs(6))),
+        deadline: scaled(Duration::from_secs(1)),
         rules: SandboxRules {
             pin_prefixes: vec!["trses".into()],
             ..SandboxRules::default()
@@ -168,34 +172,37 @@ fn trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_thei
     for sb in &wired {
         ptp.run("ADD", sb.name(), &sb.path())?;
     }
-    let cookies: Vec<u64> = wired
+    // A separate process names namespaces its own way on a kernel without cookies: its
+    // verdicts are matched by inode (unique while the test holds the pins).
+    let inodes: Vec<u64> = wired
         .iter()
-        .map(RuntimeNetns::cookie)
-        .collect::<anyhow::Result<_>>()?;
+        .map(|sb| std::fs::metadata(sb.path()).map(|m| m.ino()))
+        .collect::<std::io::Result<_>>()?;
+    let (duration, deadline) = (scaled_secs(3.0), scaled_secs(1.0));
 
     let human = trace_cli(&[
         "--verdicts-only",
         "--duration",
-        "3",
+        &duration,
         "--deadline",
-        "1",
+        &deadline,
         "--pin-prefix",
         "trsw",
     ])?;
     assert!(human.starts_with("tracing started"), "{human}");
-    for cookie in &cookies {
+    for inode in &inodes {
         let line = human
             .lines()
-            .find(|l| l.contains(" VERDICT ") && l.contains(&format!("cookie={cookie} ")))
-            .ok_or_else(|| anyhow::anyhow!("no verdict for cookie {cookie}:\n{human}"))?;
+            .find(|l| l.contains(" VERDICT ") && l.contains(&format!(" inode={inode} ")))
+            .ok_or_else(|| anyhow::anyhow!("no verdict for inode {inode}:\n{human}"))?;
         assert!(line.contains("VERDICT NETWORKED"), "{line}");
         assert!(line.contains("found set up at"), "{line}");
     }
-    for cookie in &cookies {
+    for inode in &inodes {
         assert!(
             !human
                 .lines()
-                .any(|l| l.contains("VERDICT SKIPPED") && l.contains(&format!("cookie={cookie} "))),
+                .any(|l| l.contains("VERDICT SKIPPED") && l.contains(&format!(" inode={inode} "))),
             "{human}"
         );
     }
@@ -208,9 +215,9 @@ fn trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_thei
     let json = trace_cli(&[
         "--json",
         "--duration",
-        "3",
+        &duration,
         "--deadline",
-        "1",
+        &deadline,
         "--pin-prefix",
         "trsw",
         "--netns",
@@ -227,7 +234,7 @@ fn trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_thei
         1,
         "--netns shows only that namespace:\n{json}"
     );
-    assert_eq!(verdicts[0]["netns"]["cookie"], cookies[0]);
+    assert_eq!(verdicts[0]["netns"]["inode"], inodes[0]);
     assert_eq!(verdicts[0]["verdict"], "networked");
     assert_eq!(verdicts[0]["evidence"]["by"], "snapshot");
     for sb in &wired {

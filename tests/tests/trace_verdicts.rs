@@ -11,7 +11,9 @@ use provisioner::trace::{NetnsVerdict, SandboxRules, Step, Verdict};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::reference::Ptp;
 use provisioner_tests::tracing::{Tracing, named, pin_path};
-use provisioner_tests::{Netns, RuntimeNetns, run, runtime, runtime_runs_plugin, unique_name};
+use provisioner_tests::{
+    Netns, RuntimeNetns, run, runtime, runtime_runs_plugin, scaled, unique_name,
+};
 
 const DEADLINE: Duration = Duration::from_secs(1);
 /// Bound on a verdict's arrival after its deadline (a state read, a loaded machine).
@@ -234,7 +236,7 @@ async fn runtime_sandbox_with_only_lo_destroyed_after_30ms_is_skipped_within_1s(
         "decided at destruction, not deadline"
     );
     assert!(
-        at.saturating_duration_since(deleted_at) < DEADLINE,
+        at.saturating_duration_since(deleted_at) < scaled(DEADLINE),
         "reported {:?} after deletion, before its deadline",
         at.saturating_duration_since(deleted_at)
     );

@@ -53,8 +53,14 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
 
 /// Installs the Debian packages the tests need (root only).
 pub fn apt_packages() -> Result<()> {
-    announce("bootstrap", "Debian packages for the tests");
-    let missing: Vec<&str> = TEST_PACKAGES
+    apt_install("Debian packages for the tests", TEST_PACKAGES)
+}
+
+/// Installs those of `packages` (name, a file the package installs) that are missing, as
+/// `what` (root only).
+pub fn apt_install(what: &str, packages: &[(&str, &str)]) -> Result<()> {
+    announce("bootstrap", what);
+    let missing: Vec<&str> = packages
         .iter()
         .filter(|(_, probe)| !Path::new(probe).exists())
         .map(|(pkg, _)| *pkg)

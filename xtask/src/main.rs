@@ -8,6 +8,7 @@ mod ebpf;
 mod failpoint_check;
 mod fuzz;
 mod image;
+mod matrix;
 mod mutants;
 mod release;
 mod soak;
@@ -122,6 +123,29 @@ enum Command {
         #[arg(last = true)]
         extra: Vec<String>,
     },
+    /// The kernel-level tests on Debian's 5.10, 6.1 and 6.12 kernels (fetched from its
+    /// registry, booted under qemu with virtme-ng) and on this host, with its backends and
+    /// with those of older kernels forced; the report is docs/install.md's kernel table.
+    KernelMatrix {
+        /// Only this kernel series (repeatable), e.g. `--series 5.10`.
+        #[arg(long = "series")]
+        series: Vec<String>,
+        /// Skip the host's runs.
+        #[arg(long)]
+        no_host: bool,
+        /// Factor on the tests' waits and deadlines in the VMs (software emulation).
+        #[arg(long, default_value_t = 4.0)]
+        time_scale: f64,
+        /// Kernels booted at once (one vCPU each).
+        #[arg(long, default_value_t = 2)]
+        parallel: usize,
+        /// Longest a kernel's run may take, in minutes.
+        #[arg(long, default_value_t = 20)]
+        timeout_minutes: u64,
+    },
+    /// Runs the tests of a plan file inside a kernel-matrix VM (started by `kernel-matrix`).
+    #[command(hide = true)]
+    MatrixGuest { plan: std::path::PathBuf },
     /// Run every fuzz target (fuzz/, installs cargo-fuzz when missing) for N seconds each.
     Fuzz {
         /// Fuzzing time per target.
@@ -200,6 +224,20 @@ fn main() -> Result<()> {
             jobs,
             extra,
         }),
+        Command::KernelMatrix {
+            series,
+            no_host,
+            time_scale,
+            parallel,
+            timeout_minutes,
+        } => matrix::run(&matrix::Options {
+            series,
+            no_host,
+            time_scale,
+            parallel,
+            timeout: std::time::Duration::from_secs(timeout_minutes * 60),
+        }),
+        Command::MatrixGuest { plan } => matrix::guest_main(&plan),
         Command::Fuzz {
             seconds,
             target,

@@ -201,7 +201,6 @@ pub async fn run<S: Sink>(
     let mut reads = Reads {
         ids: ids.clone(),
         in_flight: 0,
-        queued: Vec::new(),
     };
     let mut intake = Intake {
         commands,
@@ -255,8 +254,14 @@ pub async fn run<S: Sink>(
         if !reports.is_empty() {
             sink.reports(diagnosed(&correlator, reports, &opts.cni_fallback));
         }
-        reads.queue(correlator.take_snapshot_requests(SystemTime::now()));
-        reads.start(&mut work, &opts.pod_resolver);
+        let free = CONCURRENT_READS.saturating_sub(reads.in_flight);
+        if free > 0 {
+            reads.start(
+                correlator.take_snapshot_requests(SystemTime::now(), free),
+                &mut work,
+                &opts.pod_resolver,
+            );
+        }
     }
     Ok(wind_down(
         &mut correlator,
@@ -267,29 +272,27 @@ pub async fn run<S: Sink>(
     ))
 }
 
-/// Reads of namespace states the correlator asked for: at most [`CONCURRENT_READS`] at once,
-/// the rest queued in the order asked.
+/// Reads of namespace states the correlator asked for: at most [`CONCURRENT_READS`] at once
+/// (the correlator keeps the rest until a read ends).
 struct Reads {
     ids: NetnsIds,
     in_flight: usize,
-    queued: Vec<SnapshotRequest>,
 }
 
 impl Reads {
-    fn queue(&mut self, requests: impl IntoIterator<Item = SnapshotRequest>) {
-        self.queued.extend(requests);
-    }
-
     /// A helper task ended; `was_read` says whether it was one of these reads.
     fn ended(&mut self, was_read: bool) {
         self.in_flight = self.in_flight.saturating_sub(usize::from(was_read));
     }
 
-    /// Starts queued reads (each with the pod resolver's question when it carries one) while
-    /// fewer than [`CONCURRENT_READS`] are under way.
-    fn start(&mut self, work: &mut JoinSet<Done>, resolver: &Option<Arc<dyn PodResolver>>) {
-        while self.in_flight < CONCURRENT_READS && !self.queued.is_empty() {
-            let request = self.queued.remove(0);
+    /// Starts `requests` (each with the pod resolver's question when it carries one).
+    fn start(
+        &mut self,
+        requests: Vec<SnapshotRequest>,
+        work: &mut JoinSet<Done>,
+        resolver: &Option<Arc<dyn PodResolver>>,
+    ) {
+        for request in requests {
             self.in_flight += 1;
             let resolver = resolver.clone();
             let ids = self.ids.clone();
@@ -763,7 +766,7 @@ mod tests {
         });
         let now = SystemTime::now();
         assert!(correlator.tick(now).is_empty(), "no alarm before a read");
-        let requests = correlator.take_snapshot_requests(now);
+        let requests = correlator.take_snapshot_requests(now, usize::MAX);
         assert_eq!(requests.len(), 1);
         assert!(requests[0].pod_query.is_some(), "{requests:?}");
         let pod = PodName::Known {

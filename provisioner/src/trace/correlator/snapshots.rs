@@ -31,10 +31,17 @@ pub struct PodQuery {
 }
 
 impl Correlator {
-    /// The reads of namespace states wanted since the last call.
-    pub fn take_snapshot_requests(&mut self, now: SystemTime) -> Vec<SnapshotRequest> {
+    /// At most `most` of the reads of namespace states wanted, oldest first; the rest stay
+    /// wanted. A read's time to answer ([`super::SNAPSHOT_WAIT`]) runs from now, when it is
+    /// handed out: the caller asks for as many as it starts at once, so that reads waiting
+    /// their turn in a burst are not judged unanswered.
+    pub fn take_snapshot_requests(&mut self, now: SystemTime, most: usize) -> Vec<SnapshotRequest> {
         let mut requests = Vec::new();
         for (cookie, after) in std::mem::take(&mut self.wanted) {
+            if requests.len() >= most {
+                self.wanted.push((cookie, after));
+                continue;
+            }
             let Some(ns) = self.namespaces.get_mut(&cookie) else {
                 continue;
             };

@@ -278,7 +278,7 @@ fn tick_reading(
     answer: impl Fn(u64) -> Result<NetnsSnapshot, String>,
 ) -> Vec<Report> {
     let mut reports = c.tick(t(ms));
-    for request in c.take_snapshot_requests(t(ms)) {
+    for request in c.take_snapshot_requests(t(ms), usize::MAX) {
         let read = answer(request.cookie);
         reports.extend(c.snapshot_taken(
             request.cookie,
@@ -303,7 +303,7 @@ fn runtime_sandbox_with_nothing_is_skipped_after_its_state_is_read() {
         c.tick(t(1_000)).is_empty(),
         "no alarm before the state is read"
     );
-    let requests = c.take_snapshot_requests(t(1_000));
+    let requests = c.take_snapshot_requests(t(1_000), usize::MAX);
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0].cookie, SANDBOX);
     assert!(
@@ -380,7 +380,7 @@ fn full_setup_is_networked_without_reading_its_state() {
     assert_eq!(v[0].evidence, Evidence::Trace);
     assert!(v[0].reason.contains("seen being set up"), "{}", v[0].reason);
     assert!(v[0].reason.contains("eth0"));
-    assert!(c.take_snapshot_requests(t(1_000)).is_empty());
+    assert!(c.take_snapshot_requests(t(1_000), usize::MAX).is_empty());
 }
 
 #[test]
@@ -550,7 +550,7 @@ fn non_runtime_namespace_destroyed_early_is_gone_never_skipped() {
     // And a live one is silently dropped at its deadline, without reading its state.
     c.feed(&created(200, 77, "stress", SANDBOX + 1));
     assert!(verdicts(c.tick(t(2_000))).is_empty());
-    assert!(c.take_snapshot_requests(t(2_000)).is_empty());
+    assert!(c.take_snapshot_requests(t(2_000), usize::MAX).is_empty());
     assert!(!c.is_tracked(SANDBOX + 1));
 }
 
@@ -595,7 +595,7 @@ fn pinned_with_sandbox_prefix_is_a_sandbox_other_pins_are_not() {
     c.feed(&pin(1, SANDBOX + 1, "/run/netns/node"));
     let mut asked = Vec::new();
     let mut reports = c.tick(t(1_000));
-    for request in c.take_snapshot_requests(t(1_000)) {
+    for request in c.take_snapshot_requests(t(1_000), usize::MAX) {
         asked.push(request.clone());
         reports.extend(c.snapshot_taken(
             request.cookie,
@@ -619,7 +619,7 @@ fn expected_namespace_is_judged_whoever_created_it() {
     c.feed(&created(0, 77, "myruntime", SANDBOX));
     c.expect_sandbox(ns(SANDBOX), PathBuf::from("/run/netns/x"), t(0));
     assert!(
-        c.take_snapshot_requests(t(0)).is_empty(),
+        c.take_snapshot_requests(t(0), usize::MAX).is_empty(),
         "its history is known: no read needed yet"
     );
     let v = verdicts(tick_reading(&mut c, 1_000, lo_only));
@@ -873,13 +873,43 @@ fn a_read_that_never_answers_does_not_hold_the_verdict_forever() {
     let mut c = correlator();
     c.feed(&created(0, 42, "containerd", SANDBOX));
     assert!(c.tick(t(1_000)).is_empty());
-    assert_eq!(c.take_snapshot_requests(t(1_000)).len(), 1);
+    assert_eq!(c.take_snapshot_requests(t(1_000), usize::MAX).len(), 1);
     let wait = u64::try_from(SNAPSHOT_WAIT.as_millis()).expect("small");
     let v = verdicts(c.tick(t(1_000 + wait)));
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].verdict, Verdict::Skipped);
     assert_eq!(v[0].evidence, Evidence::Trace);
     assert!(v[0].reason.contains("could not be read"), "{}", v[0].reason);
+}
+
+/// Reads are handed out as slots free up; the wait for a read's answer runs from when it is
+/// handed out, so a burst of sandboxes is not judged unread while its reads wait their turn.
+#[test]
+fn reads_beyond_the_free_slots_wait_their_turn_without_being_judged_unanswered() {
+    let mut c = correlator();
+    for (i, cookie) in [SANDBOX, SANDBOX + 1, SANDBOX + 2].into_iter().enumerate() {
+        c.feed(&created(0, 42 + u32::try_from(i).expect("small"), "containerd", cookie));
+    }
+    assert!(c.tick(t(1_000)).is_empty());
+    let first = c.take_snapshot_requests(t(1_000), 2);
+    assert_eq!(first.len(), 2);
+    let wait = u64::try_from(SNAPSHOT_WAIT.as_millis()).expect("small");
+    // The first two go unanswered: judged on the trace; the third was never handed out.
+    let judged = verdicts(c.tick(t(1_000 + wait)));
+    let judged: Vec<u64> = judged.iter().map(|v| v.netns.cookie).collect();
+    assert_eq!(judged.len(), 2, "{judged:?}");
+    let last = c.take_snapshot_requests(t(1_000 + wait), 2);
+    assert_eq!(last.len(), 1);
+    assert!(!judged.contains(&last[0].cookie));
+    let read = lo_only(last[0].cookie);
+    let v = verdicts(c.snapshot_taken(
+        last[0].cookie,
+        read.as_ref().map_err(Clone::clone),
+        t(1_100 + wait),
+        t(1_100 + wait),
+    ));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].evidence, Evidence::Snapshot { at: t(1_100 + wait) });
 }
 
 fn intent(origin: IntentOrigin) -> Intent {
@@ -920,7 +950,7 @@ fn intent_confirmed_then_drift_reported() {
     );
     assert!(reports.is_empty());
     assert!(
-        c.take_snapshot_requests(t(1)).is_empty(),
+        c.take_snapshot_requests(t(1), usize::MAX).is_empty(),
         "history seen: nothing to read"
     );
     let mut all = Vec::new();
@@ -1004,9 +1034,9 @@ fn intent_for_a_namespace_whose_history_was_not_seen_is_confirmed_from_its_state
     );
     // Its creation may still be among the events not fed yet: the read waits for the event
     // stream to pass the registration, or a grace period when no event comes.
-    assert!(c.take_snapshot_requests(t(10)).is_empty());
+    assert!(c.take_snapshot_requests(t(10), usize::MAX).is_empty());
     let grace = u64::try_from(HISTORY_GRACE.as_millis()).expect("small");
-    let requests = c.take_snapshot_requests(t(grace));
+    let requests = c.take_snapshot_requests(t(grace), usize::MAX);
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0].paths, [PathBuf::from("/run/netns/x")]);
     let reports = c.snapshot_taken(SANDBOX, Ok(&networked_state(SANDBOX)), t(grace), t(grace));
@@ -1033,12 +1063,12 @@ fn a_creation_fed_after_the_intent_names_the_creator_and_no_state_is_read() {
     c.feed(&created(0, 42, "podman", SANDBOX));
     c.feed(&dev(20, SANDBOX, 3, "eth0", true, false));
     assert!(
-        c.take_snapshot_requests(t(35)).is_empty(),
+        c.take_snapshot_requests(t(35), usize::MAX).is_empty(),
         "no read while the stream has not passed the intent"
     );
     c.feed(&created(40, 43, "other", SANDBOX + 1));
     assert!(
-        c.take_snapshot_requests(t(45)).is_empty(),
+        c.take_snapshot_requests(t(45), usize::MAX).is_empty(),
         "the history was seen after all: nothing to read"
     );
     let v = verdicts(tick_reading(&mut c, 5_000, |cookie| {
@@ -1081,7 +1111,7 @@ fn audit_confirms_from_the_state_or_names_what_is_missing() {
         PathBuf::from("/run/netns/x"),
         t(0),
     );
-    let requests = c.take_snapshot_requests(t(0));
+    let requests = c.take_snapshot_requests(t(0), usize::MAX);
     assert_eq!(requests.len(), 1);
     let reports = c.snapshot_taken(
         SANDBOX,
@@ -1102,7 +1132,7 @@ fn audit_confirms_from_the_state_or_names_what_is_missing() {
     other.key.container_id = "c2".into();
     other.netns_cookie = SANDBOX + 1;
     c.register_intent(other, PathBuf::from("/run/netns/y"), t(2));
-    c.take_snapshot_requests(t(2));
+    c.take_snapshot_requests(t(2), usize::MAX);
     let reports = c.snapshot_taken(SANDBOX + 1, Ok(&networked_state(SANDBOX + 1)), t(3), t(3));
     assert_eq!(intent_verdicts(&reports)[0].status, IntentStatus::Confirmed);
 }
@@ -1385,7 +1415,7 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
     wire(&mut c, SANDBOX + 2);
 
     let mut reports = c.tick(t(1_000));
-    let requests = c.take_snapshot_requests(t(1_000));
+    let requests = c.take_snapshot_requests(t(1_000), usize::MAX);
     let asked: Vec<(u64, Option<PodQuery>)> = requests
         .iter()
         .map(|r| (r.cookie, r.pod_query.clone()))
@@ -1447,7 +1477,7 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
     // Read again while the alarm stands: the resolver is not asked again.
     let again = {
         c.tick(t(2_500));
-        c.take_snapshot_requests(t(2_500))
+        c.take_snapshot_requests(t(2_500), usize::MAX)
     };
     assert!(!again.is_empty(), "the alarms are read again");
     assert!(again.iter().all(|r| r.pod_query.is_none()), "{again:?}");

@@ -1,0 +1,359 @@
+//! `cargo xtask kernel-matrix`: the kernel-level tests on every kernel the product supports.
+//!
+//! Debian's kernels of the series in [`kernels::SERIES`] are fetched from its package
+//! registry and booted under qemu with the host's userland ([`vm`]); in each, the guest runner
+//! ([`guest`]) prints what the kernel watch runs on and the result of each kernel-level test
+//! as lines the harness reads back. The host runs the same tests twice: as its kernel offers,
+//! and with the backends of older kernels forced, so that those backends are also tested at
+//! native speed. The report (`target/kernel-matrix/report.md`) is the kernel table of
+//! docs/install.md.
+
+mod guest;
+mod kernels;
+mod report;
+mod vm;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+pub use guest::{Plan, TestBinary, run as run_guest};
+use report::Row;
+
+use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
+
+/// The kernel-level tests: what the kernel watch sees and judges on a real kernel
+/// (provisioning, every verdict kind, the loopback-only containerd failure with real
+/// containerd, pods named from a plugin's environment, the audit of live sandboxes at start,
+/// no false alarm for ours, ptp + host-local and podman, environments left unread).
+pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
+    (
+        "trace_backends",
+        &[
+            "every_observation_has_a_backend_and_btf_tracepoints_attach_no_syscall_tracepoint",
+            "a_backend_chosen_instead_of_the_probes_is_attached_and_reported",
+            "this_kernels_verifier_takes_the_programs_of_every_backend_it_offers",
+        ],
+    ),
+    (
+        "trace_netns",
+        &[
+            "unshare_reports_one_event_with_the_right_cookie",
+            "clone_with_newnet_reports_the_child_namespace",
+        ],
+    ),
+    (
+        "trace_burst",
+        &["burst_of_2000_netns_creations_is_fully_accounted_for"],
+    ),
+    (
+        "trace_verdicts",
+        &[
+            "runtime_created_sandboxes_without_network_are_skipped_naming_the_creator",
+            "loopback_only_sandbox_is_skipped_and_its_timeline_shows_lo",
+            "interface_without_address_is_partial",
+            "route_the_kernel_rejects_is_failed_with_the_reason",
+            "non_runtime_namespace_destroyed_after_100ms_is_gone_never_skipped",
+            "runtime_sandbox_with_only_lo_destroyed_after_30ms_is_skipped_within_1s",
+            "reference_ptp_plugin_sandbox_is_networked_and_the_plugin_exec_shows",
+            "sandboxes_pinned_before_tracing_starts_are_judged_from_their_state",
+            "short_lived_sandboxes_wired_then_removed_are_networked_with_their_teardown",
+            "a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod",
+            "a_reference_ptp_sandbox_run_by_hand_with_cni_args_is_named",
+            "a_plugin_run_by_another_user_than_root_names_no_pod",
+        ],
+    ),
+    (
+        "trace_session",
+        &[
+            "session_prints_events_and_a_skipped_verdict_as_json_lines",
+            "trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_their_state",
+        ],
+    ),
+    (
+        "daemon_trace",
+        &[
+            "daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed",
+            "restart_audits_live_sandboxes",
+        ],
+    ),
+    (
+        "containerd_seed",
+        &[
+            "loopback_only_conf_dir_network_ready_but_pods_skipped",
+            "empty_conf_dir_pods_skipped",
+        ],
+    ),
+    (
+        "podman",
+        &["podman_container_gets_our_address_and_rm_releases_it"],
+    ),
+    (
+        "watch_environment",
+        &["a_containers_environment_is_never_read_while_containerds_plugins_are"],
+    ),
+];
+
+/// The backends of the oldest kernels, forced in the host's second run.
+pub const OLDER_KERNELS_BACKENDS: &str = "unshare_and_mounts=syscall_tracepoints,rtnetlink=syscall_tracepoints,error_messages=fentry,namespace_ids=inode_generation";
+
+use testkit::TIME_SCALE_ENV;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Only these series (e.g. `5.10`); all of [`kernels::SERIES`] when empty.
+    pub series: Vec<String>,
+    /// Skip the host's runs.
+    pub no_host: bool,
+    /// Factor on the tests' waits and deadlines in the VMs (software emulation is slow).
+    pub time_scale: f64,
+    /// Guests booted at once (one vCPU each).
+    pub parallel: usize,
+    /// Longest a guest may run.
+    pub timeout: Duration,
+}
+
+pub fn run(opts: &Options) -> Result<()> {
+    crate::bootstrap::apt_packages()?;
+    crate::ebpf::build_once_for_all()?;
+    let vng = vm::bootstrap()?;
+    let series: Vec<kernels::Series> = kernels::SERIES
+        .into_iter()
+        .filter(|s| opts.series.is_empty() || opts.series.iter().any(|w| w == s.series))
+        .collect();
+    if series.is_empty() {
+        bail!(
+            "no kernel series matches {:?} (known: {})",
+            opts.series,
+            kernels::SERIES.map(|s| s.series).join(", ")
+        );
+    }
+    announce("matrix", "Debian kernels (private apt configuration)");
+    let guests = kernels::fetch(&series)?;
+    let (provisioner, tests) = build()?;
+    let out = workspace_root().join("target/kernel-matrix");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+
+    let mut rows = Vec::new();
+    if !opts.no_host {
+        rows.extend(host_rows(&out, &provisioner, &tests)?);
+    }
+    rows.extend(guest_rows(opts, &vng, &guests, &out, &provisioner, &tests)?);
+    let text = report::markdown(&rows);
+    std::fs::write(out.join("report.md"), &text)?;
+    println!("{text}");
+    report::failures(&rows, &out)
+}
+
+/// The provisioner binary the tests exec, and the kernel-level test executables.
+fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
+    let root = workspace_root();
+    announce("build", "provisioner binary and the kernel-level tests");
+    run_command(cargo("stable").current_dir(&root).args([
+        "build",
+        "-p",
+        "provisioner",
+        "--bins",
+        "--features",
+        "fault-injection",
+    ]))?;
+    let mut cmd = cargo("stable");
+    cmd.current_dir(&root).args([
+        "test",
+        "--no-run",
+        "--message-format",
+        "json-render-diagnostics",
+        "-p",
+        "provisioner-tests",
+    ]);
+    for (target, _) in KERNEL_TESTS {
+        cmd.args(["--test", target]);
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the kernel-level tests failed");
+    }
+    let mut tests = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(name), Some(exe)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) else {
+            continue;
+        };
+        if let Some((target, names)) = KERNEL_TESTS.iter().find(|(t, _)| *t == name) {
+            tests.push(TestBinary {
+                target: (*target).to_owned(),
+                executable: PathBuf::from(exe),
+                names: names.iter().map(|n| (*n).to_owned()).collect(),
+            });
+        }
+    }
+    if tests.len() != KERNEL_TESTS.len() {
+        bail!(
+            "cargo built {} of the {} kernel-level test binaries",
+            tests.len(),
+            KERNEL_TESTS.len()
+        );
+    }
+    Ok((root.join("target/debug/provisioner"), tests))
+}
+
+/// The host's two runs: its kernel's own backends, then those of older kernels forced.
+fn host_rows(out: &Path, provisioner: &Path, tests: &[TestBinary]) -> Result<Vec<Row>> {
+    let host = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "host".into());
+    let mut rows = Vec::new();
+    for (label, env) in [
+        (format!("{host} (this host)"), Vec::new()),
+        (
+            format!("{host} (this host, older kernels' backends forced)"),
+            vec![(
+                testkit::daemon::TRACE_BACKENDS_ENV.to_owned(),
+                forced_here(OLDER_KERNELS_BACKENDS),
+            )],
+        ),
+    ] {
+        announce("matrix", &format!("kernel-level tests on {label}"));
+        let dir = out.join(format!("host-{}", rows.len()));
+        run_guest(&Plan {
+            out: dir.clone(),
+            provisioner: provisioner.to_path_buf(),
+            tests: tests.to_vec(),
+            env: env.clone(),
+        })?;
+        rows.push(Row::read(label, None, &dir)?);
+    }
+    Ok(rows)
+}
+
+/// The forced backends `choices`, without the fentry ones where this kernel refuses fentry
+/// (the build machines do, whatever the program).
+fn forced_here(choices: &str) -> String {
+    choices
+        .split(',')
+        .filter(|c| !c.ends_with("=fentry") || kernel_allows_fentry())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether this kernel loads the fentry program of the watch (asked of the product itself).
+fn kernel_allows_fentry() -> bool {
+    let provisioner = workspace_root().join("target/debug/provisioner");
+    let out = Command::new(provisioner)
+        .args([
+            "trace",
+            "--duration",
+            "0.1",
+            "--verdicts-only",
+            "--backend",
+            "error_messages=fentry",
+        ])
+        .output();
+    out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("error_messages: fentry"))
+}
+
+/// Boots each kernel (at most `opts.parallel` at once) and runs the tests in it.
+fn guest_rows(
+    opts: &Options,
+    vng: &Path,
+    guests: &[kernels::GuestKernel],
+    out: &Path,
+    provisioner: &Path,
+    tests: &[TestBinary],
+) -> Result<Vec<Row>> {
+    let xtask = std::env::current_exe().context("the xtask binary")?;
+    let mut rows = Vec::new();
+    for batch in guests.chunks(opts.parallel.max(1)) {
+        let names: Vec<&str> = batch.iter().map(|k| k.release.as_str()).collect();
+        announce(
+            "matrix",
+            &format!(
+                "booting {} under qemu (software emulation, 1 vCPU each)",
+                names.join(" and ")
+            ),
+        );
+        let mut running = Vec::new();
+        for kernel in batch {
+            let dir = out.join(&kernel.release);
+            std::fs::create_dir_all(&dir)?;
+            let plan = Plan {
+                out: dir.clone(),
+                provisioner: provisioner.to_path_buf(),
+                tests: tests.to_vec(),
+                env: vec![(TIME_SCALE_ENV.to_owned(), opts.time_scale.to_string())],
+            };
+            let plan_file = dir.join("plan");
+            std::fs::write(&plan_file, plan.to_text())?;
+            let command = vec![
+                xtask.display().to_string(),
+                "matrix-guest".into(),
+                plan_file.display().to_string(),
+            ];
+            let console = out.join(format!("{}.console", kernel.release));
+            detail(&format!(
+                "{} ({} {}); console: {}",
+                kernel.release,
+                kernel.package,
+                kernel.version,
+                console.display()
+            ));
+            let guest = vm::Guest::boot(vng, kernel, &command, &dir, &console)?;
+            running.push((kernel.release.clone(), guest));
+        }
+        let timed_out = vm::wait_all(&mut running, opts.timeout)?;
+        for kernel in batch {
+            let dir = out.join(&kernel.release);
+            let console = out.join(format!("{}.console", kernel.release));
+            if timed_out.contains(&kernel.release) {
+                detail(&format!(
+                    "{} did not finish within {:?}",
+                    kernel.release, opts.timeout
+                ));
+            }
+            vm::check_booted(&console, guest::LINE)?;
+            rows.push(Row::read(
+                format!("{} ({})", kernel.release, kernel.series.stands_in_for),
+                Some(kernel),
+                &dir,
+            )?);
+        }
+    }
+    Ok(rows)
+}
+
+/// `matrix-guest PLAN`: runs the tests of the plan file.
+pub fn guest_main(plan: &Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(plan).with_context(|| format!("read {}", plan.display()))?;
+    let plan = Plan::from_text(&text)?;
+    // The guest's PATH is vng's; the tests run tools from the usual places.
+    // SAFETY: single-threaded at this point; the tests are child processes.
+    unsafe {
+        std::env::set_var(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        );
+    }
+    // The guest's /tmp is an overlay of the host's, on which containerd's overlayfs
+    // snapshotter cannot mount: the tests get a tmpfs of the guest's own.
+    nix::mount::mount(
+        Some("tmpfs"),
+        "/tmp",
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("mode=1777"),
+    )
+    .context("mount a tmpfs on the guest's /tmp")?;
+    run_guest(&plan).map(drop)
+}

@@ -1,0 +1,188 @@
+//! The matrix's report: one row per kernel (and host run) from the lines its run wrote.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+
+use super::guest::{LINE, RESULTS};
+use super::kernels::GuestKernel;
+
+/// What one run reported.
+#[derive(Debug)]
+pub struct Row {
+    pub label: String,
+    /// The Debian package booted (`None` for the host).
+    pub package: Option<String>,
+    /// Observation → backend.
+    pub backends: BTreeMap<String, String>,
+    /// Test → result (`ok`, `failed`, `missing`).
+    pub tests: BTreeMap<String, String>,
+    /// Whether the run wrote its end line.
+    pub ended: bool,
+    pub dir: PathBuf,
+}
+
+impl Row {
+    /// The row of the run whose lines are in `dir/results.txt`.
+    pub fn read(label: String, kernel: Option<&GuestKernel>, dir: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(dir.join(RESULTS)).unwrap_or_default();
+        let mut row = Self {
+            label,
+            package: kernel.map(|k| format!("{} {}", k.package, k.version)),
+            backends: BTreeMap::new(),
+            tests: BTreeMap::new(),
+            ended: false,
+            dir: dir.to_path_buf(),
+        };
+        for line in text.lines() {
+            let fields = fields(line);
+            if line.starts_with(&format!("{LINE}-BACKEND ")) {
+                if let (Some(o), Some(b)) = (fields.get("observation"), fields.get("backend")) {
+                    row.backends.insert((*o).to_owned(), (*b).to_owned());
+                }
+            } else if line.starts_with(&format!("{LINE} ")) {
+                if let (Some(t), Some(r)) = (fields.get("test"), fields.get("result")) {
+                    row.tests.insert((*t).to_owned(), (*r).to_owned());
+                }
+            } else if line.starts_with(&format!("{LINE}-END ")) {
+                row.ended = true;
+            }
+        }
+        Ok(row)
+    }
+
+    fn passed(&self) -> usize {
+        self.tests.values().filter(|r| *r == "ok").count()
+    }
+
+    fn failed(&self) -> Vec<&str> {
+        self.tests
+            .iter()
+            .filter(|(_, r)| *r != "ok")
+            .map(|(t, _)| t.as_str())
+            .collect()
+    }
+}
+
+/// `key=value` fields of a line.
+fn fields(line: &str) -> BTreeMap<&str, &str> {
+    line.split_whitespace()
+        .filter_map(|f| f.split_once('='))
+        .collect()
+}
+
+/// The report as a Markdown table: each kernel, the tests passed, and each observation's
+/// backend.
+pub fn markdown(rows: &[Row]) -> String {
+    let observations: Vec<&String> = {
+        let mut all: Vec<&String> = rows.iter().flat_map(|r| r.backends.keys()).collect();
+        all.sort();
+        all.dedup();
+        all
+    };
+    let mut text = String::from("| kernel | kernel-level tests |");
+    for o in &observations {
+        text.push_str(&format!(" {o} |"));
+    }
+    text.push_str("\n|---|---|");
+    text.push_str(&"---|".repeat(observations.len()));
+    text.push('\n');
+    for row in rows {
+        let label = match &row.package {
+            Some(p) => format!("{} [{p}]", row.label),
+            None => row.label.clone(),
+        };
+        let tests = if row.ended {
+            format!("{} of {} passed", row.passed(), row.tests.len())
+        } else {
+            format!("did not finish ({} passed)", row.passed())
+        };
+        text.push_str(&format!("| {label} | {tests} |"));
+        for o in &observations {
+            let backend = row.backends.get(*o).map_or("-", String::as_str);
+            text.push_str(&format!(" {backend} |"));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// Fails naming every test that did not pass on some kernel, and where its log is.
+pub fn failures(rows: &[Row], out: &Path) -> Result<()> {
+    let mut problems = Vec::new();
+    for row in rows {
+        if !row.ended {
+            problems.push(format!(
+                "{}: the run did not finish (see {})",
+                row.label,
+                row.dir.display()
+            ));
+        }
+        for test in row.failed() {
+            let target = test.split("::").next().unwrap_or(test);
+            problems.push(format!(
+                "{}: {test} {} (log: {})",
+                row.label,
+                row.tests[test],
+                row.dir.join(format!("{target}.log")).display()
+            ));
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "the kernel matrix failed ({} problems; report {}):\n{}",
+        problems.len(),
+        out.join("report.md").display(),
+        problems.join("\n")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_read_from_its_lines_and_a_missing_end_is_a_failure() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(
+            dir.path().join(RESULTS),
+            format!(
+                "{LINE}-BEGIN kernel=5.10\n{LINE}-BACKEND kernel=5.10 observation=rtnetlink backend=syscall_tracepoints\n{LINE} kernel=5.10 test=t::a result=ok\n{LINE} kernel=5.10 test=t::b result=failed\n"
+            ),
+        )?;
+        let row = Row::read("5.10".into(), None, dir.path())?;
+        assert_eq!(row.backends["rtnetlink"], "syscall_tracepoints");
+        assert_eq!(row.passed(), 1);
+        assert_eq!(row.failed(), vec!["t::b"]);
+        assert!(!row.ended);
+        let err = failures(&[row], dir.path()).expect_err("a failure and no end");
+        assert!(err.to_string().contains("did not finish"), "{err}");
+        assert!(err.to_string().contains("t::b failed"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_table_has_a_column_per_observation() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(
+            dir.path().join(RESULTS),
+            format!(
+                "{LINE}-BACKEND kernel=k observation=rtnetlink backend=btf_tracepoint\n{LINE} kernel=k test=t::a result=ok\n{LINE}-END kernel=k passed=1 failed=0\n"
+            ),
+        )?;
+        let row = Row::read("6.18".into(), None, dir.path())?;
+        let table = markdown(&[row]);
+        assert!(
+            table.contains("| kernel | kernel-level tests | rtnetlink |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| 6.18 | 1 of 1 passed | btf_tracepoint |"),
+            "{table}"
+        );
+        Ok(())
+    }
+}
