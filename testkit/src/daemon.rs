@@ -108,7 +108,7 @@ impl Daemon {
             .arg(&self.data_dir)
             .arg("--host-netns")
             .arg(node.path())
-            .args(chosen_backend_args())
+            .args(harness_args())
             .args(extra)
             .env("PROVISIONER_LOG", "info")
             .envs(env.iter().copied())
@@ -168,6 +168,7 @@ impl Daemon {
     }
 
     fn wait_for(&mut self, limit: Duration, done: impl Fn(&Value) -> bool) -> Result<Duration> {
+        let limit = crate::scaled(limit);
         let mut last = Value::Null;
         while self.spawned_at.elapsed() < limit {
             if let Some(child) = self.child.as_mut()
@@ -314,7 +315,7 @@ impl Daemon {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
             .context("SIGTERM the daemon")?;
-        let deadline = Instant::now() + STOP_LIMIT;
+        let deadline = Instant::now() + crate::scaled(STOP_LIMIT);
         loop {
             if let Some(exit) = child.try_wait()? {
                 return Ok(exit);
@@ -400,13 +401,19 @@ pub fn sandbox_request(op: &str, container_id: &str, netns: &Path) -> Value {
 /// older kernels (`cargo xtask test` sets it for a second run of the kernel-level tests).
 pub const TRACE_BACKENDS_ENV: &str = "PROVISIONER_TEST_TRACE_BACKENDS";
 
-/// `--trace-backend` arguments for the choices of [`TRACE_BACKENDS_ENV`].
-fn chosen_backend_args() -> Vec<String> {
-    std::env::var(TRACE_BACKENDS_ENV)
+/// What the test environment adds to every daemon's arguments: `--trace-backend` for the
+/// choices of [`TRACE_BACKENDS_ENV`], and state reads given as long as the other waits are
+/// stretched (see [`crate::scaled`]).
+fn harness_args() -> Vec<String> {
+    let mut args: Vec<String> = std::env::var(TRACE_BACKENDS_ENV)
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
         .filter(|choice| !choice.is_empty())
         .flat_map(|choice| ["--trace-backend".to_owned(), choice.to_owned()])
-        .collect()
+        .collect();
+    if crate::scaled(Duration::from_secs(1)) > Duration::from_secs(1) {
+        args.extend(["--trace-read-timeout".to_owned(), crate::scaled_secs(3.0)]);
+    }
+    args
 }

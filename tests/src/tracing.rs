@@ -69,7 +69,11 @@ impl Tracing {
         let (commands, rx) = mpsc::unbounded_channel();
         let (stop, stopped) = oneshot::channel::<()>();
         let opts = DriverOptions {
-            correlator: CorrelatorConfig { deadline, rules },
+            correlator: CorrelatorConfig {
+                deadline,
+                rules,
+                read_wait: scaled(provisioner::trace::SNAPSHOT_WAIT),
+            },
             scan_pins: true,
             cni_fallback: CniSetup::default(),
             pod_resolver: None,

@@ -308,10 +308,12 @@ fn daemon_adds_are_confirmed_from_the_trace_before_their_deadline() -> Result<()
     for (i, pod) in pods.iter().enumerate() {
         add(&format!("trn-{i}"), pod.path(), &stdin)?;
     }
-    let cookies: HashSet<u64> = pods.iter().map(Netns::cookie).collect::<Result<_>>()?;
-    let views = wait_views(&daemon, &cookies, "every intent confirmed", |v| {
-        intent_status(v) == "confirmed"
-    })?;
+    let views = wait_sandboxes(
+        &daemon,
+        &containers("trn", N),
+        "every intent confirmed",
+        |v| intent_status(v) == "confirmed",
+    )?;
     for view in views.values() {
         assert_eq!(view["intent"]["evidence"]["by"], "trace", "{view:#}");
     }

@@ -134,11 +134,8 @@ enum Command {
         #[arg(long)]
         no_host: bool,
         /// Factor on the tests' waits and deadlines in the VMs (software emulation).
-        #[arg(long, default_value_t = 4.0)]
+        #[arg(long, default_value_t = matrix::DEFAULT_TIME_SCALE)]
         time_scale: f64,
-        /// Kernels booted at once (one vCPU each).
-        #[arg(long, default_value_t = 2)]
-        parallel: usize,
         /// Longest a kernel's run may take, in minutes.
         #[arg(long, default_value_t = 20)]
         timeout_minutes: u64,
@@ -228,13 +225,15 @@ fn main() -> Result<()> {
             series,
             no_host,
             time_scale,
-            parallel,
             timeout_minutes,
         } => matrix::run(&matrix::Options {
             series,
-            no_host,
+            host: if no_host {
+                matrix::HostRuns::None
+            } else {
+                matrix::HostRuns::Both
+            },
             time_scale,
-            parallel,
             timeout: std::time::Duration::from_secs(timeout_minutes * 60),
         }),
         Command::MatrixGuest { plan } => matrix::guest_main(&plan),

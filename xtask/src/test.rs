@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{bootstrap, ebpf, image};
+use crate::{bootstrap, ebpf, image, matrix};
 
 /// Every host crate of the workspace: the default members leave out `tests` (see Cargo.toml).
 const WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "provisioner-ebpf"];
@@ -51,6 +51,9 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         "--features",
         "fault-injection",
     ]))?;
+    // The kernel matrix's guests (Debian's older kernels under qemu) run beside the host's
+    // suite: their tests mostly wait, on deadlines stretched for software emulation.
+    let kernels = matrix::start(&matrix::Options::for_the_suite())?;
     announce("test", "cargo test (needs root: namespaces, netlink, eBPF)");
     let totals = run_counting(
         cargo("stable")
@@ -61,13 +64,14 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
             .env("PROVISIONER_IMAGE", &archive),
     )?;
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    let kernels = kernels.finish();
     if !totals.success || totals.failed > 0 {
         bail!("{} test(s) failed", totals.failed);
     }
     if totals.passed == 0 {
         bail!("no test ran");
     }
-    Ok(())
+    kernels
 }
 
 #[derive(Default)]

@@ -49,6 +49,10 @@ pub struct DaemonArgs {
     /// Seconds a sandbox namespace has to get its network before its verdict.
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     trace_deadline: f64,
+    /// Seconds a read of a sandbox's state from the kernel (and the runtime's answer about
+    /// its pod, asked with it) may take before the verdict goes on without it.
+    #[arg(long, value_name = "S", default_value_t = 3.0)]
+    trace_read_timeout: f64,
     /// Run an observation of the kernel watch on this backend instead of the one this
     /// kernel's probe picks, e.g. `rtnetlink=syscall_tracepoints` (repeatable; see
     /// `provisioner status` and docs/install.md).
@@ -101,11 +105,14 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let trace = if args.no_trace {
         None
     } else {
+        let read_wait =
+            Duration::try_from_secs_f64(args.trace_read_timeout).context("--trace-read-timeout")?;
         let pod_resolver: Arc<dyn PodResolver> =
-            Arc::new(CriResolver::new(args.cri_socket.clone()));
+            Arc::new(CriResolver::new(args.cri_socket.clone()).with_timeout(read_wait));
         Some(TraceOptions {
             deadline: Duration::try_from_secs_f64(args.trace_deadline)
                 .context("--trace-deadline")?,
+            read_wait,
             rules: SandboxRules::default(),
             pod_resolver: Some(pod_resolver),
             backends: super::backend_choices(&args.trace_backend, "--trace-backend")?,

@@ -29,6 +29,10 @@ pub struct TraceArgs {
     /// Seconds a sandbox namespace has to get its network before its verdict.
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     deadline: f64,
+    /// Seconds a read of a sandbox's state (and the runtime's answer about its pod) may take
+    /// before the verdict goes on without it.
+    #[arg(long, value_name = "S", default_value_t = 3.0)]
+    read_timeout: f64,
     /// Print verdicts only, not every event.
     #[arg(long)]
     verdicts_only: bool,
@@ -68,8 +72,10 @@ pub fn run(args: TraceArgs) -> Result<()> {
     if !args.pin_prefixes.is_empty() {
         rules.pin_prefixes = args.pin_prefixes;
     }
-    let pod_resolver: Option<Arc<dyn PodResolver>> =
-        Some(Arc::new(CriResolver::new(args.cri_socket.clone())));
+    let read_wait = seconds(args.read_timeout, "--read-timeout")?;
+    let pod_resolver: Option<Arc<dyn PodResolver>> = Some(Arc::new(
+        CriResolver::new(args.cri_socket.clone()).with_timeout(read_wait),
+    ));
     let opts = SessionOptions {
         json: args.json,
         duration: args
@@ -79,6 +85,7 @@ pub fn run(args: TraceArgs) -> Result<()> {
         netns: args.netns,
         comm: args.comm,
         deadline: seconds(args.deadline, "--deadline")?,
+        read_wait,
         rules,
         verdicts_only: args.verdicts_only,
         cni_conf_dir: args.cni_conf_dir,

@@ -455,6 +455,7 @@ pub struct KernelWatch {
 /// What every run of the tracer is started with.
 struct Settings {
     deadline: Duration,
+    read_wait: Duration,
     rules: SandboxRules,
     cni_fallback: CniSetup,
     pod_resolver: Option<Arc<dyn PodResolver>>,
@@ -476,6 +477,7 @@ impl KernelWatch {
         let watch = Self {
             settings: Arc::new(Settings {
                 deadline: opts.deadline,
+                read_wait: opts.read_wait,
                 rules: opts.rules.clone(),
                 cni_fallback: CniSetup::assumed(cni_conf_dir),
                 pod_resolver: opts.pod_resolver.clone(),
@@ -506,6 +508,7 @@ impl KernelWatch {
                 correlator: CorrelatorConfig {
                     deadline: settings.deadline,
                     rules: settings.rules.clone(),
+                    read_wait: settings.read_wait,
                 },
                 scan_pins: true,
                 cni_fallback: settings.cni_fallback.clone(),

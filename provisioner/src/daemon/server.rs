@@ -89,6 +89,8 @@ pub struct DaemonOptions {
 pub struct TraceOptions {
     /// Time a sandbox namespace has to get its network.
     pub deadline: std::time::Duration,
+    /// Time a read of a sandbox's state (and the runtime's answer about its pod) may take.
+    pub read_wait: std::time::Duration,
     pub rules: crate::trace::SandboxRules,
     /// Asked for the pod of an alarmed sandbox no CNI call named (the node's CRI runtime).
     pub pod_resolver: Option<Arc<dyn crate::pod::PodResolver>>,

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use crate::dataplane::NetnsSnapshot;
 use crate::pod::{PodName, PodResolver};
 
-use super::correlator::{Correlator, CorrelatorConfig, SNAPSHOT_WAIT, SnapshotRequest};
+use super::correlator::{Correlator, CorrelatorConfig, SnapshotRequest};
 use super::diagnosis::{CniSetup, diagnose};
 use super::kernel::events::{NetnsRef, TraceEvent};
 use super::kernel::{
@@ -200,6 +200,7 @@ pub async fn run<S: Sink>(
     let mut work: JoinSet<Done> = JoinSet::new();
     let mut reads = Reads {
         ids: ids.clone(),
+        wait: opts.correlator.read_wait,
         in_flight: 0,
     };
     let mut intake = Intake {
@@ -209,7 +210,7 @@ pub async fn run<S: Sink>(
         seq: 0,
     };
     if opts.scan_pins {
-        spawn_pin_reads(&opts.correlator.rules, &ids, &mut work).await;
+        spawn_pin_reads(&opts.correlator, &ids, &mut work).await;
     }
     let mut ticker = tokio::time::interval(TICK);
     let mut turns = background::CpuTurns::new();
@@ -273,9 +274,10 @@ pub async fn run<S: Sink>(
 }
 
 /// Reads of namespace states the correlator asked for: at most [`CONCURRENT_READS`] at once
-/// (the correlator keeps the rest until a read ends).
+/// (the correlator keeps the rest until a read ends), each bounded by `wait`.
 struct Reads {
     ids: NetnsIds,
+    wait: Duration,
     in_flight: usize,
 }
 
@@ -295,11 +297,13 @@ impl Reads {
         for request in requests {
             self.in_flight += 1;
             let resolver = resolver.clone();
-            let ids = self.ids.clone();
+            let (ids, wait) = (self.ids.clone(), self.wait);
             work.spawn(async move {
                 let at = SystemTime::now();
-                let (read, pod) =
-                    tokio::join!(read_cookie(&request, &ids), resolve_pod(resolver, &request));
+                let (read, pod) = tokio::join!(
+                    read_cookie(&request, &ids, wait),
+                    resolve_pod(resolver, &request, wait)
+                );
                 Done::Read(request.cookie, at, read, pod)
             });
         }
@@ -307,8 +311,8 @@ impl Reads {
 }
 
 /// Starts a read of each sandbox pin present now (listed off the async workers).
-async fn spawn_pin_reads(rules: &super::SandboxRules, ids: &NetnsIds, work: &mut JoinSet<Done>) {
-    let rules = rules.clone();
+async fn spawn_pin_reads(config: &CorrelatorConfig, ids: &NetnsIds, work: &mut JoinSet<Done>) {
+    let (rules, wait) = (config.rules.clone(), config.read_wait);
     let pins = tokio::task::spawn_blocking(move || sandbox_pins(&rules))
         .await
         .unwrap_or_default();
@@ -316,7 +320,7 @@ async fn spawn_pin_reads(rules: &super::SandboxRules, ids: &NetnsIds, work: &mut
         let ids = ids.clone();
         work.spawn(async move {
             let at = SystemTime::now();
-            let read = read_state(&path, &ids).await;
+            let read = read_state(&path, &ids, wait).await;
             Done::Found(path, at, read)
         });
     }
@@ -549,10 +553,10 @@ fn finish(
     }
 }
 
-/// Reads the state of the namespace at `path`, bounded in time; the snapshot names the
-/// namespace as `ids` does.
-async fn read_state(path: &Path, ids: &NetnsIds) -> Result<NetnsSnapshot, String> {
-    match tokio::time::timeout(SNAPSHOT_WAIT, crate::dataplane::snapshot(path)).await {
+/// Reads the state of the namespace at `path`, within `wait`; the snapshot names the namespace
+/// as `ids` does.
+async fn read_state(path: &Path, ids: &NetnsIds, wait: Duration) -> Result<NetnsSnapshot, String> {
+    match tokio::time::timeout(wait, crate::dataplane::snapshot(path)).await {
         Ok(Ok(mut snapshot)) => {
             let kernel_cookie = (snapshot.cookie != 0).then_some(snapshot.cookie);
             snapshot.cookie = ids
@@ -564,15 +568,17 @@ async fn read_state(path: &Path, ids: &NetnsIds) -> Result<NetnsSnapshot, String
         Err(_) => Err(format!(
             "reading {} took longer than {} ms",
             path.display(),
-            SNAPSHOT_WAIT.as_millis()
+            wait.as_millis()
         )),
     }
 }
 
-/// Who the sandbox of `request` belongs to, when the request asks and a resolver is at hand.
+/// Who the sandbox of `request` belongs to, when the request asks and a resolver is at hand
+/// (an answer within `wait`).
 async fn resolve_pod(
     resolver: Option<Arc<dyn PodResolver>>,
     request: &SnapshotRequest,
+    wait: Duration,
 ) -> Option<PodName> {
     let query = request.pod_query.as_ref()?;
     let resolver = resolver?;
@@ -580,22 +586,26 @@ async fn resolve_pod(
     // read's own bound.
     let asked = resolver.pod_of_netns(&request.paths, query.creator.as_ref());
     Some(
-        tokio::time::timeout(SNAPSHOT_WAIT, asked)
+        tokio::time::timeout(wait, asked)
             .await
             .unwrap_or_else(|_| PodName::Unknown {
                 reason: format!(
                     "the runtime was asked and did not answer within {} ms",
-                    SNAPSHOT_WAIT.as_millis()
+                    wait.as_millis()
                 ),
             }),
     )
 }
 
 /// Reads the state of namespace `request.cookie` from the first of its files that still is it.
-async fn read_cookie(request: &SnapshotRequest, ids: &NetnsIds) -> Result<NetnsSnapshot, String> {
+async fn read_cookie(
+    request: &SnapshotRequest,
+    ids: &NetnsIds,
+    wait: Duration,
+) -> Result<NetnsSnapshot, String> {
     let mut tried = Vec::new();
     for path in &request.paths {
-        match read_state(path, ids).await {
+        match read_state(path, ids, wait).await {
             Ok(snapshot) if snapshot.cookie == request.cookie => return Ok(snapshot),
             Ok(_) => tried.push(format!("{} is another namespace now", path.display())),
             Err(err) => tried.push(err),
@@ -632,6 +642,7 @@ fn sandbox_pins(rules: &super::SandboxRules) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::SNAPSHOT_WAIT;
 
     struct Discard;
 
@@ -819,7 +830,7 @@ mod tests {
             paths: Vec::new(),
             pod_query: Some(super::super::PodQuery { creator: None }),
         };
-        let answer = resolve_pod(Some(Arc::new(SilentResolver)), &request).await;
+        let answer = resolve_pod(Some(Arc::new(SilentResolver)), &request, SNAPSHOT_WAIT).await;
         assert_eq!(
             answer,
             Some(PodName::Unknown {
@@ -846,11 +857,14 @@ mod tests {
             paths: vec![PathBuf::from("/run/netns/cni-1")],
             pod_query: None,
         };
-        assert_eq!(resolve_pod(Some(resolver.clone()), &request).await, None);
+        assert_eq!(
+            resolve_pod(Some(resolver.clone()), &request, SNAPSHOT_WAIT).await,
+            None
+        );
         request.pod_query = Some(super::super::PodQuery {
             creator: Some(creator.clone()),
         });
-        let answer = resolve_pod(Some(resolver), &request).await;
+        let answer = resolve_pod(Some(resolver), &request, SNAPSHOT_WAIT).await;
         assert_eq!(
             answer
                 .as_ref()
@@ -858,7 +872,7 @@ mod tests {
                 .map(|p| p.name.as_str()),
             Some("web-0")
         );
-        assert_eq!(resolve_pod(None, &request).await, None);
+        assert_eq!(resolve_pod(None, &request, SNAPSHOT_WAIT).await, None);
         let asked = fake.asked.lock().map(|a| a.clone()).unwrap_or_default();
         assert_eq!(
             asked,

@@ -31,6 +31,8 @@ pub struct SessionOptions {
     pub comm: Option<String>,
     /// Time a sandbox has to get its network.
     pub deadline: Duration,
+    /// Time a read of a sandbox's state (and the runtime's answer about its pod) may take.
+    pub read_wait: Duration,
     pub rules: SandboxRules,
     /// Print verdicts only, not every event.
     pub verdicts_only: bool,
@@ -50,6 +52,7 @@ impl Default for SessionOptions {
             netns: None,
             comm: None,
             deadline: Duration::from_secs(10),
+            read_wait: super::SNAPSHOT_WAIT,
             rules: SandboxRules::default(),
             verdicts_only: false,
             cni_conf_dir: PathBuf::from("/etc/cni/net.d"),
@@ -225,6 +228,7 @@ pub async fn run(opts: SessionOptions, out: &mut dyn Write) -> Result<SessionSum
         correlator: CorrelatorConfig {
             deadline: opts.deadline,
             rules: opts.rules.clone(),
+            read_wait: opts.read_wait,
         },
         scan_pins: true,
         cni_fallback: CniSetup::assumed(&opts.cni_conf_dir),

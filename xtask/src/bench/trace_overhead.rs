@@ -1,7 +1,11 @@
 //! What kernel tracing costs: unrelated sendto work on the node and ADD latency, with the
 //! daemon's kernel watch running (the eBPF programs attached, the correlator fed) against the
 //! same daemon with its watch paused (`kernel_watch` off: no program attached, no intent
-//! checked; the daemon answers once its programs are detached).
+//! checked; the daemon answers once its programs are detached). The sendto work is measured a
+//! third time with the backends of older kernels (syscall tracepoints for rtnetlink, unshare
+//! and mounts; namespaces named by inode generation), run by a second daemon of the round
+//! (`--trace-backend`) while the first one's watch is paused: what a node on such a kernel
+//! pays.
 //!
 //! The programs are attached to the whole node, so the two conditions cannot run side by side:
 //! each round starts one daemon and measures both conditions in turn (which one goes first
@@ -63,6 +67,8 @@ const STEAL_RETRIES: usize = 2;
 const TMPFS_DIR: &str = "/dev/shm";
 /// At most this much slower with tracing, in percent.
 pub const TARGET_PERCENT: f64 = 5.0;
+/// At most this much slower with the older kernels' backends, in percent.
+pub const OLDER_BACKENDS_TARGET_PERCENT: f64 = 10.0;
 
 fn condition(on: bool) -> &'static str {
     if on { "on" } else { "off" }
@@ -73,6 +79,10 @@ fn condition(on: bool) -> &'static str {
 pub struct Results {
     /// Nanoseconds of CPU per sendto.
     sendto_ns: [Vec<f64>; 2],
+    /// Nanoseconds of CPU per sendto with the older kernels' backends attached.
+    sendto_older_backends_ns: Vec<f64>,
+    /// The backends forced for that measurement (`observation=backend`, comma separated).
+    older_backends: String,
     /// ADD medians in ms, `[way]` with way 0 the plugin and 1 the API.
     add_medians_ms: [[Vec<f64>; 2]; 2],
     /// ADD block measurements redone because of steal.
@@ -94,7 +104,19 @@ pub fn run(opts: &Options, bin: &Path) -> Result<Results> {
         .tempdir_in(TMPFS_DIR);
     let files = files.with_context(|| format!("a directory on {TMPFS_DIR}"))?;
     let node = Netns::new("ovhnode")?;
-    let mut results = Results::default();
+    let older = crate::matrix::older_kernels_backends_here(bin);
+    detail(&format!(
+        "older kernels' backends forced on this host: {older}"
+    ));
+    let older_args: Vec<String> = older
+        .split(',')
+        .flat_map(|choice| ["--trace-backend".to_owned(), choice.to_owned()])
+        .collect();
+    let older_args: Vec<&str> = older_args.iter().map(String::as_str).collect();
+    let mut results = Results {
+        older_backends: older.clone(),
+        ..Results::default()
+    };
     for index in 0..rounds {
         let dir = files.path().join(format!("overhead-{index}"));
         let conflist = provisioner_conflist(&dir.join("provisioner.sock"));
@@ -102,18 +124,30 @@ pub fn run(opts: &Options, bin: &Path) -> Result<Results> {
         let mut daemon = Daemon::spawn(bin, &node, &dir, &[])?;
         daemon.wait_ready(Duration::from_secs(10))?;
         daemon.wait_tracing(ATTACH_WITHIN)?;
+        let older_dir = files.path().join(format!("overhead-{index}-older"));
+        write_conflist(
+            &older_dir,
+            &provisioner_conflist(&older_dir.join("provisioner.sock")),
+        )?;
+        let mut older_daemon = Daemon::spawn(bin, &node, &older_dir, &older_args)?;
+        older_daemon.wait_ready(Duration::from_secs(10))?;
+        older_daemon.wait_tracing(ATTACH_WITHIN)?;
+        switch_kernel_watch(&older_daemon, false)?;
         let plugin = plugin(bin, plugin_stdin(&conflist)?, &node);
         let quiet = opts.quiet_wait / 3;
         Round {
             index,
             plugin,
             daemon: &daemon,
+            older: &older_daemon,
             quiet,
         }
         .measure(&mut results)?;
         daemon.stop()?;
+        older_daemon.stop()?;
         // What could not be removed goes with `files`.
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&older_dir);
     }
     Ok(results)
 }
@@ -123,6 +157,9 @@ struct Round<'a> {
     index: usize,
     plugin: Plugin<'a>,
     daemon: &'a Daemon,
+    /// A daemon whose kernel watch runs on the older kernels' backends (paused but for its
+    /// sendto measurement).
+    older: &'a Daemon,
     /// Longest wait for a quiet machine before a measurement.
     quiet: Duration,
 }
@@ -138,8 +175,19 @@ impl Round<'_> {
             wait_quiet(&self.what("sendto", on), self.quiet)?;
             sendto[usize::from(on)] = lowest_sendto_cpu_ns(self.plugin.node)?;
         }
+        switch_kernel_watch(self.daemon, false)?;
+        switch_kernel_watch(self.older, true)?;
+        wait_quiet(
+            &self.what("sendto, older kernels' backends", true),
+            self.quiet,
+        )?;
+        let older_ns = lowest_sendto_cpu_ns(self.plugin.node)?;
+        switch_kernel_watch(self.older, false)?;
+        results.sendto_older_backends_ns.push(older_ns);
         let ([off_ns, on_ns], index) = (sendto, self.index);
-        let line = format!("round {index}: sendto off {off_ns:.0} ns, on {on_ns:.0} ns");
+        let line = format!(
+            "round {index}: sendto off {off_ns:.0} ns, on {on_ns:.0} ns, older kernels' backends {older_ns:.0} ns"
+        );
         detail(&line);
         // `[tracing][way]`
         let mut walls: [[Vec<Duration>; 2]; 2] = Default::default();
@@ -265,6 +313,11 @@ impl Results {
             "steal_retry_percent": DISTURBING_STEAL_PERCENT,
             "measurements_redone_for_steal": self.remeasured,
             "sendto_cpu_ns": pair(&self.sendto_ns),
+            "older_kernels_backends": self.older_backends,
+            "sendto_cpu_ns_older_kernels_backends": {
+                "off": self.sendto_ns[0],
+                "on": self.sendto_older_backends_ns,
+            },
             "plugin_add": add(0),
             "api_add": add(1),
         })
@@ -279,6 +332,8 @@ mod tests {
     fn the_rows_come_from_the_rounds_in_the_json() -> Result<()> {
         let results = Results {
             sendto_ns: [vec![700.0; 16], vec![721.0; 16]],
+            sendto_older_backends_ns: vec![756.0; 16],
+            older_backends: "rtnetlink=syscall_tracepoints".into(),
             add_medians_ms: [
                 [vec![1.0; 16], vec![1.02; 16]],
                 [vec![0.5; 16], vec![0.52; 16]],
@@ -286,7 +341,7 @@ mod tests {
             remeasured: 0,
         };
         let slower: Vec<f64> = results.singles()?.iter().map(|r| r.value).collect();
-        let expected = [2.0, 4.0, 3.0];
+        let expected = [2.0, 4.0, 3.0, 8.0];
         assert_eq!(slower.len(), expected.len(), "{slower:?}");
         for (got, want) in slower.iter().zip(expected) {
             assert!((got - want).abs() < 0.2, "{slower:?}");

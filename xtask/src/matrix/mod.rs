@@ -24,30 +24,12 @@ use report::Row;
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
 
-/// The kernel-level tests: what the kernel watch sees and judges on a real kernel
+/// The kernel-level tests, the longest first (a guest runs a few binaries at once): what the
+/// kernel watch sees and judges on a real kernel
 /// (provisioning, every verdict kind, the loopback-only containerd failure with real
 /// containerd, pods named from a plugin's environment, the audit of live sandboxes at start,
 /// no false alarm for ours, ptp + host-local and podman, environments left unread).
 pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
-    (
-        "trace_backends",
-        &[
-            "every_observation_has_a_backend_and_btf_tracepoints_attach_no_syscall_tracepoint",
-            "a_backend_chosen_instead_of_the_probes_is_attached_and_reported",
-            "this_kernels_verifier_takes_the_programs_of_every_backend_it_offers",
-        ],
-    ),
-    (
-        "trace_netns",
-        &[
-            "unshare_reports_one_event_with_the_right_cookie",
-            "clone_with_newnet_reports_the_child_namespace",
-        ],
-    ),
-    (
-        "trace_burst",
-        &["burst_of_2000_netns_creations_is_fully_accounted_for"],
-    ),
     (
         "trace_verdicts",
         &[
@@ -66,20 +48,6 @@ pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "trace_session",
-        &[
-            "session_prints_events_and_a_skipped_verdict_as_json_lines",
-            "trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_their_state",
-        ],
-    ),
-    (
-        "daemon_trace",
-        &[
-            "daemon_adds_are_networked_and_confirmed_and_drift_names_what_was_removed",
-            "restart_audits_live_sandboxes",
-        ],
-    ),
-    (
         "containerd_seed",
         &[
             "loopback_only_conf_dir_network_ready_but_pods_skipped",
@@ -87,12 +55,45 @@ pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "podman",
-        &["podman_container_gets_our_address_and_rm_releases_it"],
+        "trace_session",
+        &[
+            "session_prints_events_and_a_skipped_verdict_as_json_lines",
+            "trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_their_state",
+        ],
     ),
     (
         "watch_environment",
         &["a_containers_environment_is_never_read_while_containerds_plugins_are"],
+    ),
+    (
+        "podman",
+        &["podman_container_gets_our_address_and_rm_releases_it"],
+    ),
+    (
+        "daemon_trace",
+        &[
+            "daemon_adds_are_confirmed_from_the_trace_before_their_deadline",
+            "restart_after_sigkill_audits_live_sandboxes",
+        ],
+    ),
+    (
+        "trace_burst",
+        &["burst_of_2000_netns_creations_is_fully_accounted_for"],
+    ),
+    (
+        "trace_netns",
+        &[
+            "unshare_reports_one_event_with_the_right_cookie",
+            "clone_with_newnet_reports_the_child_namespace",
+        ],
+    ),
+    (
+        "trace_backends",
+        &[
+            "every_observation_has_a_backend_and_btf_tracepoints_attach_no_syscall_tracepoint",
+            "a_backend_chosen_instead_of_the_probes_is_attached_and_reported",
+            "this_kernels_verifier_takes_the_programs_of_every_backend_it_offers",
+        ],
     ),
 ];
 
@@ -105,17 +106,57 @@ use testkit::TIME_SCALE_ENV;
 pub struct Options {
     /// Only these series (e.g. `5.10`); all of [`kernels::SERIES`] when empty.
     pub series: Vec<String>,
-    /// Skip the host's runs.
-    pub no_host: bool,
+    /// The host's runs: both, or only the one with older kernels' backends forced (where the
+    /// host's whole suite runs anyway), or none.
+    pub host: HostRuns,
     /// Factor on the tests' waits and deadlines in the VMs (software emulation is slow).
     pub time_scale: f64,
-    /// Guests booted at once (one vCPU each).
-    pub parallel: usize,
     /// Longest a guest may run.
     pub timeout: Duration,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostRuns {
+    Both,
+    OlderBackendsOnly,
+    None,
+}
+
+impl Options {
+    /// What `cargo xtask test` runs: every series, the host's run with older kernels'
+    /// backends (the suite runs the host's own).
+    pub fn for_the_suite() -> Self {
+        Self {
+            series: Vec::new(),
+            host: HostRuns::OlderBackendsOnly,
+            time_scale: DEFAULT_TIME_SCALE,
+            timeout: Duration::from_secs(20 * 60),
+        }
+    }
+}
+
+/// The guests' factor on the tests' waits and deadlines.
+pub const DEFAULT_TIME_SCALE: f64 = 6.0;
+
+/// `cargo xtask kernel-matrix`: the guests, and the host's runs while they run.
 pub fn run(opts: &Options) -> Result<()> {
+    let running = start(opts)?;
+    running.finish()
+}
+
+/// The guests booted, running their tests; [`Self::finish`] waits for them, runs the host's
+/// runs and reports.
+pub struct Running {
+    opts: Options,
+    out: PathBuf,
+    provisioner: PathBuf,
+    tests: Vec<TestBinary>,
+    guests: Vec<(kernels::GuestKernel, vm::Guest)>,
+}
+
+/// Fetches the kernels, builds the tests and boots every guest (one vCPU each: their tests
+/// mostly wait, so the guests share the machine's CPUs with what runs meanwhile).
+pub fn start(opts: &Options) -> Result<Running> {
     crate::bootstrap::apt_packages()?;
     crate::ebpf::build_once_for_all()?;
     let vng = vm::bootstrap()?;
@@ -131,21 +172,91 @@ pub fn run(opts: &Options) -> Result<()> {
         );
     }
     announce("matrix", "Debian kernels (private apt configuration)");
-    let guests = kernels::fetch(&series)?;
+    let kernels = kernels::fetch(&series)?;
     let (provisioner, tests) = build()?;
     let out = workspace_root().join("target/kernel-matrix");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
-
-    let mut rows = Vec::new();
-    if !opts.no_host {
-        rows.extend(host_rows(&out, &provisioner, &tests)?);
+    let xtask = std::env::current_exe().context("the xtask binary")?;
+    let names: Vec<&str> = kernels.iter().map(|k| k.release.as_str()).collect();
+    announce(
+        "matrix",
+        &format!(
+            "booting {} under qemu (software emulation, one vCPU each); they run beside what follows",
+            names.join(", ")
+        ),
+    );
+    let mut guests = Vec::new();
+    for kernel in kernels {
+        let dir = out.join(&kernel.release);
+        std::fs::create_dir_all(&dir)?;
+        let plan = Plan {
+            out: dir.clone(),
+            provisioner: provisioner.clone(),
+            tests: tests.clone(),
+            env: vec![(TIME_SCALE_ENV.to_owned(), opts.time_scale.to_string())],
+        };
+        let plan_file = dir.join("plan");
+        std::fs::write(&plan_file, plan.to_text())?;
+        let command = vec![
+            xtask.display().to_string(),
+            "matrix-guest".into(),
+            plan_file.display().to_string(),
+        ];
+        let console = out.join(format!("{}.console", kernel.release));
+        detail(&format!(
+            "{} ({} {}); console: {}",
+            kernel.release,
+            kernel.package,
+            kernel.version,
+            console.display()
+        ));
+        let guest = vm::Guest::boot(&vng, &kernel, &command, &dir, &console)?;
+        guests.push((kernel, guest));
     }
-    rows.extend(guest_rows(opts, &vng, &guests, &out, &provisioner, &tests)?);
-    let text = report::markdown(&rows);
-    std::fs::write(out.join("report.md"), &text)?;
-    println!("{text}");
-    report::failures(&rows, &out)
+    Ok(Running {
+        opts: opts.clone(),
+        out,
+        provisioner,
+        tests,
+        guests,
+    })
+}
+
+impl Running {
+    /// Runs the host's runs, waits for the guests, writes the report; fails naming every test
+    /// that did not pass on some kernel.
+    pub fn finish(mut self) -> Result<()> {
+        let mut rows = host_rows(self.opts.host, &self.out, &self.provisioner, &self.tests)?;
+        announce("matrix", "waiting for the kernels' guests");
+        let timed_out = {
+            let mut running: Vec<(String, &mut vm::Guest)> = self
+                .guests
+                .iter_mut()
+                .map(|(k, g)| (k.release.clone(), g))
+                .collect();
+            vm::wait_all(&mut running, self.opts.timeout)?
+        };
+        for (kernel, _) in &self.guests {
+            let console = self.out.join(format!("{}.console", kernel.release));
+            if timed_out.contains(&kernel.release) {
+                detail(&format!(
+                    "{} did not finish within {:?}",
+                    kernel.release, self.opts.timeout
+                ));
+            }
+            vm::check_booted(&console, guest::LINE)?;
+            rows.push(Row::read(
+                format!("{} ({})", kernel.release, kernel.series.stands_in_for),
+                Some(kernel),
+                &self.out.join(&kernel.release),
+            )?);
+        }
+        let text = report::markdown(&rows);
+        std::fs::write(self.out.join("report.md"), &text)?;
+        println!("{text}");
+        report::failures(&rows, &self.out)
+    }
 }
 
 /// The provisioner binary the tests exec, and the kernel-level test executables.
@@ -198,6 +309,11 @@ fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
             });
         }
     }
+    tests.sort_by_key(|t| {
+        KERNEL_TESTS
+            .iter()
+            .position(|(target, _)| *target == t.target)
+    });
     if tests.len() != KERNEL_TESTS.len() {
         bail!(
             "cargo built {} of the {} kernel-level test binaries",
@@ -208,22 +324,31 @@ fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
     Ok((root.join("target/debug/provisioner"), tests))
 }
 
-/// The host's two runs: its kernel's own backends, then those of older kernels forced.
-fn host_rows(out: &Path, provisioner: &Path, tests: &[TestBinary]) -> Result<Vec<Row>> {
+/// The host's runs: its kernel's own backends, then those of older kernels forced.
+fn host_rows(
+    which: HostRuns,
+    out: &Path,
+    provisioner: &Path,
+    tests: &[TestBinary],
+) -> Result<Vec<Row>> {
     let host = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_else(|_| "host".into());
-    let mut rows = Vec::new();
-    for (label, env) in [
-        (format!("{host} (this host)"), Vec::new()),
-        (
+    let mut runs = Vec::new();
+    if which == HostRuns::Both {
+        runs.push((format!("{host} (this host)"), Vec::new()));
+    }
+    if which != HostRuns::None {
+        runs.push((
             format!("{host} (this host, older kernels' backends forced)"),
             vec![(
                 testkit::daemon::TRACE_BACKENDS_ENV.to_owned(),
-                forced_here(OLDER_KERNELS_BACKENDS),
+                older_kernels_backends_here(provisioner),
             )],
-        ),
-    ] {
+        ));
+    }
+    let mut rows = Vec::new();
+    for (label, env) in runs {
         announce("matrix", &format!("kernel-level tests on {label}"));
         let dir = out.join(format!("host-{}", rows.len()));
         run_guest(&Plan {
@@ -237,19 +362,18 @@ fn host_rows(out: &Path, provisioner: &Path, tests: &[TestBinary]) -> Result<Vec
     Ok(rows)
 }
 
-/// The forced backends `choices`, without the fentry ones where this kernel refuses fentry
-/// (the build machines do, whatever the program).
-fn forced_here(choices: &str) -> String {
-    choices
+/// [`OLDER_KERNELS_BACKENDS`] without the fentry ones where this kernel refuses fentry (the
+/// build machines do, whatever the program), as `provisioner` (`bin`) finds it.
+pub fn older_kernels_backends_here(bin: &Path) -> String {
+    OLDER_KERNELS_BACKENDS
         .split(',')
-        .filter(|c| !c.ends_with("=fentry") || kernel_allows_fentry())
+        .filter(|c| !c.ends_with("=fentry") || kernel_allows_fentry(bin))
         .collect::<Vec<_>>()
         .join(",")
 }
 
 /// Whether this kernel loads the fentry program of the watch (asked of the product itself).
-fn kernel_allows_fentry() -> bool {
-    let provisioner = workspace_root().join("target/debug/provisioner");
+fn kernel_allows_fentry(provisioner: &Path) -> bool {
     let out = Command::new(provisioner)
         .args([
             "trace",
@@ -263,79 +387,9 @@ fn kernel_allows_fentry() -> bool {
     out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("error_messages: fentry"))
 }
 
-/// Boots each kernel (at most `opts.parallel` at once) and runs the tests in it.
-fn guest_rows(
-    opts: &Options,
-    vng: &Path,
-    guests: &[kernels::GuestKernel],
-    out: &Path,
-    provisioner: &Path,
-    tests: &[TestBinary],
-) -> Result<Vec<Row>> {
-    let xtask = std::env::current_exe().context("the xtask binary")?;
-    let mut rows = Vec::new();
-    for batch in guests.chunks(opts.parallel.max(1)) {
-        let names: Vec<&str> = batch.iter().map(|k| k.release.as_str()).collect();
-        announce(
-            "matrix",
-            &format!(
-                "booting {} under qemu (software emulation, 1 vCPU each)",
-                names.join(" and ")
-            ),
-        );
-        let mut running = Vec::new();
-        for kernel in batch {
-            let dir = out.join(&kernel.release);
-            std::fs::create_dir_all(&dir)?;
-            let plan = Plan {
-                out: dir.clone(),
-                provisioner: provisioner.to_path_buf(),
-                tests: tests.to_vec(),
-                env: vec![(TIME_SCALE_ENV.to_owned(), opts.time_scale.to_string())],
-            };
-            let plan_file = dir.join("plan");
-            std::fs::write(&plan_file, plan.to_text())?;
-            let command = vec![
-                xtask.display().to_string(),
-                "matrix-guest".into(),
-                plan_file.display().to_string(),
-            ];
-            let console = out.join(format!("{}.console", kernel.release));
-            detail(&format!(
-                "{} ({} {}); console: {}",
-                kernel.release,
-                kernel.package,
-                kernel.version,
-                console.display()
-            ));
-            let guest = vm::Guest::boot(vng, kernel, &command, &dir, &console)?;
-            running.push((kernel.release.clone(), guest));
-        }
-        let timed_out = vm::wait_all(&mut running, opts.timeout)?;
-        for kernel in batch {
-            let dir = out.join(&kernel.release);
-            let console = out.join(format!("{}.console", kernel.release));
-            if timed_out.contains(&kernel.release) {
-                detail(&format!(
-                    "{} did not finish within {:?}",
-                    kernel.release, opts.timeout
-                ));
-            }
-            vm::check_booted(&console, guest::LINE)?;
-            rows.push(Row::read(
-                format!("{} ({})", kernel.release, kernel.series.stands_in_for),
-                Some(kernel),
-                &dir,
-            )?);
-        }
-    }
-    Ok(rows)
-}
-
 /// `matrix-guest PLAN`: runs the tests of the plan file.
 pub fn guest_main(plan: &Path) -> Result<()> {
-    let text =
-        std::fs::read_to_string(plan).with_context(|| format!("read {}", plan.display()))?;
+    let text = std::fs::read_to_string(plan).with_context(|| format!("read {}", plan.display()))?;
     let plan = Plan::from_text(&text)?;
     // The guest's PATH is vng's; the tests run tools from the usual places.
     // SAFETY: single-threaded at this point; the tests are child processes.

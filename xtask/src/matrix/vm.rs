@@ -121,7 +121,7 @@ impl Drop for Guest {
 
 /// Waits until every guest has powered off, each at most `limit` (a guest past it is killed
 /// and its kernel reported as timed out), printing progress.
-pub fn wait_all(guests: &mut [(String, Guest)], limit: Duration) -> Result<Vec<String>> {
+pub fn wait_all(guests: &mut [(String, &mut Guest)], limit: Duration) -> Result<Vec<String>> {
     let mut timed_out = Vec::new();
     let mut last_note = Instant::now();
     loop {

@@ -61,7 +61,8 @@ const MAX_SKIP_CREATORS: usize = 128;
 const MAX_BY_PID: usize = 16_384;
 /// Final verdicts remembered after their namespace is no longer followed.
 const MAX_JUDGED: usize = 16_384;
-/// How long a state read may take before the judgement goes on without it.
+/// How long a state read (and the runtime's answer asked with it) may take by default; see
+/// [`CorrelatorConfig::read_wait`].
 pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(3);
 /// How long the read of a namespace whose history was not seen waits for the event stream to
 /// pass the moment it was asked for (its creation may be among the events not fed yet).
@@ -76,6 +77,10 @@ pub struct CorrelatorConfig {
     /// Time a namespace has, from its creation (or the ADD naming it), to get its network.
     pub deadline: Duration,
     pub rules: SandboxRules,
+    /// How long a read of a namespace's state, and the runtime's answer about its pod asked
+    /// with it, may each take (the driver bounds both). A read not answered within twice
+    /// that is given up: the judgement goes on without it.
+    pub read_wait: Duration,
 }
 
 impl Default for CorrelatorConfig {
@@ -83,6 +88,7 @@ impl Default for CorrelatorConfig {
         Self {
             deadline: Duration::from_secs(10),
             rules: SandboxRules::default(),
+            read_wait: SNAPSHOT_WAIT,
         }
     }
 }
@@ -394,12 +400,13 @@ impl Correlator {
         let progress = ns.progress();
         let alive = ns.destroyed_at.is_none();
         let pending = ns.snapshot.pending_since;
+        let given_up = 2 * self.config.read_wait;
         if let Some(since) = pending
-            && now.duration_since(since).unwrap_or_default() >= SNAPSHOT_WAIT
+            && now.duration_since(since).unwrap_or_default() >= given_up
         {
             ns.snapshot.pending_since = None;
             ns.snapshot.answered_at = Some(since);
-            ns.snapshot.error = Some(format!("no answer within {} ms", SNAPSHOT_WAIT.as_millis()));
+            ns.snapshot.error = Some(format!("no answer within {} ms", given_up.as_millis()));
         }
         let pending = ns.snapshot.pending_since.is_some();
         let answered_at = ns.snapshot.answered_at;

@@ -187,6 +187,7 @@ fn correlator() -> Correlator {
     Correlator::new(CorrelatorConfig {
         deadline: Duration::from_secs(1),
         rules: SandboxRules::default(),
+        read_wait: SNAPSHOT_WAIT,
     })
 }
 
@@ -874,7 +875,7 @@ fn a_read_that_never_answers_does_not_hold_the_verdict_forever() {
     c.feed(&created(0, 42, "containerd", SANDBOX));
     assert!(c.tick(t(1_000)).is_empty());
     assert_eq!(c.take_snapshot_requests(t(1_000), usize::MAX).len(), 1);
-    let wait = u64::try_from(SNAPSHOT_WAIT.as_millis()).expect("small");
+    let wait = u64::try_from(2 * SNAPSHOT_WAIT.as_millis()).expect("small");
     let v = verdicts(c.tick(t(1_000 + wait)));
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].verdict, Verdict::Skipped);
@@ -888,12 +889,17 @@ fn a_read_that_never_answers_does_not_hold_the_verdict_forever() {
 fn reads_beyond_the_free_slots_wait_their_turn_without_being_judged_unanswered() {
     let mut c = correlator();
     for (i, cookie) in [SANDBOX, SANDBOX + 1, SANDBOX + 2].into_iter().enumerate() {
-        c.feed(&created(0, 42 + u32::try_from(i).expect("small"), "containerd", cookie));
+        c.feed(&created(
+            0,
+            42 + u32::try_from(i).expect("small"),
+            "containerd",
+            cookie,
+        ));
     }
     assert!(c.tick(t(1_000)).is_empty());
     let first = c.take_snapshot_requests(t(1_000), 2);
     assert_eq!(first.len(), 2);
-    let wait = u64::try_from(SNAPSHOT_WAIT.as_millis()).expect("small");
+    let wait = u64::try_from(2 * SNAPSHOT_WAIT.as_millis()).expect("small");
     // The first two go unanswered: judged on the trace; the third was never handed out.
     let judged = verdicts(c.tick(t(1_000 + wait)));
     let judged: Vec<u64> = judged.iter().map(|v| v.netns.cookie).collect();
@@ -909,7 +915,12 @@ fn reads_beyond_the_free_slots_wait_their_turn_without_being_judged_unanswered()
         t(1_100 + wait),
     ));
     assert_eq!(v.len(), 1);
-    assert_eq!(v[0].evidence, Evidence::Snapshot { at: t(1_100 + wait) });
+    assert_eq!(
+        v[0].evidence,
+        Evidence::Snapshot {
+            at: t(1_100 + wait)
+        }
+    );
 }
 
 fn intent(origin: IntentOrigin) -> Intent {
