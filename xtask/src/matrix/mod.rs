@@ -247,7 +247,7 @@ impl Running {
             }
             vm::check_booted(&console, guest::LINE)?;
             rows.push(Row::read(
-                format!("{} ({})", kernel.release, kernel.series.stands_in_for),
+                kernel.release.clone(),
                 Some(kernel),
                 &self.out.join(&kernel.release),
             )?);
