@@ -184,11 +184,11 @@ mod tests {
         let row = Row::read("6.18".into(), None, dir.path())?;
         let table = markdown(&[row]);
         assert!(
-            table.contains("| kernel | kernel-level tests | rtnetlink |"),
+            table.starts_with("| kernel | stands in for | kernel-level tests | clones |"),
             "{table}"
         );
         assert!(
-            table.contains("| 6.18 | 1 of 1 passed | btf_tracepoint |"),
+            table.contains("| 6.18 |  | 1 of 1 passed | - | - | btf_tracepoint | - | - | - | - |"),
             "{table}"
         );
         Ok(())
