@@ -112,8 +112,8 @@ pub fn run(plan: &Plan) -> Result<bool> {
         ))?;
     }
     let (mut passed, mut failed) = (0, 0);
-    for (binary, outcome) in run_binaries(plan)? {
-        let (secs, log, outcomes) = outcome?;
+    for binary in &plan.tests {
+        let (secs, log, outcomes) = run_binary(plan, binary)?;
         for name in &binary.names {
             let result = outcomes
                 .iter()
@@ -144,40 +144,9 @@ pub fn run(plan: &Plan) -> Result<bool> {
 /// What running one test binary gave: its time, its log, each test's outcome.
 type Outcome = Result<(f64, PathBuf, Vec<(String, String)>)>;
 
-/// Runs the binaries of `plan`, [`AT_ONCE`] at a time (their tests mostly wait on deadlines
-/// and on the runtimes they drive, so that the guest's one vCPU is rarely the bound), in
-/// the plan's order; each binary with its outcome, in the order they ended.
-fn run_binaries(plan: &Plan) -> Result<Vec<(&TestBinary, Outcome)>> {
-    let queue = std::sync::Mutex::new(plan.tests.iter());
-    let done = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|scope| {
-        for _ in 0..AT_ONCE {
-            scope.spawn(|| {
-                loop {
-                    let next = queue
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .next();
-                    let Some(binary) = next else {
-                        return;
-                    };
-                    let outcome = run_binary(plan, binary);
-                    done.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push((binary, outcome));
-                }
-            });
-        }
-    });
-    Ok(done
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner))
-}
-
-/// Test binaries run at once.
-const AT_ONCE: usize = 3;
-
-/// Runs the tests of `binary`, its output into `<out>/<target>.log`.
+/// Runs the tests of `binary`, its output into `<out>/<target>.log`. One binary at a time: in
+/// a guest of one vCPU, the kernel watch of a test's daemon (a background thread, nice +10)
+/// starved for minutes beside a second binary's work.
 fn run_binary(plan: &Plan, binary: &TestBinary) -> Outcome {
     let started = Instant::now();
     let log = plan.out.join(format!("{}.log", binary.target));
