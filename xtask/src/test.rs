@@ -39,18 +39,7 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         announce("lint", "cargo machete (no unused dependency)");
         run_command(Command::new(machete).current_dir(&root))?;
     }
-    announce(
-        "build",
-        "provisioner binary (the tests exec it as daemon and CNI plugin)",
-    );
-    run_command(cargo("stable").current_dir(&root).args([
-        "build",
-        "-p",
-        "provisioner",
-        "--bins",
-        "--features",
-        "fault-injection",
-    ]))?;
+    build_tests_binary()?;
     // The kernel matrix's guests (Debian's older kernels under qemu) run beside the host's
     // suite: their tests mostly wait, on deadlines stretched for software emulation.
     let kernels = matrix::start(&matrix::Options::for_the_suite())?;
@@ -72,6 +61,25 @@ pub fn run(cargo_test_args: &[String], lint: bool) -> Result<()> {
         bail!("no test ran");
     }
     kernels
+}
+
+/// Builds the provisioner binary the tests exec as daemon and CNI plugin (with the
+/// fault-injection feature their crash tests use); its path.
+pub fn build_tests_binary() -> Result<std::path::PathBuf> {
+    announce(
+        "build",
+        "provisioner binary (the tests exec it as daemon and CNI plugin)",
+    );
+    let root = workspace_root();
+    run_command(cargo("stable").current_dir(&root).args([
+        "build",
+        "-p",
+        "provisioner",
+        "--bins",
+        "--features",
+        "fault-injection",
+    ]))?;
+    Ok(root.join("target/debug/provisioner"))
 }
 
 #[derive(Default)]

@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail};
 pub use guest::{Plan, TestBinary, run as run_guest};
 use report::Row;
 
-use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
+use crate::step::{announce, cargo, detail, workspace_root};
 
 /// The kernel-level tests: what the kernel watch sees and judges on a real kernel. Every verdict
 /// kind (skipped, partial, failed, gone, networked) on sandboxes of a stand-in runtime; no
@@ -254,15 +254,8 @@ impl Running {
 /// The provisioner binary the tests exec, and the kernel-level test executables.
 fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
     let root = workspace_root();
-    announce("build", "provisioner binary and the kernel-level tests");
-    run_command(cargo("stable").current_dir(&root).args([
-        "build",
-        "-p",
-        "provisioner",
-        "--bins",
-        "--features",
-        "fault-injection",
-    ]))?;
+    let provisioner = crate::test::build_tests_binary()?;
+    announce("build", "the kernel-level tests");
     let mut cmd = cargo("stable");
     cmd.current_dir(&root).args([
         "test",
@@ -313,7 +306,7 @@ fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
             KERNEL_TESTS.len()
         );
     }
-    Ok((root.join("target/debug/provisioner"), tests))
+    Ok((provisioner, tests))
 }
 
 /// The host's runs: its kernel's own backends, then those of older kernels forced.
