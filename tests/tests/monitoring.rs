@@ -533,6 +533,133 @@ fn promtool_checks_and_tests_the_rules() -> Result<()> {
     Ok(())
 }
 
+/// The sections every runbook has, in order.
+const RUNBOOK_SECTIONS: &[&str] = &[
+    "## What fired",
+    "## What it means for",
+    "## Diagnose",
+    "## Mitigate",
+];
+
+fn repository_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every (alert name, `runbook_url` annotation) of rules.yaml.
+fn runbook_urls() -> Result<Vec<(String, Option<String>)>> {
+    let text = std::fs::read_to_string(monitoring_dir().join("rules.yaml"))?;
+    let rules: serde_norway::Value = serde_norway::from_str(&text)?;
+    let mut out = Vec::new();
+    for group in rules["groups"].as_sequence().into_iter().flatten() {
+        for rule in group["rules"].as_sequence().into_iter().flatten() {
+            let name = rule["alert"]
+                .as_str()
+                .context("a rule without alert name")?;
+            let url = rule["annotations"]["runbook_url"].as_str().map(str::to_owned);
+            out.push((name.to_owned(), url));
+        }
+    }
+    ensure!(!out.is_empty(), "no rule in rules.yaml");
+    Ok(out)
+}
+
+/// The `provisioner ...` commands a page tells the operator to run: code-block lines and inline
+/// code spans starting with `provisioner `, cut at a shell pipe or comment.
+fn provisioner_commands(page: &str) -> Vec<Vec<String>> {
+    let mut candidates: Vec<&str> = Vec::new();
+    let mut in_block = false;
+    for line in page.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+        } else if in_block {
+            candidates.push(line.trim());
+        } else {
+            candidates.extend(line.split('`').skip(1).step_by(2));
+        }
+    }
+    candidates
+        .into_iter()
+        .filter_map(|c| c.strip_prefix("provisioner "))
+        .map(|c| {
+            let end = [c.find(" |"), c.find(" #")].into_iter().flatten().min();
+            c[..end.unwrap_or(c.len())]
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect()
+}
+
+/// Every alert links the runbook under docs/runbooks/ named after it, every runbook page is
+/// linked by the alert it is named after, each page has the sections of a runbook, and every
+/// `provisioner` command a page tells the operator to run is one the binary accepts.
+#[test]
+fn every_alert_has_its_runbook_and_every_runbook_its_alert() -> Result<()> {
+    let root = repository_root();
+    let alerts = runbook_urls()?;
+    for (alert, url) in &alerts {
+        let url = url
+            .as_deref()
+            .with_context(|| format!("alert {alert} has no runbook_url annotation"))?;
+        ensure!(
+            url == format!("docs/runbooks/{alert}.md"),
+            "alert {alert}: runbook_url {url} is not docs/runbooks/{alert}.md"
+        );
+        let page = std::fs::read_to_string(root.join(url))
+            .with_context(|| format!("alert {alert}: its runbook {url}"))?;
+        ensure!(
+            page.lines().next() == Some(format!("# {alert}").as_str()),
+            "{url} does not start with the title # {alert}"
+        );
+        let mut from = 0;
+        for section in RUNBOOK_SECTIONS {
+            let at = page[from..]
+                .find(section)
+                .with_context(|| format!("{url}: no section {section:?} (in order)"))?;
+            from += at + section.len();
+        }
+        let commands = provisioner_commands(&page);
+        ensure!(!commands.is_empty(), "{url} names no provisioner command");
+        for args in commands {
+            let out = Command::new(provisioner_tests::provisioner_bin())
+                .args(&args)
+                .arg("--help")
+                .env_remove("CNI_COMMAND")
+                .output()
+                .context("run provisioner")?;
+            ensure!(
+                out.status.success(),
+                "{url}: `provisioner {}` is refused by the binary: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let linked: BTreeSet<String> = alerts.iter().map(|(a, _)| format!("{a}.md")).collect();
+    for entry in std::fs::read_dir(root.join("docs/runbooks"))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        ensure!(
+            linked.contains(&name),
+            "docs/runbooks/{name} is the runbook of no alert in rules.yaml"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn runbook_commands_are_read_as_written() {
+    let page = "run `provisioner why NS/NAME` or\n```sh\nprovisioner status   # ready?\n\
+                provisioner sandboxes --json | grep x\nls\n```\n`kubectl get`";
+    assert_eq!(
+        provisioner_commands(page),
+        vec![
+            vec!["why".to_owned(), "NS/NAME".to_owned()],
+            vec!["status".to_owned()],
+            vec!["sandboxes".to_owned(), "--json".to_owned()],
+        ]
+    );
+}
+
 /// Rust crates of the workspace, as code spells them: not metric names.
 const CRATE_NAMES: &[&str] = &[
     "provisioner_tests",
@@ -563,7 +690,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 fn documents() -> Result<Vec<PathBuf>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = vec![root.join("README.md")];
-    for dir in ["docs", "deploy/monitoring"] {
+    for dir in ["docs", "docs/runbooks", "deploy/monitoring"] {
         for entry in std::fs::read_dir(root.join(dir))? {
             let path = entry?.path();
             if path
