@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use k8s_cri::v1 as cri;
+use provisioner_cri::v1 as cri;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 /// The paths the kubelet masks in a container that is not privileged

@@ -43,8 +43,6 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     // The tests' pause and busybox images (no registry). Probed by its doc dir: the dynamic
     // `busybox` package also provides /bin/busybox, which cannot run alone in an image.
     ("busybox-static", "/usr/share/doc/busybox-static"),
-    // protoc, for the build of the CRI client (k8s-cri).
-    ("protobuf-compiler", "/usr/bin/protoc"),
     // musl-gcc, which compiles mimalloc's C for the musl release build (release::RELEASE_TARGET).
     ("musl-tools", "/usr/bin/musl-gcc"),
     // The real Prometheus and promtool of tests/tests/monitoring.rs (deploy/monitoring).
