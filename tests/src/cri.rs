@@ -12,7 +12,9 @@ use provisioner_cri::v1::image_service_client::ImageServiceClient;
 use provisioner_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use provisioner_cri::v1::{ContainerState, PodSandboxConfig, PodSandboxState};
+pub use provisioner_cri::v1::{
+    ContainerConfig, ContainerState, KeyValue, PodSandboxConfig, PodSandboxState,
+};
 
 /// How long one CRI call may take before the test gives up on it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);

@@ -23,6 +23,7 @@ pub mod oci_image;
 pub mod pod_net;
 pub mod podman;
 pub mod process;
+pub mod prometheus;
 pub mod reference;
 pub mod tracing;
 
