@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::process::{self, CrioConfig, flag, value_at};
+use super::process::{self, CrioConfig, RuntimeProcess, Untrusted, flag, value_at};
 
 /// containerd's and CRI-O's sockets when their command line and config name none.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -50,13 +50,18 @@ fn crio_at(socket: impl Into<PathBuf>) -> CriEndpoint {
     }
 }
 
-/// The CRI endpoint of the runtime that process `pid` (named `comm`) belongs to, or `None`
-/// when it is not a CRI runtime's. A runtime process that is gone is assumed to use its
-/// runtime's default socket.
-pub fn endpoint_of(pid: u32, comm: &str) -> Option<CriEndpoint> {
-    let args = process::cmdline(pid);
-    match comm {
-        // Its comm is cut to 15 bytes: "containerd-shim" for containerd-shim-runc-v2.
+/// The CRI endpoint of the runtime that process `pid` (named `comm`) belongs to; `Ok(None)`
+/// when it is not a CRI runtime's. Its command line and config are read only when it is
+/// trusted as the runtime its name says ([`RuntimeProcess::trusted`]); a runtime process that
+/// is gone is assumed to use its runtime's default socket.
+pub fn endpoint_of(pid: u32, comm: &str) -> Result<Option<CriEndpoint>, Untrusted> {
+    let runtime = match RuntimeProcess::trusted(pid, comm) {
+        Ok(runtime) => runtime,
+        Err(Untrusted::Gone) => None,
+        Err(untrusted) => return Err(untrusted),
+    };
+    let args = runtime.map(|r| r.args);
+    Ok(match comm {
         c if c.starts_with("containerd-shim") => {
             Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd_shim(&a)))
         }
@@ -64,20 +69,20 @@ pub fn endpoint_of(pid: u32, comm: &str) -> Option<CriEndpoint> {
             Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd(&a)))
         }
         "crio" => Some(args.map_or_else(|| crio_at(CRIO_SOCKET), |a| crio(&a))),
-        // CRI-O's helpers: ask the CRI-O that started them when it can be told.
+        // CRI-O's helpers: ask the CRI-O that started them when it can be told (and trusted).
         "pinns" | "conmon" => {
             let parent = process::parent(pid)
                 .filter(|p| process::comm(*p).is_some_and(|c| c == "crio"))
-                .and_then(process::cmdline);
+                .and_then(|p| RuntimeProcess::trusted(p, "crio").ok().flatten());
             match (parent, comm) {
-                (Some(crio_args), _) => Some(crio(&crio_args)),
+                (Some(crio_process), _) => Some(crio(&crio_process.args)),
                 // pinns is CRI-O's alone; conmon is podman's too.
                 (None, "pinns") => Some(crio_at(CRIO_SOCKET)),
                 (None, _) => None,
             }
         }
         _ => None,
-    }
+    })
 }
 
 /// The CRI runtime a process named `comm` belongs to, when only its name can tell.
@@ -103,6 +108,7 @@ fn containerd(args: &[String]) -> CriEndpoint {
         return containerd_at(address);
     }
     let (_, table) = process::containerd_config(args);
+    let table = table.unwrap_or_default();
     let address = value_at(&table, &["grpc", "address"])
         .and_then(toml::Value::as_str)
         .filter(|a| !a.is_empty())
@@ -224,16 +230,31 @@ mod tests {
     #[test]
     fn only_runtimes_have_a_cri_endpoint() {
         let me = std::process::id();
-        assert_eq!(endpoint_of(me, "unshare"), None);
-        assert_eq!(endpoint_of(me, "podman"), None);
-        // A conmon whose parent is not CRI-O (this test's parent is not) is podman's.
-        assert_eq!(endpoint_of(me, "conmon"), None);
+        assert_eq!(endpoint_of(me, "unshare"), Ok(None));
+        // This test's process is not podman, whatever it is named.
+        assert!(endpoint_of(me, "podman").is_err());
         // A gone containerd: its default socket.
         assert_eq!(
             endpoint_of(u32::MAX, "containerd"),
-            Some(containerd_at(CONTAINERD_SOCKET))
+            Ok(Some(containerd_at(CONTAINERD_SOCKET)))
         );
-        assert_eq!(endpoint_of(u32::MAX, "pinns"), Some(crio_at(CRIO_SOCKET)));
+        assert_eq!(
+            endpoint_of(u32::MAX, "pinns"),
+            Ok(Some(crio_at(CRIO_SOCKET)))
+        );
+    }
+
+    #[test]
+    fn a_process_named_like_a_runtime_is_not_one() {
+        // This test runs as root from an executable that is not containerd.
+        let me = std::process::id();
+        match endpoint_of(me, "containerd") {
+            Err(Untrusted::Executable(why)) => {
+                assert!(why.ends_with("is not containerd's"), "{why}")
+            }
+            Err(Untrusted::NotRoot(_)) => {}
+            other => panic!("taken for containerd: {other:?}"),
+        }
     }
 
     #[test]
