@@ -46,8 +46,8 @@ fn start_prometheus(netns: &Netns) -> Result<Prometheus<'_>> {
     Prometheus::start(netns, &config)
 }
 
-/// Every (alert name, expression) of rules.yaml.
-fn rule_expressions() -> Result<Vec<(String, String)>> {
+/// Every alert rule of rules.yaml, with its name.
+fn alert_rules() -> Result<Vec<(String, serde_norway::Value)>> {
     let text = std::fs::read_to_string(monitoring_dir().join("rules.yaml"))?;
     let rules: serde_norway::Value = serde_norway::from_str(&text)?;
     let mut out = Vec::new();
@@ -56,12 +56,22 @@ fn rule_expressions() -> Result<Vec<(String, String)>> {
             let name = rule["alert"]
                 .as_str()
                 .context("a rule without alert name")?;
-            let expr = rule["expr"].as_str().context("a rule without expr")?;
-            out.push((name.to_owned(), expr.trim().to_owned()));
+            out.push((name.to_owned(), rule.clone()));
         }
     }
     ensure!(!out.is_empty(), "no rule in rules.yaml");
     Ok(out)
+}
+
+/// Every (alert name, expression) of rules.yaml.
+fn rule_expressions() -> Result<Vec<(String, String)>> {
+    alert_rules()?
+        .into_iter()
+        .map(|(name, rule)| {
+            let expr = rule["expr"].as_str().context("a rule without expr")?;
+            Ok((name, expr.trim().to_owned()))
+        })
+        .collect()
 }
 
 /// The quantity an alert expression compares (`<quantity> <op> <threshold>`).
@@ -398,22 +408,15 @@ fn repository_root() -> PathBuf {
 
 /// Every (alert name, `runbook_url` annotation) of rules.yaml.
 fn runbook_urls() -> Result<Vec<(String, Option<String>)>> {
-    let text = std::fs::read_to_string(monitoring_dir().join("rules.yaml"))?;
-    let rules: serde_norway::Value = serde_norway::from_str(&text)?;
-    let mut out = Vec::new();
-    for group in rules["groups"].as_sequence().into_iter().flatten() {
-        for rule in group["rules"].as_sequence().into_iter().flatten() {
-            let name = rule["alert"]
-                .as_str()
-                .context("a rule without alert name")?;
+    Ok(alert_rules()?
+        .into_iter()
+        .map(|(name, rule)| {
             let url = rule["annotations"]["runbook_url"]
                 .as_str()
                 .map(str::to_owned);
-            out.push((name.to_owned(), url));
-        }
-    }
-    ensure!(!out.is_empty(), "no rule in rules.yaml");
-    Ok(out)
+            (name, url)
+        })
+        .collect())
 }
 
 /// The `provisioner ...` commands a page tells the operator to run: code-block lines and inline
