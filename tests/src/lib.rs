@@ -18,6 +18,7 @@ pub mod daemon_harness;
 pub mod daemon_queries;
 pub mod dataplane_fixture;
 pub mod deploy;
+pub mod docker;
 pub mod kubelet;
 pub mod oci_image;
 pub mod pod_net;

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::{self, Pod};
 use provisioner_tests::daemon_queries::{cookie_of, verdict_and_intent};
+use provisioner_tests::docker::Docker;
 use provisioner_tests::pod_net::node_forwarding;
 use provisioner_tests::podman::Podman;
 use provisioner_tests::prometheus::Prometheus;
@@ -51,7 +52,7 @@ fn ctr_import(containerd: &Containerd, archive: &Path) -> Result<()> {
 }
 
 #[test]
-fn image_loads_into_containerd_and_podman() -> Result<()> {
+fn image_loads_into_containerd_podman_and_docker() -> Result<()> {
     let archive = deploy::image_archive()?;
     let reference = deploy::image_reference();
     let node = Netns::new("node")?;
@@ -90,7 +91,20 @@ fn image_loads_into_containerd_and_podman() -> Result<()> {
             .is_some_and(|r| r.len() == 40),
         "{config}"
     );
-    podman.shutdown()
+    podman.shutdown()?;
+
+    // `docker load`, into a Docker engine of the test's own.
+    let docker = Docker::start(&node)?;
+    let loaded = docker.run(&["load", "--input", &archive.display().to_string()])?;
+    ensure!(loaded.contains(&short), "docker load said: {loaded}");
+    let config = docker.run(&["image", "inspect", "--format", "{{json .Config}}", &short])?;
+    let config: serde_json::Value = serde_json::from_str(&config)?;
+    assert_eq!(config["Entrypoint"][0], "/usr/local/bin/provisioner");
+    assert_eq!(
+        config["Labels"]["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    Ok(())
 }
 
 /// The DaemonSet's pod spec, and the two containers.
