@@ -90,14 +90,15 @@ impl CriResolver {
         }
     }
 
-    /// [`Self::endpoints`] read on the runtime-files reader (a creator's command line and
-    /// config), waited for at most [`bounded::DEADLINE`] from a blocking thread: never on the
-    /// caller's.
+    /// [`endpoints`]: a runtime creator's command line and config are read on the
+    /// runtime-files reader, waited for at most [`bounded::DEADLINE`] from a blocking thread,
+    /// never on the caller's.
     async fn endpoints_within_deadline(
         &self,
         creator: Option<&NetnsCreator>,
     ) -> Result<Vec<CriEndpoint>, String> {
-        if self.socket_override.is_some() || creator.is_none() {
+        let reads_files = creator.is_some_and(|c| socket::is_cri_runtime_comm(&c.comm));
+        if self.socket_override.is_some() || !reads_files {
             return endpoints(self.socket_override.as_deref(), creator);
         }
         let creator = creator.cloned();

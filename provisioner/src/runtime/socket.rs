@@ -51,38 +51,52 @@ fn crio_at(socket: impl Into<PathBuf>) -> CriEndpoint {
 }
 
 /// The CRI endpoint of the runtime that process `pid` (named `comm`) belongs to; `Ok(None)`
-/// when it is not a CRI runtime's. Its command line and config are read only when it is
-/// trusted as the runtime its name says ([`RuntimeProcess::trusted`]); a runtime process that
-/// is gone is assumed to use its runtime's default socket.
+/// when it is not a CRI runtime's. A runtime's command line and config are read only when the
+/// process is trusted as the runtime its name says ([`RuntimeProcess::trusted`]), else the
+/// answer is why not; a runtime process that is gone is assumed to use its runtime's default
+/// socket.
 pub fn endpoint_of(pid: u32, comm: &str) -> Result<Option<CriEndpoint>, Untrusted> {
-    let runtime = match RuntimeProcess::trusted(pid, comm) {
-        Ok(runtime) => runtime,
+    // Its comm is cut to 15 bytes: "containerd-shim" for containerd-shim-runc-v2.
+    let runtime = match comm {
+        _ if !is_cri_runtime_comm(comm) => return Ok(None),
+        // CRI-O's helpers: their own command line is not read, only that of the CRI-O that
+        // started them.
+        "pinns" | "conmon" => return Ok(crio_helper(pid, comm)),
+        _ => RuntimeProcess::trusted(pid, comm),
+    };
+    let args = match runtime {
+        Ok(runtime) => runtime.map(|r| r.args),
         Err(Untrusted::Gone) => None,
         Err(untrusted) => return Err(untrusted),
     };
-    let args = runtime.map(|r| r.args);
-    Ok(match comm {
+    Ok(Some(match comm {
         c if c.starts_with("containerd-shim") => {
-            Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd_shim(&a)))
+            args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd_shim(&a))
         }
         c if c.starts_with("containerd") => {
-            Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd(&a)))
+            args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd(&a))
         }
-        "crio" => Some(args.map_or_else(|| crio_at(CRIO_SOCKET), |a| crio(&a))),
-        // CRI-O's helpers: ask the CRI-O that started them when it can be told (and trusted).
-        "pinns" | "conmon" => {
-            let parent = process::parent(pid)
-                .filter(|p| process::comm(*p).is_some_and(|c| c == "crio"))
-                .and_then(|p| RuntimeProcess::trusted(p, "crio").ok().flatten());
-            match (parent, comm) {
-                (Some(crio_process), _) => Some(crio(&crio_process.args)),
-                // pinns is CRI-O's alone; conmon is podman's too.
-                (None, "pinns") => Some(crio_at(CRIO_SOCKET)),
-                (None, _) => None,
-            }
-        }
-        _ => None,
-    })
+        _ => args.map_or_else(|| crio_at(CRIO_SOCKET), |a| crio(&a)),
+    }))
+}
+
+/// The endpoint of a CRI-O helper (`pinns`, `conmon`): its parent CRI-O's, when that parent is
+/// trusted; else CRI-O's default for pinns (CRI-O's alone), none for conmon (podman's too).
+fn crio_helper(pid: u32, comm: &str) -> Option<CriEndpoint> {
+    let parent = process::parent(pid)
+        .filter(|p| process::comm(*p).is_some_and(|c| c == "crio"))
+        .and_then(|p| RuntimeProcess::trusted(p, "crio").ok().flatten());
+    match (parent, comm) {
+        (Some(crio_process), _) => Some(crio(&crio_process.args)),
+        (None, "pinns") => Some(crio_at(CRIO_SOCKET)),
+        (None, _) => None,
+    }
+}
+
+/// Whether a process named `comm` may be a CRI runtime's, whose command line [`endpoint_of`]
+/// then reads: containerd (and its shims), CRI-O and its helpers.
+pub fn is_cri_runtime_comm(comm: &str) -> bool {
+    comm.starts_with("containerd") || matches!(comm, "crio" | "pinns" | "conmon")
 }
 
 /// The CRI runtime a process named `comm` belongs to, when only its name can tell.
@@ -231,8 +245,9 @@ mod tests {
     fn only_runtimes_have_a_cri_endpoint() {
         let me = std::process::id();
         assert_eq!(endpoint_of(me, "unshare"), Ok(None));
-        // This test's process is not podman, whatever it is named.
-        assert!(endpoint_of(me, "podman").is_err());
+        assert_eq!(endpoint_of(me, "podman"), Ok(None));
+        // A conmon whose parent is not CRI-O (this test's parent is not) is podman's.
+        assert_eq!(endpoint_of(me, "conmon"), Ok(None));
         // A gone containerd: its default socket.
         assert_eq!(
             endpoint_of(u32::MAX, "containerd"),
