@@ -141,7 +141,10 @@ impl RuntimeProcess {
         if node_mount_namespace() != Some(theirs) {
             return Err(Untrusted::OtherMountNamespace);
         }
-        let args = cmdline(pid).ok_or(Untrusted::Gone)?;
+        // An empty command line: a zombie (or a process in the middle of an exec).
+        let args = cmdline(pid)
+            .filter(|a| !a.is_empty())
+            .ok_or(Untrusted::Gone)?;
         Ok(Some(Self { pid, args }))
     }
 }
@@ -328,14 +331,25 @@ mod tests {
     fn a_process_is_trusted_by_its_executable_and_user() {
         let dir = tempfile::tempdir().expect("dir");
         let exe = dir.path().join("containerd");
-        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        // A shell that stays (`; :` keeps it from exec'ing its last command), with the
+        // arguments a runtime's command line would hold after its script.
+        std::fs::copy("/bin/sh", &exe).expect("copy sh");
         std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("chmod");
         let mut child = std::process::Command::new(&exe)
-            .args(["5", "--config", "/dev/zero"])
+            .args(["-c", "sleep 5; :", "--config", "/dev/zero"])
             .spawn()
             .expect("spawn");
         let pid = child.id();
+        // Once the shell runs its script (its child, sleep, is there).
+        for _ in 0..200 {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            if !children.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let trusted = RuntimeProcess::trusted(pid, "containerd");
         let as_crio = RuntimeProcess::trusted(pid, "crio");
         let not_a_runtime = RuntimeProcess::trusted(pid, "unshare");
@@ -343,7 +357,12 @@ mod tests {
         let _ = child.wait();
         if nix::unistd::geteuid().is_root() {
             let runtime = trusted.expect("trusted").expect("a runtime's name");
-            assert_eq!(runtime.args.get(2).map(String::as_str), Some("--config"));
+            assert_eq!(
+                runtime.args.get(3).map(String::as_str),
+                Some("--config"),
+                "{:?}",
+                runtime.args
+            );
         } else {
             assert!(trusted.is_err(), "{trusted:?}");
         }
