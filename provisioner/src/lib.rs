@@ -24,13 +24,14 @@ pub mod names;
 pub mod pod;
 pub mod runtime;
 pub mod sandbox;
+pub mod text;
 pub mod trace;
 
 #[cfg(test)]
 mod layering {
     //! The graph above, checked against the `crate::` paths each module's sources name.
 
-    const LEAVES: &[&str] = &["pod", "names", "failpoint", "memory"];
+    const LEAVES: &[&str] = &["pod", "names", "failpoint", "memory", "text"];
 
     /// Module -> the modules (besides the leaves) it may use.
     const ALLOWED: &[(&str, &[&str])] = &[
@@ -46,6 +47,7 @@ mod layering {
         ("names", &[]),
         ("failpoint", &[]),
         ("memory", &[]),
+        ("text", &[]),
     ];
 
     fn sources(module: &str) -> Vec<(std::path::PathBuf, String)> {

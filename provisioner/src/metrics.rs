@@ -1,4 +1,5 @@
-//! Prometheus metrics and their text exposition on a loopback HTTP endpoint.
+//! Prometheus metrics and their text exposition, served over HTTP (`http`) with the health
+//! endpoints.
 //!
 //! Names follow Prometheus's conventions: counters end in `_total`, label names say what they
 //! hold, label values are lower case. The daemon's own metrics are prefixed `provisioner_`, the
@@ -6,10 +7,12 @@
 
 pub mod alarms;
 pub mod build_info;
+pub mod http;
 pub mod ipam;
 pub mod process;
 
-use std::net::SocketAddr;
+pub use http::{DEFAULT_PORT, MAX_HTTP_CONNECTIONS, serve};
+
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -21,7 +24,6 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::trace::{TraceMetrics, Verdict};
 
@@ -402,92 +404,6 @@ fn encode_tracker_state(
     )
 }
 
-/// Serves `GET /metrics`, `/healthz` (200 while the process serves) and `/readyz` (200 while
-/// `provisioner_ready` is 1, else 503) on `addr` until the task is dropped. `refresh` runs before each
-/// scrape to copy values that live elsewhere (readiness, tracer counters) into the metrics.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    refresh: Arc<dyn Fn(&Metrics) + Send + Sync>,
-) -> std::io::Result<()> {
-    if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "metrics endpoint is not on loopback");
-    }
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving metrics on http://{addr}/metrics");
-    loop {
-        let mut stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            // A connection reset before it was accepted, or no fd left for now: the endpoint
-            // keeps serving.
-            Err(err) => {
-                tracing::warn!(%addr, error = %err, "metrics endpoint: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let metrics = Arc::clone(&metrics);
-        let refresh = Arc::clone(&refresh);
-        tokio::spawn(async move {
-            let Ok(Ok(head)) =
-                tokio::time::timeout(Duration::from_secs(2), read_head(&mut stream)).await
-            else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&head);
-            let path = request
-                .strip_prefix("GET ")
-                .and_then(|rest| rest.split([' ', '?']).next())
-                .unwrap_or("");
-            let response = match path {
-                "/metrics" => {
-                    refresh(&metrics);
-                    http_response("200 OK", "text/plain; version=0.0.4", &metrics.encode())
-                }
-                // Alive: the process answers, ready or not ("not ready" is a normal state of a
-                // node without a pod CIDR yet, not a reason to restart it).
-                "/healthz" => http_response("200 OK", "text/plain", "ok\n"),
-                "/readyz" if metrics.ready.get() == 1 => {
-                    http_response("200 OK", "text/plain", "ready\n")
-                }
-                "/readyz" => http_response(
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "not ready (`provisioner status` says why)\n",
-                ),
-                _ => http_response("404 Not Found", "text/plain", ""),
-            };
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                stream.write_all(response.as_bytes()),
-            )
-            .await;
-        });
-    }
-}
-
-/// The request's head (up to the blank line, at most 2 KiB): a client may send its request
-/// line in several segments.
-async fn read_head(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut head = vec![0u8; 2048];
-    let mut len = 0;
-    while len < head.len() && !head[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut head[len..]).await? {
-            0 => break,
-            n => len += n,
-        }
-    }
-    head.truncate(len);
-    Ok(head)
-}
-
-fn http_response(status: &str, content_type: &str, body: &str) -> String {
-    format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,23 +560,6 @@ mod tests {
                 "{name} missing in\n{text}"
             );
         }
-    }
-
-    #[tokio::test]
-    async fn a_request_head_sent_in_pieces_is_read_whole() -> std::io::Result<()> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let client = tokio::spawn(async move {
-            let mut stream = tokio::net::TcpStream::connect(addr).await?;
-            stream.write_all(b"GET /rea").await?;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            stream.write_all(b"dyz HTTP/1.1\r\nHost: x\r\n\r\n").await
-        });
-        let (mut stream, _) = listener.accept().await?;
-        let head = read_head(&mut stream).await?;
-        client.await.map_err(std::io::Error::other)??;
-        assert_eq!(head, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
-        Ok(())
     }
 
     #[test]

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use provisioner_cri::v1 as cri;
+use provisioner_cri::v1::image_service_client::ImageServiceClient;
+use provisioner_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use k8s_cri::v1::{ContainerState, PodSandboxConfig, PodSandboxState};
+pub use provisioner_cri::v1::{
+    ContainerConfig, ContainerState, KeyValue, PodSandboxConfig, PodSandboxState,
+};
 
 /// How long one CRI call may take before the test gives up on it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);

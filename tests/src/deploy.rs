@@ -14,6 +14,16 @@ pub fn manifest_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/provisioner.yaml")
 }
 
+/// The example scrape job for a Prometheus without the Operator.
+pub fn scrape_config_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/scrape-config.yaml")
+}
+
+/// The Prometheus Operator's PodMonitor for the DaemonSet's pods.
+pub fn pod_monitor_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/podmonitor.yaml")
+}
+
 /// The manifests, in file order.
 #[derive(Debug, Default)]
 pub struct Manifests {

@@ -1,14 +1,15 @@
 //! What the kubelet makes of a pod spec for CRI: the sandbox config and each container's
 //! config, with the spec's settings carried over as they are (namespaces, capabilities,
-//! read-only root, mounts with their propagation, command, args, env). Volumes are given by the
-//! test as host dirs, by volume name.
+//! seccomp profile, read-only root, mounts with their propagation, command, args, env with the
+//! downward API's node address, `$(VAR)` references expanded). Volumes are given by the test as
+//! host dirs, by volume name.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, SeccompProfile};
+use provisioner_cri::v1 as cri;
 
 /// The paths the kubelet masks in a container that is not privileged
 /// (k8s.io/kubernetes pkg/securitycontext: defaultMaskedPaths).
@@ -77,6 +78,7 @@ pub fn sandbox_config(
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(spec)),
+                seccomp: pod_seccomp(spec).and_then(|p| security_profile(p).ok()),
                 ..cri::LinuxSandboxSecurityContext::default()
             }),
             ..cri::LinuxPodSandboxConfig::default()
@@ -94,29 +96,105 @@ fn propagation(mode: Option<&str>) -> Result<i32> {
     } as i32)
 }
 
-/// Container `c` of `spec` (restart number `attempt`), its volumes found in `volumes` (volume
-/// name -> host dir).
+fn pod_seccomp(spec: &PodSpec) -> Option<&SeccompProfile> {
+    spec.security_context.as_ref()?.seccomp_profile.as_ref()
+}
+
+/// A seccomp profile as the kubelet passes it over CRI.
+fn security_profile(profile: &SeccompProfile) -> Result<cri::SecurityProfile> {
+    let profile_type = match profile.type_.as_str() {
+        "RuntimeDefault" => cri::security_profile::ProfileType::RuntimeDefault,
+        "Unconfined" => cri::security_profile::ProfileType::Unconfined,
+        other => bail!("seccomp profile type {other} is not played by the test's kubelet"),
+    };
+    Ok(cri::SecurityProfile {
+        profile_type: profile_type as i32,
+        ..cri::SecurityProfile::default()
+    })
+}
+
+/// What the kubelet knows of the node a pod runs on.
+#[derive(Clone, Debug)]
+pub struct NodeInfo<'a> {
+    /// The node's address: the downward API's `status.hostIP` (and `status.podIP` of a
+    /// host-network pod).
+    pub host_ip: &'a str,
+    /// Volume name -> the host dir standing for it.
+    pub volumes: &'a BTreeMap<String, PathBuf>,
+}
+
+/// The value of an env var: given, or from the downward API (the node's address only).
+fn env_value(c: &Container, var: &EnvVar, node: &NodeInfo<'_>, spec: &PodSpec) -> Result<String> {
+    if let Some(value) = &var.value {
+        return Ok(value.clone());
+    }
+    let field = var
+        .value_from
+        .as_ref()
+        .and_then(|from| from.field_ref.as_ref())
+        .with_context(|| {
+            format!(
+                "container {}: env {} is neither a value nor a fieldRef",
+                c.name, var.name
+            )
+        })?;
+    match field.field_path.as_str() {
+        "status.hostIP" => Ok(node.host_ip.to_owned()),
+        "status.podIP" if spec.host_network == Some(true) => Ok(node.host_ip.to_owned()),
+        other => bail!(
+            "container {}: env {} from field {other}, which the test's kubelet does not fill",
+            c.name,
+            var.name
+        ),
+    }
+}
+
+/// `text` with each `$(NAME)` of a defined variable replaced by its value and `$$` made `$`,
+/// as the kubelet expands a container's command and args; other references stay as written.
+pub fn expand(text: &str, env: &[cri::KeyValue]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("$$") {
+            out.push('$');
+            rest = after;
+        } else if let Some((name, after)) = tail
+            .strip_prefix("$(")
+            .and_then(|t| t.split_once(')'))
+            .filter(|(name, _)| env.iter().any(|kv| kv.key == *name))
+        {
+            let value = env.iter().rev().find(|kv| kv.key == name);
+            out.push_str(value.map_or("", |kv| kv.value.as_str()));
+            rest = after;
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Container `c` of `spec` (restart number `attempt`) on `node`.
 pub fn container_config(
     spec: &PodSpec,
     c: &Container,
     attempt: u32,
-    volumes: &BTreeMap<String, PathBuf>,
+    node: &NodeInfo<'_>,
 ) -> Result<cri::ContainerConfig> {
+    let volumes = node.volumes;
     let image = c
         .image
         .clone()
         .with_context(|| format!("container {}: no image", c.name))?;
     let mut envs = Vec::new();
     for var in c.env.iter().flatten() {
-        let value = var.value.clone().with_context(|| {
-            format!(
-                "container {}: env {} is not a plain value",
-                c.name, var.name
-            )
-        })?;
+        let value = env_value(c, var, node, spec)?;
         envs.push(cri::KeyValue {
             key: var.name.clone(),
-            value,
+            value: expand(&value, &envs),
         });
     }
     let mut mounts = Vec::new();
@@ -146,8 +224,15 @@ pub fn container_config(
             list.iter().map(|p| (*p).to_owned()).collect()
         }
     };
+    let seccomp = sc
+        .seccomp_profile
+        .as_ref()
+        .or_else(|| pod_seccomp(spec))
+        .map(security_profile)
+        .transpose()?;
     let security = cri::LinuxContainerSecurityContext {
         capabilities,
+        seccomp,
         privileged,
         namespace_options: Some(namespace_options(spec)),
         run_as_user: sc.run_as_user.map(|value| cri::Int64Value { value }),
@@ -166,8 +251,13 @@ pub fn container_config(
             image,
             ..cri::ImageSpec::default()
         }),
-        command: c.command.clone().unwrap_or_default(),
-        args: c.args.clone().unwrap_or_default(),
+        command: c
+            .command
+            .iter()
+            .flatten()
+            .map(|a| expand(a, &envs))
+            .collect(),
+        args: c.args.iter().flatten().map(|a| expand(a, &envs)).collect(),
         envs,
         mounts,
         log_path: format!("{}_{attempt}.log", c.name),
@@ -219,4 +309,26 @@ fn millicpu(quantity: &str) -> Result<i64> {
         None => quantity.parse::<i64>().map(|cpus| cpus * 1000),
     }
     .with_context(|| format!("cpu quantity {quantity}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_expand_as_the_kubelet_does() {
+        let env = [cri::KeyValue {
+            key: "NODE_IP".into(),
+            value: "10.0.0.5".into(),
+        }];
+        assert_eq!(
+            expand("--metrics-addr=$(NODE_IP)", &env),
+            "--metrics-addr=10.0.0.5"
+        );
+        assert_eq!(
+            expand("$(UNSET) $$(NODE_IP) $", &env),
+            "$(UNSET) $(NODE_IP) $"
+        );
+        assert_eq!(expand("$(NODE_IP", &env), "$(NODE_IP");
+    }
 }

@@ -18,11 +18,13 @@ pub mod daemon_harness;
 pub mod daemon_queries;
 pub mod dataplane_fixture;
 pub mod deploy;
+pub mod docker;
 pub mod kubelet;
 pub mod oci_image;
 pub mod pod_net;
 pub mod podman;
 pub mod process;
+pub mod prometheus;
 pub mod reference;
 pub mod tracing;
 

@@ -11,16 +11,22 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::{self, Pod};
 use provisioner_tests::daemon_queries::{cookie_of, verdict_and_intent};
+use provisioner_tests::docker::Docker;
 use provisioner_tests::pod_net::node_forwarding;
 use provisioner_tests::podman::Podman;
+use provisioner_tests::prometheus::Prometheus;
 use provisioner_tests::{Netns, deploy, kubelet, netns_cookie, provisioner_bin, wait_until};
 
 /// The node's pod CIDRs, as the kubelet passes them to the runtime: dual-stack.
 const POD_CIDR: &str = "10.247.0.0/24,fd00:247::/64";
 const WORKLOAD_PODS: usize = 3;
+/// The node's address, and the address of the namespace the cluster's Prometheus scrapes from.
+const NODE_IP: &str = "10.249.1.1";
+const SCRAPER_IP: &str = "10.249.1.2";
 
 /// Host paths the test does not stand in for: where containerd pins pod namespaces, the
 /// kernel's tracefs, and the sysctls of network namespaces (a file of it resolves against the
@@ -46,7 +52,7 @@ fn ctr_import(containerd: &Containerd, archive: &Path) -> Result<()> {
 }
 
 #[test]
-fn image_loads_into_containerd_and_podman() -> Result<()> {
+fn image_loads_into_containerd_podman_and_docker() -> Result<()> {
     let archive = deploy::image_archive()?;
     let reference = deploy::image_reference();
     let node = Netns::new("node")?;
@@ -85,11 +91,26 @@ fn image_loads_into_containerd_and_podman() -> Result<()> {
             .is_some_and(|r| r.len() == 40),
         "{config}"
     );
-    podman.shutdown()
+    podman.shutdown()?;
+
+    // `docker load`, into a Docker engine of the test's own.
+    let docker = Docker::start(&node)?;
+    let loaded = docker.run(&["load", "--input", &archive.display().to_string()])?;
+    ensure!(loaded.contains(&short), "docker load said: {loaded}");
+    let config = docker.run(&["image", "inspect", "--format", "{{json .Config}}", &short])?;
+    let config: serde_json::Value = serde_json::from_str(&config)?;
+    assert_eq!(config["Entrypoint"][0], "/usr/local/bin/provisioner");
+    assert_eq!(
+        config["Labels"]["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    Ok(())
 }
 
 /// The DaemonSet's pod spec, and the two containers.
 struct Manifest {
+    /// The pod template's labels and annotations.
+    pod_metadata: ObjectMeta,
     spec: PodSpec,
     init: Container,
     daemon: Container,
@@ -117,7 +138,13 @@ fn manifest() -> Result<Manifest> {
         .find(|c| c.name == "provisioner")
         .cloned()
         .context("no container provisioner")?;
+    let pod_metadata = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.clone())
+        .context("no pod template metadata")?;
     Ok(Manifest {
+        pod_metadata,
         spec,
         init,
         daemon,
@@ -129,6 +156,10 @@ fn manifest() -> Result<Manifest> {
 /// volume of the pod.
 struct Node {
     netns: Netns,
+    /// The node's address (the downward API's `status.hostIP`), on a link to `scraper`.
+    ip: String,
+    /// Another network namespace, linked to the node's: where the cluster's Prometheus runs.
+    scraper: Netns,
     containerd: Containerd,
     volumes: BTreeMap<String, PathBuf>,
     /// Host path -> the dir standing for it.
@@ -141,6 +172,29 @@ impl Node {
         // Forwarding is left off in the node namespace: the daemon in the container, whose own
         // /proc/sys is read-only, turns it on for both families.
         let netns = Netns::new("node")?;
+        let scraper = Netns::new("scraper")?;
+        netns.ip(&[
+            "link",
+            "add",
+            "tonode",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "toscraper",
+            "netns",
+            scraper.name(),
+        ])?;
+        netns.ip(&["addr", "add", &format!("{NODE_IP}/30"), "dev", "tonode"])?;
+        netns.ip(&["link", "set", "tonode", "up"])?;
+        scraper.ip(&[
+            "addr",
+            "add",
+            &format!("{SCRAPER_IP}/30"),
+            "dev",
+            "toscraper",
+        ])?;
+        scraper.ip(&["link", "set", "toscraper", "up"])?;
         let root = tempfile::Builder::new().prefix("dsnode").tempdir()?;
         let mut host_dirs = BTreeMap::new();
         for v in m.spec.volumes.iter().flatten() {
@@ -174,8 +228,19 @@ impl Node {
                 ..CniSetup::default()
             },
         )?;
-        // containerd execs plugins from its own bin dir: that is the node's /opt/cni/bin.
+        // containerd execs plugins from its own bin dir: that is the node's /opt/cni/bin; its
+        // socket's dir is the node's /run/containerd (the daemon's --cri-socket).
         host_dirs.insert("/opt/cni/bin".into(), containerd.bin_dir.clone());
+        let socket_dir = containerd
+            .socket
+            .parent()
+            .context("containerd's socket has no dir")?;
+        ensure!(
+            containerd.socket.file_name() == Some("containerd.sock".as_ref()),
+            "containerd's socket {} is not named as on a node",
+            containerd.socket.display()
+        );
+        host_dirs.insert("/run/containerd".into(), socket_dir.to_path_buf());
         let mut volumes = BTreeMap::new();
         for v in m.spec.volumes.iter().flatten() {
             if let Some(host) = &v.host_path {
@@ -197,6 +262,8 @@ impl Node {
         }
         Ok(Self {
             netns,
+            ip: NODE_IP.to_owned(),
+            scraper,
             containerd,
             volumes,
             host_dirs,
@@ -206,6 +273,19 @@ impl Node {
 
     fn socket(&self) -> PathBuf {
         self.host_dirs["/run/provisioner"].join("provisioner.sock")
+    }
+
+    /// Container `c` of the DaemonSet's pod, as the kubelet of this node configures it.
+    fn container(&self, m: &Manifest, c: &Container, attempt: u32) -> Result<cri::ContainerConfig> {
+        kubelet::container_config(
+            &m.spec,
+            c,
+            attempt,
+            &kubelet::NodeInfo {
+                host_ip: &self.ip,
+                volumes: &self.volumes,
+            },
+        )
     }
 
     /// `provisioner <args> --socket <the daemon's socket on the host>`.
@@ -355,6 +435,120 @@ impl Drop for ProcSandbox {
     }
 }
 
+/// `c` with `capability` added, as docs/kubernetes.md says to add one.
+fn with_capability(c: &Container, capability: &str) -> Result<Container> {
+    let mut c = c.clone();
+    c.security_context
+        .as_mut()
+        .and_then(|sc| sc.capabilities.as_mut())
+        .context("the daemon has no capabilities to add to")?
+        .add
+        .get_or_insert_with(Vec::new)
+        .push(capability.to_owned());
+    Ok(c)
+}
+
+/// A label name as Prometheus' Kubernetes discovery writes one (`prometheus.io/port` ->
+/// `__meta_kubernetes_pod_annotation_prometheus_io_port`).
+fn sd_label(kind: &str, key: &str) -> String {
+    let key: String = key
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("__meta_kubernetes_pod_{kind}_{key}")
+}
+
+/// The cluster's Prometheus, in another network namespace, scrapes the daemon with the job of
+/// deploy/monitoring/scrape-config.yaml, fed what Kubernetes' pod discovery says of the
+/// DaemonSet's pod on this node: the pod's address (the node's: hostNetwork) with its declared
+/// `metrics` port, its labels and annotations. It reads `provisioner_build_info`.
+fn scrape_from_the_cluster(node: &Node, m: &Manifest) -> Result<()> {
+    let meta = &m.pod_metadata;
+    let port = m
+        .daemon
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .context("the daemon declares no port named metrics")?
+        .container_port;
+    let mut labels = serde_json::Map::new();
+    for (kind, pairs) in [("annotation", &meta.annotations), ("label", &meta.labels)] {
+        for (key, value) in pairs.iter().flatten() {
+            labels.insert(sd_label(kind, key), value.clone().into());
+        }
+    }
+    labels.insert(
+        "__meta_kubernetes_pod_container_port_name".into(),
+        "metrics".into(),
+    );
+    labels.insert("__meta_kubernetes_pod_node_name".into(), "node1".into());
+    labels.insert("__meta_kubernetes_namespace".into(), "kube-system".into());
+    let pods = tempfile::tempdir()?;
+    let pods_file = pods.path().join("pods.json");
+    let target = format!("{}:{port}", node.ip);
+    std::fs::write(
+        &pods_file,
+        serde_json::to_vec(&serde_json::json!([{"targets": [target], "labels": labels}]))?,
+    )?;
+    let example: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(deploy::scrape_config_path())?)?;
+    let mut job = example["scrape_configs"][0].clone();
+    let job_map = job
+        .as_mapping_mut()
+        .context("scrape-config.yaml: no scrape job")?;
+    ensure!(
+        job_map.remove("kubernetes_sd_configs").is_some(),
+        "scrape-config.yaml: the job does not discover pods"
+    );
+    job_map.insert(
+        "file_sd_configs".into(),
+        serde_norway::from_str(&format!("[{{files: ['{}']}}]", pods_file.display()))?,
+    );
+    let job_name = job["job_name"].as_str().unwrap_or_default().to_owned();
+    let config = serde_json::json!({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [job],
+    });
+    let prometheus = Prometheus::start(&node.scraper, &serde_json::to_string(&config)?)?;
+    let info = wait_until(
+        "Prometheus to scrape provisioner_build_info",
+        Duration::from_secs(30),
+        || {
+            let found = prometheus.query("provisioner_build_info")?;
+            Ok(found.into_iter().next())
+        },
+    )
+    .with_context(|| {
+        format!(
+            "targets: {:?}\n{}",
+            prometheus.api("/api/v1/targets"),
+            prometheus.log()
+        )
+    })?;
+    assert_eq!(info["metric"]["instance"], target.as_str(), "{info}");
+    assert_eq!(info["metric"]["job"], job_name.as_str(), "{info}");
+    assert_eq!(info["metric"]["node"], "node1", "{info}");
+    assert_eq!(
+        info["metric"]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{info}"
+    );
+    let targets = prometheus.api("/api/v1/targets")?;
+    let scraped: Vec<&str> = targets["activeTargets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["scrapeUrl"].as_str())
+        .collect();
+    assert_eq!(
+        scraped,
+        [format!("http://{target}/metrics").as_str()],
+        "{targets}"
+    );
+    Ok(())
+}
+
 struct Workload {
     pod: Pod,
     /// Its IPv4 and IPv6 address.
@@ -390,7 +584,7 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     };
 
     // The init container runs to completion before the daemon starts.
-    let init = kubelet::container_config(&m.spec, &m.init, 0, &node.volumes)?;
+    let init = node.container(&m, &m.init, 0)?;
     let init_id = node.containerd.cri().run_container(&ds_pod, init)?;
     let code = node
         .containerd
@@ -426,7 +620,7 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
 
     // The daemon: alive and not ready (no pod CIDR yet), then ready once the kubelet passes the
     // node's pod CIDR and containerd renders the template.
-    let daemon = kubelet::container_config(&m.spec, &m.daemon, 0, &node.volumes)?;
+    let daemon = node.container(&m, &m.daemon, 0)?;
     let mut daemon_id = node.containerd.cri().run_container(&ds_pod, daemon)?;
     let mut daemon_log = pod_log(&m.daemon, 0);
     let (ready_addr, ready_path, _) = probe_target(&m.daemon, "readiness")?;
@@ -446,6 +640,7 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
     node.containerd
         .cri()
         .wait_network_ready(true, Duration::from_secs(30))?;
+    scrape_from_the_cluster(&node, &m).with_context(|| container_log(&daemon_log))?;
 
     // Workload pods get their network from the daemon in the container.
     let mut pods = Vec::new();
@@ -475,28 +670,33 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
         "the daemon did not turn forwarding on in the node namespace: {forwarding:?}"
     );
     // A sandbox named by a process's namespace, as CNI_NETNS=/proc/<pid>/ns/net names one (what
-    // hostPID is for): the daemon opens another process's namespace.
+    // hostPID is for): opening another process's namespace needs SYS_PTRACE, which the manifest
+    // leaves out (containerd pins its sandboxes' namespaces): refused, before anything is
+    // allocated.
     let by_pid = ProcSandbox::start()?;
-    let added = node.cli(&[
-        "add",
-        "--container-id",
-        "ds-by-pid",
-        "--netns",
-        &by_pid.netns().display().to_string(),
-    ])?;
+    let add_by_pid = |node: &Node| {
+        node.cli(&[
+            "add",
+            "--container-id",
+            "ds-by-pid",
+            "--netns",
+            &by_pid.netns().display().to_string(),
+        ])
+    };
+    let refused = add_by_pid(&node)?;
+    let said = String::from_utf8_lossy(&refused.stderr);
     ensure!(
-        added.status.success(),
-        "ADD into {}: {}\n{}",
-        by_pid.netns().display(),
-        String::from_utf8_lossy(&added.stderr),
-        container_log(&daemon_log)
+        !refused.status.success() && said.contains("SYS_PTRACE"),
+        "ADD into {} without SYS_PTRACE: {said}",
+        by_pid.netns().display()
     );
     let mut cookies: HashSet<u64> = pods.iter().map(|p| p.cookie).collect();
-    cookies.insert(netns_cookie(&by_pid.netns())?);
     wait_confirmed(&node, &cookies, &daemon_log)?;
 
     // A rolling update: the daemon container is stopped (its grace period) and a new one
-    // started from the image; the pods keep their network and the new daemon confirms them.
+    // started from the image, with SYS_PTRACE added as docs/kubernetes.md says for a runtime
+    // that names /proc/<pid>/ns/net; the pods keep their network and the new daemon confirms
+    // them, and serves the ADD it refused.
     let grace = Duration::from_secs(u64::try_from(
         m.spec.termination_grace_period_seconds.unwrap_or(30),
     )?);
@@ -515,10 +715,20 @@ fn daemonset_runs_under_containerd_with_its_capabilities() -> Result<()> {
         p.ping_from(&node.netns)
             .context("a pod lost its network with the daemon down")?;
     }
-    let daemon = kubelet::container_config(&m.spec, &m.daemon, 1, &node.volumes)?;
+    let with_ptrace = with_capability(&m.daemon, "SYS_PTRACE")?;
+    let daemon = node.container(&m, &with_ptrace, 1)?;
     daemon_id = node.containerd.cri().run_container(&ds_pod, daemon)?;
     daemon_log = pod_log(&m.daemon, 1);
     run_probes(&node, &m.daemon, &daemon_log, Duration::from_secs(30))?;
+    let added = add_by_pid(&node)?;
+    ensure!(
+        added.status.success(),
+        "ADD into {} with SYS_PTRACE: {}\n{}",
+        by_pid.netns().display(),
+        String::from_utf8_lossy(&added.stderr),
+        container_log(&daemon_log)
+    );
+    cookies.insert(netns_cookie(&by_pid.netns())?);
     wait_confirmed(&node, &cookies, &daemon_log)?;
     for p in &pods {
         p.ping_from(&node.netns)?;

@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction, PodSpec, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use provisioner_tests::daemon_harness::conflist;
-use provisioner_tests::{Netns, deploy, provisioner_bin};
+use provisioner_tests::{Netns, deploy, kubelet, provisioner_bin};
 
 /// Where the image holds the binary (the init step copies it from there).
 const IMAGE_BINARY: &str = "/usr/local/bin/provisioner";
@@ -136,6 +136,7 @@ fn manifests_parse_as_typed_kubernetes_objects() -> Result<()> {
         ("/run/netns", "/run/netns"),
         ("/sys/kernel/tracing", "/sys/kernel/tracing"),
         ("/host/proc/sys/net", "/proc/sys/net"),
+        ("/run/containerd", "/run/containerd"),
     ];
     for (path, host) in expected {
         assert_eq!(m.get(path).map(String::as_str), Some(host), "{path}: {m:?}");
@@ -176,7 +177,7 @@ fn containers_run_with_least_privilege() -> Result<()> {
     let spec = pod_spec(&ds)?;
     let expected_adds: [(&str, &[&str]); 2] = [
         ("install", &[]),
-        ("provisioner", &["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"]),
+        ("provisioner", &["NET_ADMIN", "SYS_ADMIN"]),
     ];
     for (name, adds) in expected_adds {
         let c = spec
@@ -201,6 +202,118 @@ fn containers_run_with_least_privilege() -> Result<()> {
         let added: Vec<&str> = caps.add.iter().flatten().map(String::as_str).collect();
         assert_eq!(added, adds, "{name}");
     }
+    let seccomp = spec
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.seccomp_profile.as_ref())
+        .context("the pod sets no seccompProfile")?;
+    assert_eq!(seccomp.type_, "RuntimeDefault");
+    Ok(())
+}
+
+/// The values of `--flag=VALUE` in `argv`.
+fn flag_values<'a>(argv: &'a [String], flag: &str) -> Vec<&'a str> {
+    argv.iter()
+        .filter_map(|a| a.strip_prefix(flag)?.strip_prefix('='))
+        .collect()
+}
+
+/// The daemon serves /metrics on the node's address, from the downward API, at the port and
+/// path its annotations, its declared port, the PodMonitor and the example scrape job name;
+/// the CRI socket it asks is pinned (and mounted), not taken from a process on the node.
+#[test]
+fn the_cluster_can_scrape_what_the_manifests_say() -> Result<()> {
+    let ds = daemon_set()?;
+    let spec = pod_spec(&ds)?;
+    let daemon = container(spec, "provisioner")?;
+    let run = argv(daemon);
+    let template = &ds.spec.as_ref().context("no spec")?.template;
+    let meta = template.metadata.as_ref().context("no pod metadata")?;
+    let annotation = |key: &str| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .cloned()
+            .with_context(|| format!("no annotation {key}"))
+    };
+    assert_eq!(annotation("prometheus.io/scrape")?, "true");
+    let port: u16 = annotation("prometheus.io/port")?.parse()?;
+    let path = annotation("prometheus.io/path")?;
+    assert_eq!(path, "/metrics");
+    let declared = daemon
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("metrics"))
+        .context("no container port named metrics")?;
+    assert_eq!(declared.container_port, i32::from(port));
+
+    // `--metrics-addr=$(NODE_IP)`, NODE_IP being the node's address: the downward API's
+    // status.hostIP; the binary's default port is the annotated one.
+    let node_ip = daemon
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_IP")
+        .context("no env NODE_IP")?;
+    let field = node_ip
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref())
+        .context("NODE_IP is not from the downward API")?;
+    assert_eq!(field.field_path, "status.hostIP");
+    let addrs = flag_values(&run, "--metrics-addr");
+    assert!(addrs.contains(&"$(NODE_IP)"), "{addrs:?}");
+    assert!(
+        addrs.contains(&format!("127.0.0.1:{port}").as_str()),
+        "{addrs:?}"
+    );
+    let alone =
+        provisioner::metrics::http::parse_addr("10.0.0.5").map_err(|e| anyhow::anyhow!(e))?;
+    assert_eq!(alone.port(), port);
+
+    let sockets = flag_values(&run, "--cri-socket");
+    assert_eq!(sockets, ["/run/containerd/containerd.sock"]);
+    assert!(
+        mounts(spec, daemon).contains_key("/run/containerd"),
+        "the pinned CRI socket's dir is not mounted"
+    );
+
+    let monitor: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(deploy::pod_monitor_path())?)?;
+    assert_eq!(monitor["kind"], "PodMonitor");
+    let namespace = ds.metadata.namespace.as_deref().context("no namespace")?;
+    assert_eq!(
+        monitor["spec"]["namespaceSelector"]["matchNames"][0],
+        namespace
+    );
+    let pod_labels = meta.labels.clone().unwrap_or_default();
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .context("PodMonitor without matchLabels")?;
+    for (key, value) in selector {
+        let (Some(key), Some(value)) = (key.as_str(), value.as_str()) else {
+            bail!("PodMonitor matchLabels: {key:?}: {value:?}");
+        };
+        assert_eq!(
+            pod_labels.get(key).map(String::as_str),
+            Some(value),
+            "{key}"
+        );
+    }
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(endpoint["path"], path.as_str());
+    let job = endpoint["relabelings"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|r| r["targetLabel"] == "job")
+        .and_then(|r| r["replacement"].as_str())
+        .context("the PodMonitor sets no job")?;
+    let example: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(deploy::scrape_config_path())?)?;
+    assert_eq!(example["scrape_configs"][0]["job_name"], job);
     Ok(())
 }
 
@@ -211,7 +324,15 @@ fn commands_the_manifests_run_are_accepted_by_the_binary() -> Result<()> {
     let daemon = container(spec, "provisioner")?;
     let run = argv(daemon);
     assert_eq!(run.get(1).map(String::as_str), Some("daemon"), "{run:?}");
-    assert_accepted(&run)?;
+    // As the kubelet expands them, on a node of either family.
+    for node_ip in ["10.0.0.5", "fd00::5"] {
+        let env = [provisioner_tests::cri::KeyValue {
+            key: "NODE_IP".to_owned(),
+            value: node_ip.to_owned(),
+        }];
+        let expanded: Vec<String> = run.iter().map(|a| kubelet::expand(a, &env)).collect();
+        assert_accepted(&expanded)?;
+    }
     let install = argv(init_container(spec)?);
     assert_eq!(
         install.get(1).map(String::as_str),
@@ -229,16 +350,23 @@ fn init_container(spec: &PodSpec) -> Result<&Container> {
         .context("no init container `install`")
 }
 
+/// The daemon's loopback `--metrics-addr`, where the kubelet probes it.
+fn loopback_metrics_addr(daemon: &Container) -> Result<String> {
+    let run = argv(daemon);
+    flag_values(&run, "--metrics-addr")
+        .into_iter()
+        .find(|a| a.starts_with("127.0.0.1:"))
+        .map(str::to_owned)
+        .context("the daemon has no loopback --metrics-addr")
+}
+
 /// The httpGet action of a probe, checked to target the daemon's metrics listener the way a
-/// host-network pod must: on 127.0.0.1, at the port of `--metrics-addr`.
+/// host-network pod must: on 127.0.0.1, at the port of its loopback `--metrics-addr`.
 fn http_probe<'a>(daemon: &Container, probe: Option<&'a Probe>, what: &str) -> Result<&'a str> {
     let get: &HTTPGetAction = probe
         .and_then(|p| p.http_get.as_ref())
         .with_context(|| format!("no httpGet {what} probe"))?;
-    let listen = argv(daemon)
-        .iter()
-        .find_map(|a| a.strip_prefix("--metrics-addr=").map(str::to_owned))
-        .context("the daemon has no --metrics-addr")?;
+    let listen = loopback_metrics_addr(daemon)?;
     let port = match &get.port {
         IntOrString::Int(port) => *port,
         IntOrString::String(name) => bail!("{what} probe: named port {name}"),
@@ -262,11 +390,8 @@ fn probes_follow_daemon_liveness_and_readiness() -> Result<()> {
     let startup = http_probe(c, c.startup_probe.as_ref(), "startup")?;
     let liveness = http_probe(c, c.liveness_probe.as_ref(), "liveness")?;
     let readiness = http_probe(c, c.readiness_probe.as_ref(), "readiness")?;
-    let metrics_arg = argv(c)
-        .into_iter()
-        .find(|a| a.starts_with("--metrics-addr="))
-        .context("no --metrics-addr")?;
-    let addr = metrics_arg.trim_start_matches("--metrics-addr=").to_owned();
+    let addr = loopback_metrics_addr(c)?;
+    let metrics_arg = format!("--metrics-addr={addr}");
 
     let node = Netns::new("node")?;
     let dir = tempfile::tempdir()?;

@@ -3,13 +3,13 @@
 //! health endpoints, the JSON log, and `promtool` on the rules.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
+use provisioner_tests::prometheus::{Prometheus, http_get};
 use provisioner_tests::{Netns, RuntimeNetns, wait_until};
 use serde_json::Value;
 use testkit::daemon::write_conflist;
@@ -19,7 +19,6 @@ const PATIENCE: Duration = Duration::from_secs(40);
 /// Prometheus' scrape and rule evaluation interval in the test.
 const INTERVAL: Duration = Duration::from_secs(1);
 const METRICS_PORT: u16 = 9640;
-const PROMETHEUS_PORT: u16 = 9090;
 /// The job name the dashboard's `$job` variable defaults to.
 const JOB: &str = "provisioner";
 /// What the test gives the dashboard's `$__rate_interval`: covers the whole scenario.
@@ -32,171 +31,23 @@ fn monitoring_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")
 }
 
-/// `GET path` on a loopback port inside `netns`; the status code and the body.
-fn http_get(netns: &Netns, port: u16, path: &str) -> Result<(u16, String)> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> Result<(u16, String)> {
-                netns.enter_thread()?;
-                let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
-                    .with_context(|| format!("connect to 127.0.0.1:{port} in {}", netns.name()))?;
-                stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-                stream.write_all(
-                    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                        .as_bytes(),
-                )?;
-                let mut response = Vec::new();
-                stream.read_to_end(&mut response)?;
-                let response = String::from_utf8_lossy(&response);
-                let (head, body) = response
-                    .split_once("\r\n\r\n")
-                    .with_context(|| format!("no HTTP body for {path}: {response}"))?;
-                let status = head
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|s| s.parse().ok())
-                    .with_context(|| format!("no HTTP status for {path}: {head}"))?;
-                let body = if head
-                    .to_ascii_lowercase()
-                    .contains("transfer-encoding: chunked")
-                {
-                    dechunk(body)
-                } else {
-                    body.to_owned()
-                };
-                Ok((status, body))
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("HTTP thread for {path} panicked"))?
-    })
+/// Starts Prometheus in `netns` scraping the daemon's loopback metrics port with the rules of
+/// deploy/monitoring, and waits until it is ready.
+fn start_prometheus(netns: &Netns) -> Result<Prometheus<'_>> {
+    let rules = monitoring_dir().join("rules.yaml").canonicalize()?;
+    let config = format!(
+        "global:\n  scrape_interval: {i}s\n  evaluation_interval: {i}s\n\
+         rule_files:\n  - {rules}\n\
+         scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      \
+         - targets: ['127.0.0.1:{METRICS_PORT}']\n",
+        i = INTERVAL.as_secs(),
+        rules = rules.display(),
+    );
+    Prometheus::start(netns, &config)
 }
 
-/// The body of a chunked HTTP/1.1 response.
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-fn url_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A Prometheus server inside a netns, killed (by pid) and its directory removed on drop.
-struct Prometheus<'n> {
-    child: Child,
-    netns: &'n Netns,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus<'_> {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl<'n> Prometheus<'n> {
-    /// Starts Prometheus in `netns` scraping the daemon's loopback metrics port with the rules
-    /// of deploy/monitoring, and waits until it is ready.
-    fn start(netns: &'n Netns) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let rules = monitoring_dir().join("rules.yaml").canonicalize()?;
-        let config = format!(
-            "global:\n  scrape_interval: {i}s\n  evaluation_interval: {i}s\n\
-             rule_files:\n  - {rules}\n\
-             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      \
-             - targets: ['127.0.0.1:{METRICS_PORT}']\n",
-            i = INTERVAL.as_secs(),
-            rules = rules.display(),
-        );
-        let config_file = dir.path().join("prometheus.yml");
-        std::fs::write(&config_file, config)?;
-        let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
-        let mut cmd = Command::new("prometheus");
-        cmd.arg(format!("--config.file={}", config_file.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        netns.enter(&mut cmd)?;
-        let child = cmd
-            .spawn()
-            .context("start prometheus (apt-get install prometheus)")?;
-        let prometheus = Self { child, netns, dir };
-        wait_until("prometheus ready", PATIENCE, || {
-            Ok(matches!(prometheus.get("/-/ready"), Ok((200, _))).then_some(()))
-        })
-        .with_context(|| prometheus.log())?;
-        Ok(prometheus)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    fn get(&self, path: &str) -> Result<(u16, String)> {
-        http_get(self.netns, PROMETHEUS_PORT, path)
-    }
-
-    /// The `data` of a successful API answer.
-    fn api(&self, path: &str) -> Result<Value> {
-        let (status, body) = self.get(path)?;
-        let answer: Value =
-            serde_json::from_str(&body).with_context(|| format!("{path}: {status} {body}"))?;
-        ensure!(
-            status == 200 && answer["status"] == "success",
-            "{path}: {status} {body}"
-        );
-        Ok(answer["data"].clone())
-    }
-
-    /// The instant vector (or scalar) `expr` evaluates to now; an error if it does not parse.
-    fn query(&self, expr: &str) -> Result<Vec<Value>> {
-        let data = self
-            .api(&format!("/api/v1/query?query={}", url_encode(expr)))
-            .with_context(|| format!("query {expr}"))?;
-        Ok(match data["resultType"].as_str() {
-            Some("vector" | "matrix") => data["result"].as_array().cloned().unwrap_or_default(),
-            _ => vec![data["result"].clone()],
-        })
-    }
-
-    fn firing(&self, alertname: &str) -> Result<Vec<Value>> {
-        let data = self.api("/api/v1/alerts")?;
-        Ok(data["alerts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| a["labels"]["alertname"] == alertname && a["state"] == "firing")
-            .cloned()
-            .collect())
-    }
-}
-
-/// Every (alert name, expression) of rules.yaml.
-fn rule_expressions() -> Result<Vec<(String, String)>> {
+/// Every alert rule of rules.yaml, with its name.
+fn alert_rules() -> Result<Vec<(String, serde_norway::Value)>> {
     let text = std::fs::read_to_string(monitoring_dir().join("rules.yaml"))?;
     let rules: serde_norway::Value = serde_norway::from_str(&text)?;
     let mut out = Vec::new();
@@ -205,12 +56,22 @@ fn rule_expressions() -> Result<Vec<(String, String)>> {
             let name = rule["alert"]
                 .as_str()
                 .context("a rule without alert name")?;
-            let expr = rule["expr"].as_str().context("a rule without expr")?;
-            out.push((name.to_owned(), expr.trim().to_owned()));
+            out.push((name.to_owned(), rule.clone()));
         }
     }
     ensure!(!out.is_empty(), "no rule in rules.yaml");
     Ok(out)
+}
+
+/// Every (alert name, expression) of rules.yaml.
+fn rule_expressions() -> Result<Vec<(String, String)>> {
+    alert_rules()?
+        .into_iter()
+        .map(|(name, rule)| {
+            let expr = rule["expr"].as_str().context("a rule without expr")?;
+            Ok((name, expr.trim().to_owned()))
+        })
+        .collect()
 }
 
 /// The quantity an alert expression compares (`<quantity> <op> <threshold>`).
@@ -356,7 +217,7 @@ fn a_real_prometheus_fires_the_alerts_and_evaluates_every_rule_and_panel() -> Re
     assert_eq!(health, 200, "alive while not ready");
     assert_eq!(ready, 503, "not ready: {body}");
 
-    let prometheus = Prometheus::start(&node)?;
+    let prometheus = start_prometheus(&node)?;
     let rules = rule_expressions()?;
     let expr_of = |alert: &str| -> Result<String> {
         rules
@@ -533,6 +394,128 @@ fn promtool_checks_and_tests_the_rules() -> Result<()> {
     Ok(())
 }
 
+/// The sections every runbook has, in order.
+const RUNBOOK_SECTIONS: &[&str] = &[
+    "## What fired",
+    "## What it means for",
+    "## Diagnose",
+    "## Mitigate",
+];
+
+fn repository_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every (alert name, `runbook_url` annotation) of rules.yaml.
+fn runbook_urls() -> Result<Vec<(String, Option<String>)>> {
+    Ok(alert_rules()?
+        .into_iter()
+        .map(|(name, rule)| {
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .map(str::to_owned);
+            (name, url)
+        })
+        .collect())
+}
+
+/// The `provisioner ...` commands a page tells the operator to run: code-block lines and inline
+/// code spans starting with `provisioner `, cut at a shell pipe or comment.
+fn provisioner_commands(page: &str) -> Vec<Vec<String>> {
+    let mut candidates: Vec<&str> = Vec::new();
+    let mut in_block = false;
+    for line in page.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block;
+        } else if in_block {
+            candidates.push(line.trim());
+        } else {
+            candidates.extend(line.split('`').skip(1).step_by(2));
+        }
+    }
+    candidates
+        .into_iter()
+        .filter_map(|c| c.strip_prefix("provisioner "))
+        .map(|c| {
+            let end = [c.find(" |"), c.find(" #")].into_iter().flatten().min();
+            c[..end.unwrap_or(c.len())]
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
+        .collect()
+}
+
+/// Every alert links the runbook under docs/runbooks/ named after it, every runbook page is
+/// linked by the alert it is named after, each page has the sections of a runbook, and every
+/// `provisioner` command a page tells the operator to run is one the binary accepts.
+#[test]
+fn every_alert_has_its_runbook_and_every_runbook_its_alert() -> Result<()> {
+    let root = repository_root();
+    let alerts = runbook_urls()?;
+    for (alert, url) in &alerts {
+        let url = url
+            .as_deref()
+            .with_context(|| format!("alert {alert} has no runbook_url annotation"))?;
+        ensure!(
+            url == format!("docs/runbooks/{alert}.md"),
+            "alert {alert}: runbook_url {url} is not docs/runbooks/{alert}.md"
+        );
+        let page = std::fs::read_to_string(root.join(url))
+            .with_context(|| format!("alert {alert}: its runbook {url}"))?;
+        ensure!(
+            page.lines().next() == Some(format!("# {alert}").as_str()),
+            "{url} does not start with the title # {alert}"
+        );
+        let mut from = 0;
+        for section in RUNBOOK_SECTIONS {
+            let at = page[from..]
+                .find(section)
+                .with_context(|| format!("{url}: no section {section:?} (in order)"))?;
+            from += at + section.len();
+        }
+        let commands = provisioner_commands(&page);
+        ensure!(!commands.is_empty(), "{url} names no provisioner command");
+        for args in commands {
+            let out = Command::new(provisioner_tests::provisioner_bin())
+                .args(&args)
+                .arg("--help")
+                .env_remove("CNI_COMMAND")
+                .output()
+                .context("run provisioner")?;
+            ensure!(
+                out.status.success(),
+                "{url}: `provisioner {}` is refused by the binary: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let linked: BTreeSet<String> = alerts.iter().map(|(a, _)| format!("{a}.md")).collect();
+    for entry in std::fs::read_dir(root.join("docs/runbooks"))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        ensure!(
+            linked.contains(&name),
+            "docs/runbooks/{name} is the runbook of no alert in rules.yaml"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn runbook_commands_are_read_as_written() {
+    let page = "run `provisioner why NS/NAME` or\n```sh\nprovisioner status   # ready?\n\
+                provisioner sandboxes --json | grep x\nls\n```\n`kubectl get`";
+    assert_eq!(
+        provisioner_commands(page),
+        vec![
+            vec!["why".to_owned(), "NS/NAME".to_owned()],
+            vec!["status".to_owned()],
+            vec!["sandboxes".to_owned(), "--json".to_owned()],
+        ]
+    );
+}
+
 /// Rust crates of the workspace, as code spells them: not metric names.
 const CRATE_NAMES: &[&str] = &[
     "provisioner_tests",
@@ -563,7 +546,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 fn documents() -> Result<Vec<PathBuf>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = vec![root.join("README.md")];
-    for dir in ["docs", "deploy/monitoring"] {
+    for dir in ["docs", "docs/runbooks", "deploy/monitoring"] {
         for entry in std::fs::read_dir(root.join(dir))? {
             let path = entry?.path();
             if path

@@ -40,11 +40,11 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ("runc", "/usr/sbin/runc"),
     // Installs /etc/cni/net.d/87-podman-bridge.conflist; the tests never read /etc/cni/net.d.
     ("podman", "/usr/bin/podman"),
+    // `docker load` of the image (tests/tests/daemonset.rs), into an engine of the test's own.
+    ("docker.io", "/usr/sbin/dockerd"),
     // The tests' pause and busybox images (no registry). Probed by its doc dir: the dynamic
     // `busybox` package also provides /bin/busybox, which cannot run alone in an image.
     ("busybox-static", "/usr/share/doc/busybox-static"),
-    // protoc, for the build of the CRI client (k8s-cri).
-    ("protobuf-compiler", "/usr/bin/protoc"),
     // musl-gcc, which compiles mimalloc's C for the musl release build (release::RELEASE_TARGET).
     ("musl-tools", "/usr/bin/musl-gcc"),
     // The real Prometheus and promtool of tests/tests/monitoring.rs (deploy/monitoring).

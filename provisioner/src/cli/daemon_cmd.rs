@@ -40,9 +40,10 @@ pub struct DaemonArgs {
     /// Host ("node") network namespace path; default: the daemon's own.
     #[arg(long)]
     host_netns: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9640.
-    #[arg(long)]
-    metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics (/metrics) and the health endpoints (/healthz, /readyz) on
+    /// this address: IP:PORT, or an IP alone for port 9640 (repeatable: one listener each).
+    #[arg(long, value_name = "ADDR", value_parser = provisioner::metrics::http::parse_addr)]
+    metrics_addr: Vec<std::net::SocketAddr>,
     /// Do not trace sandbox network setup in the kernel.
     #[arg(long)]
     no_trace: bool,
@@ -145,7 +146,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         config_source,
         render,
         host_netns: args.host_netns,
-        metrics_addr: args.metrics_addr,
+        metrics_addrs: args.metrics_addr,
         trace,
         limits,
         netlink_timeout,

@@ -3,6 +3,7 @@
 mod daemon_cmd;
 mod install;
 mod local_ops;
+mod log_writer;
 mod output;
 mod plugin;
 mod remote_ops;
@@ -250,12 +251,17 @@ pub enum LogFormat {
 fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
-        LogFormat::Text => builder.with_ansi(colored_log()).init(),
+        LogFormat::Text if colored_log() => {
+            builder.with_ansi(true).with_writer(std::io::stderr).init()
+        }
+        LogFormat::Text => builder
+            .with_ansi(false)
+            .with_writer(log_writer::LineSafeStderr)
+            .init(),
         LogFormat::Json => builder
+            .with_writer(std::io::stderr)
             .json()
             .flatten_event(true)
             .with_current_span(false)

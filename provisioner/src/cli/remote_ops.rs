@@ -10,6 +10,7 @@ use provisioner::daemon::api::WhyAnswer;
 use provisioner::daemon::api::{AllocationInfo, Request, Response, SandboxRequest, Status};
 use provisioner::daemon::client;
 use provisioner::pod::{Pod, PodName};
+use provisioner::text::{escaped, escaped_lines};
 use provisioner::trace::{Backend, ObservationStatus};
 
 use super::SandboxArgs;
@@ -212,10 +213,12 @@ pub fn sandboxes(
         let who = if who.is_empty() {
             String::new()
         } else {
-            format!("{}: ", who.join(" "))
+            format!("{}: ", escaped(&who.join(" ")))
         };
         for line in view["text"].as_array().into_iter().flatten() {
-            println!("{who}{}", line.as_str().unwrap_or_default());
+            // Rendered by the daemon, line by line escaped already; escaped again in case an
+            // older daemon did not.
+            println!("{who}{}", escaped_lines(line.as_str().unwrap_or_default()));
         }
     }
     let absent = result["absent"].as_array().cloned().unwrap_or_default();
@@ -225,7 +228,7 @@ pub fn sandboxes(
             .flatten()
             .map(|p| format!("pod {} ", p.qualified_name()))
             .unwrap_or_default();
-        println!(
+        let line = format!(
             "ABSENT {pod}container {} ({}) [{}]: {} ({})",
             gone["container_id"].as_str().unwrap_or("?"),
             gone["ifname"].as_str().unwrap_or("?"),
@@ -239,6 +242,7 @@ pub fn sandboxes(
             gone["what"].as_str().unwrap_or_default(),
             gone["at"].as_str().unwrap_or_default()
         );
+        println!("{}", escaped(&line));
     }
     eprintln!("{} sandbox namespace(s)", sandboxes.len());
     Ok(())
@@ -256,7 +260,7 @@ pub fn why(socket: &Path, pod: &str, json: bool) -> Result<bool> {
         println!("{}", serde_json::to_string_pretty(&answer)?);
     } else {
         for explanation in &answer.sandboxes {
-            println!("{explanation}");
+            println!("{}", escaped_lines(explanation));
         }
     }
     if answer.sandboxes.is_empty() {

@@ -72,8 +72,8 @@ pub struct DaemonOptions {
     pub render: Option<RenderAtStart>,
     /// Host ("node") network namespace; default: the daemon's own.
     pub host_netns: Option<PathBuf>,
-    /// Serve Prometheus metrics here (loopback recommended).
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics and the health endpoints on each of these.
+    pub metrics_addrs: Vec<std::net::SocketAddr>,
     /// Kernel tracing of sandbox setups; `None` turns it off.
     pub trace: Option<TraceOptions>,
     /// Bounds on operations and connections.
@@ -122,9 +122,11 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     state.apply_config(initial).await;
 
     let follower = spawn_config_follower(Arc::clone(&state), config_rx);
-    let metrics_server = opts
-        .metrics_addr
-        .map(|addr| spawn_metrics_server(addr, Arc::clone(&state)));
+    let metrics_servers: Vec<JoinHandle<()>> = opts
+        .metrics_addrs
+        .iter()
+        .map(|addr| spawn_metrics_server(*addr, Arc::clone(&state)))
+        .collect();
     let (listener, socket_file) = bind(&opts.socket)?;
     let status = state.status().await;
     tracing::info!(
@@ -144,7 +146,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     socket_file.remove_if_ours();
     drain(&mut in_flight, &state).await;
     follower.abort();
-    if let Some(server) = metrics_server {
+    for server in metrics_servers {
         server.abort();
     }
     drop(watcher);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tracing::Level;
 
 use crate::pod::{Pod, PodName};
+use crate::text::escaped;
 use crate::trace::{Drift, IntentStatus, IntentVerdict, NetnsVerdict, Verdict};
 
 /// A report of the kernel watch as its sandbox view holds it.
@@ -17,9 +18,10 @@ pub(super) enum Reported {
     Drift(Box<Drift>),
 }
 
-/// `pod default/web-0 (uid .., sandbox ..)`, `pod unknown (why)` or `pod unknown`.
+/// `pod default/web-0 (uid .., sandbox ..)`, `pod unknown (why)` or `pod unknown`, escaped.
 fn describe(pod: Option<&PodName>) -> String {
-    pod.map_or_else(|| crate::pod::describe(None), ToString::to_string)
+    let who = pod.map_or_else(|| crate::pod::describe(None), ToString::to_string);
+    escaped(&who).into_owned()
 }
 
 /// Logs `report` about the sandbox of `pod` when an operator should see it: alarms and their
@@ -39,11 +41,16 @@ fn verdict(v: &NetnsVerdict, pod: Option<&PodName>) {
     let name = v.verdict.as_str().to_uppercase();
     let netns = format!("net:[{}]", v.netns.inode);
     let verdict = v.verdict.as_str();
-    let reason = v.reason.as_str();
+    // Names from the kernel (comm, file names) and a runtime: escaped in the message and in
+    // the fields written as they are.
+    let reason = escaped(&v.reason);
+    let reason = reason.as_ref();
+    let creator = v.creator.to_string();
+    let creator = escaped(&creator);
     macro_rules! verdict_event {
         ($level:expr, $($rest:tt)+) => {
             crate::pod_event!($level, known, None, netns = %netns, verdict, reason,
-                netns_cookie = v.netns.cookie, netns_inode = v.netns.inode, creator = %v.creator,
+                netns_cookie = v.netns.cookie, netns_inode = v.netns.inode, creator = %creator,
                 evidence = %v.evidence, $($rest)+)
         };
     }
@@ -97,8 +104,9 @@ fn intent(i: &IntentVerdict, pod: Option<&PodName>) {
 fn drift(d: &Drift, pod: Option<&PodName>) {
     let known = pod.and_then(PodName::known);
     let who = describe(pod);
+    let what = escaped(&d.what);
     crate::pod_event!(Level::WARN, known, Some(d.key.container_id.as_str()),
-        netns_cookie = d.netns_cookie, sandbox = %d.key, what = %d.what,
+        netns_cookie = d.netns_cookie, sandbox = %d.key, what = %what,
         by = ?d.by.as_ref().map(ToString::to_string),
-        "DRIFT {who}: sandbox network drifted: {}", d.what);
+        "DRIFT {who}: sandbox network drifted: {what}");
 }

@@ -11,67 +11,73 @@ use crate::trace::{IntentStatus, Verdict};
 
 use super::kernel_watch::{AbsentSandbox, SandboxView};
 
-/// The explanation of one sandbox of a pod.
+/// The explanation of one sandbox of a pod: one line per part, each [escaped] (the names in
+/// it come from the kernel, a runtime or a socket caller).
+///
+/// [escaped]: crate::text::escaped
 pub fn explain(view: &SandboxView) -> String {
-    let mut s = match view.pod() {
+    let mut head = match view.pod() {
         Some(pod @ PodName::Known { source, .. }) => format!("{pod}, named by {source}"),
         Some(pod) => pod.to_string(),
         None => crate::pod::describe(None),
     };
     if let Some(container) = &view.container_id {
-        let _ = write!(s, ", container {container}");
+        let _ = write!(head, ", container {container}");
     }
+    let mut lines = vec![head];
     if let Some(v) = &view.verdict {
-        let _ = write!(
-            s,
-            "\n  verdict: {} (netns cookie={} inode={}, created by {}; evidence: {}): {}",
+        lines.push(format!(
+            "  verdict: {} (netns cookie={} inode={}, created by {}; evidence: {}): {}",
             v.verdict.as_str().to_uppercase(),
             v.netns.cookie,
             v.netns.inode,
             v.creator,
             v.evidence,
             v.reason
-        );
+        ));
     } else {
-        s.push_str("\n  verdict: none yet");
+        lines.push("  verdict: none yet".to_owned());
     }
     if let Some(i) = &view.intent {
         let pod = view.pod().and_then(PodName::known);
-        let _ = write!(s, "\n  {}", intent_line(i, pod));
+        lines.push(format!("  {}", intent_line(i, pod)));
     }
     if let Some(removed) = &view.removed {
-        let _ = write!(
-            s,
-            "\n  removed by {} at {}: addresses [{}] released",
+        lines.push(format!(
+            "  removed by {} at {}: addresses [{}] released",
             removed.by.to_uppercase(),
             removed.at,
             removed.addresses.join(", ")
-        );
+        ));
     }
     if let Some(v) = &view.verdict
         && !v.timeline.is_empty()
     {
-        s.push_str("\n  timeline:");
-        for entry in &v.timeline {
-            let _ = write!(s, "\n    {entry}");
-        }
+        lines.push("  timeline:".to_owned());
+        lines.extend(v.timeline.iter().map(|entry| format!("    {entry}")));
     }
-    for drift in &view.drifts {
-        let _ = write!(s, "\n  drift: {}", drift.what);
-    }
-    let _ = write!(s, "\n  diagnosis: {}", diagnosis(view));
-    s
+    lines.extend(view.drifts.iter().map(|d| format!("  drift: {}", d.what)));
+    lines.push(format!("  diagnosis: {}", diagnosis(view)));
+    lines
+        .iter()
+        .map(|line| crate::text::escaped(line))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// An absent sandbox of a pod (found at start without its namespace).
 pub fn explain_absent(absent: &AbsentSandbox) -> String {
-    format!(
-        "{}, container {} ({})\n  verdict: none (absent since {})\n  diagnosis: {}",
+    let head = format!(
+        "{}, container {} ({})",
         crate::pod::describe(absent.pod.as_ref()),
         absent.container_id,
-        absent.ifname,
+        absent.ifname
+    );
+    format!(
+        "{}\n  verdict: none (absent since {})\n  diagnosis: {}",
+        crate::text::escaped(&head),
         absent.at,
-        absent.what
+        crate::text::escaped(&absent.what)
     )
 }
 

@@ -67,7 +67,7 @@ pub enum DataplaneError {
     InvalidSpec(String),
 
     /// Opening a netns path failed.
-    #[error("open netns {netns}: {source}")]
+    #[error("open netns {netns}: {source}{}", privilege_hint(.netns, .source))]
     OpenNetns {
         netns: String,
         #[source]
@@ -185,6 +185,20 @@ fn join_errors(errors: &[DataplaneError]) -> String {
         .join("; ")
 }
 
+/// What an `EACCES` on another process's `/proc/<pid>/ns/net` means: the daemon lacks
+/// `CAP_SYS_PTRACE` over that process (docs/kubernetes.md says when to add it).
+fn privilege_hint(netns: &str, source: &io::Error) -> &'static str {
+    let of_another_process = netns
+        .strip_prefix("/proc/")
+        .and_then(|rest| rest.split('/').next())
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+    if of_another_process && source.kind() == io::ErrorKind::PermissionDenied {
+        " (opening another process's namespace needs CAP_SYS_PTRACE)"
+    } else {
+        ""
+    }
+}
+
 impl DataplaneError {
     /// The errno behind a netlink/io error, if there is one.
     #[must_use]
@@ -228,3 +242,31 @@ impl fmt::Display for CheckFailure {
 }
 
 impl std::error::Error for CheckFailure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_proc_namespace_names_the_missing_capability() {
+        let refused = |netns: &str| {
+            DataplaneError::OpenNetns {
+                netns: netns.to_owned(),
+                source: io::Error::from_raw_os_error(libc::EACCES),
+            }
+            .to_string()
+        };
+        assert!(
+            refused("/proc/4242/ns/net").ends_with("needs CAP_SYS_PTRACE)"),
+            "{}",
+            refused("/proc/4242/ns/net")
+        );
+        assert!(!refused("/run/netns/cni-1").contains("PTRACE"));
+        assert!(!refused("/proc/self/ns/net").contains("PTRACE"));
+        let missing = DataplaneError::OpenNetns {
+            netns: "/proc/4242/ns/net".to_owned(),
+            source: io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert!(!missing.to_string().contains("PTRACE"), "{missing}");
+    }
+}

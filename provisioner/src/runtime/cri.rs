@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1 as cri;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use provisioner_cri::v1 as cri;
+use provisioner_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::netns::netns_path_from_info;
 
-pub use k8s_cri::v1::{PodSandbox, PodSandboxState};
+pub use provisioner_cri::v1::{PodSandbox, PodSandboxState};
 
 /// Why a CRI call gave no answer.
 #[derive(Debug)]

@@ -2,6 +2,7 @@
 //! configuration), where they serve CRI, and which pod a sandbox namespace belongs to. Knows
 //! neither the kernel watch nor netlink.
 
+pub mod bounded;
 pub mod cri;
 pub mod netns;
 pub mod process;

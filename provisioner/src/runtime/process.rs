@@ -1,7 +1,12 @@
-//! A runtime process as the node sees it: its command line, and the configuration it reads
-//! (found through that command line, as the runtime itself finds it).
+//! A runtime process as the node sees it: whether it is one (by its executable and its user,
+//! not its name), its command line, and the configuration it reads (found through that
+//! command line, as the runtime itself finds it, each file read within bounds).
 
+use std::fmt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use super::bounded;
 
 /// containerd's config when its command line names none.
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
@@ -34,6 +39,130 @@ pub fn comm(pid: u32) -> Option<String> {
     Some(comm.trim_end_matches('\n').to_owned())
 }
 
+/// Why a process named like a runtime is not taken for one: its command line, and every file
+/// it names, are then left unread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Untrusted {
+    /// It is gone (or its `/proc` entry cannot be read at all).
+    Gone,
+    /// One of its user ids (real, effective, saved, file system) is not root's.
+    NotRoot(String),
+    /// Its executable cannot be read (`/proc/PID/exe` needs `CAP_SYS_PTRACE` over a process
+    /// that holds capabilities the daemon lacks).
+    ExecutableUnreadable(String),
+    /// Its executable is not the runtime's: named otherwise, or writable by others than root.
+    Executable(String),
+    /// It runs in a mount namespace other than the node's (a container's).
+    OtherMountNamespace,
+}
+
+impl fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gone => f.write_str("the process is gone"),
+            Self::NotRoot(uids) => write!(f, "it does not run as root (uids {uids})"),
+            Self::ExecutableUnreadable(err) => write!(f, "its executable cannot be read: {err}"),
+            Self::Executable(why) => write!(f, "its executable {why}"),
+            Self::OtherMountNamespace => {
+                f.write_str("it runs in another mount namespace than the node's")
+            }
+        }
+    }
+}
+
+/// A runtime process whose command line, and the files it names, the daemon reads: it runs as
+/// root in every user id, from an executable whose file name is the runtime's (`/proc/PID/exe`,
+/// not the comm, which any process sets) and which only root can write, in the node's mount
+/// namespace (that of PID 1).
+#[derive(Clone, Debug)]
+pub struct RuntimeProcess {
+    pub pid: u32,
+    /// Its arguments, argv[0] first.
+    pub args: Vec<String>,
+}
+
+/// The file names a runtime's executable may have, by its comm.
+fn executable_names(comm: &str) -> Option<fn(&str) -> bool> {
+    Some(match comm {
+        // Its comm is cut to 15 bytes: "containerd-shim" for containerd-shim-runc-v2.
+        c if c.starts_with("containerd-shim") => |n: &str| n.starts_with("containerd-shim"),
+        c if c.starts_with("containerd") => |n: &str| n == "containerd",
+        "crio" => |n: &str| n == "crio",
+        "pinns" => |n: &str| n == "pinns",
+        "conmon" => |n: &str| n == "conmon",
+        "podman" => |n: &str| n == "podman",
+        _ => return None,
+    })
+}
+
+impl RuntimeProcess {
+    /// Process `pid` (named `comm`) when it is the runtime its name says; `Ok(None)` when its
+    /// name is no runtime's.
+    pub fn trusted(pid: u32, comm: &str) -> Result<Option<Self>, Untrusted> {
+        let Some(named) = executable_names(comm) else {
+            return Ok(None);
+        };
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        let status = std::fs::read_to_string(proc.join("status")).map_err(|_| Untrusted::Gone)?;
+        let uids = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .ok_or(Untrusted::Gone)?;
+        if !uids.split_whitespace().all(|u| u == "0") {
+            return Err(Untrusted::NotRoot(
+                uids.split_whitespace().collect::<Vec<_>>().join(" "),
+            ));
+        }
+        let exe = std::fs::read_link(proc.join("exe"))
+            .map_err(|e| Untrusted::ExecutableUnreadable(e.to_string()))?;
+        let shown = exe.to_string_lossy();
+        let path = shown.strip_suffix(" (deleted)").unwrap_or(&shown);
+        let name = Path::new(path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if !named(&name) {
+            return Err(Untrusted::Executable(format!(
+                "{} is not {comm}'s",
+                crate::text::escaped(path)
+            )));
+        }
+        // The file itself, through the link (also when it was replaced since).
+        let file = std::fs::metadata(proc.join("exe"))
+            .map_err(|e| Untrusted::ExecutableUnreadable(e.to_string()))?;
+        if file.uid() != 0 || file.mode() & 0o022 != 0 {
+            return Err(Untrusted::Executable(format!(
+                "{} may be written by others than root",
+                crate::text::escaped(path)
+            )));
+        }
+        let theirs = mount_namespace(&proc)
+            .map_err(|e| Untrusted::ExecutableUnreadable(format!("its mount namespace: {e}")))?;
+        if node_mount_namespace() != Some(theirs) {
+            return Err(Untrusted::OtherMountNamespace);
+        }
+        // An empty command line: a zombie (or a process in the middle of an exec).
+        let args = cmdline(pid)
+            .filter(|a| !a.is_empty())
+            .ok_or(Untrusted::Gone)?;
+        Ok(Some(Self { pid, args }))
+    }
+}
+
+/// The mount namespace of process `proc` (`/proc/PID`), as (device, inode).
+fn mount_namespace(proc: &Path) -> std::io::Result<(u64, u64)> {
+    std::fs::metadata(proc.join("ns/mnt")).map(|m| (m.dev(), m.ino()))
+}
+
+/// The node's mount namespace: PID 1's (with `hostPID`, the node's init), or, where PID 1's
+/// cannot be read (PID 1 belongs to an outer user namespace), the daemon's own, which is then
+/// the node's.
+fn node_mount_namespace() -> Option<(u64, u64)> {
+    mount_namespace(Path::new("/proc/1"))
+        .or_else(|_| mount_namespace(Path::new("/proc/self")))
+        .ok()
+}
+
 /// The value of `--flag value`, `--flag=value` or, for a short flag, `-c value`, for the first
 /// of `names` present.
 pub fn flag<'a>(args: &'a [String], names: &[&str]) -> Option<&'a str> {
@@ -48,10 +177,40 @@ pub fn flag<'a>(args: &'a [String], names: &[&str]) -> Option<&'a str> {
     })
 }
 
-/// A TOML file, or `None` when it is missing or not TOML (a runtime would then use its
-/// defaults or refuse to start; either way the defaults are the best guess).
-pub fn read_toml(path: &Path) -> Option<toml::Table> {
-    std::fs::read_to_string(path).ok()?.parse().ok()
+/// A TOML file read within bounds ([`bounded::read_file`]), or why it was not: missing, refused
+/// (not a regular file, too large) or not TOML. A runtime would then use its defaults or
+/// refuse to start; either way its defaults are the best guess.
+pub fn read_toml(path: &Path) -> Result<toml::Table, ConfigUnread> {
+    let text = bounded::read_text(path).map_err(|e| {
+        if e.is_missing() {
+            ConfigUnread::Missing
+        } else {
+            ConfigUnread::Refused(e.to_string())
+        }
+    })?;
+    text.parse().map_err(|e: toml::de::Error| {
+        ConfigUnread::Refused(format!("is not TOML: {}", e.message()))
+    })
+}
+
+/// Why a runtime's config file was not read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigUnread {
+    /// It does not exist: the runtime uses its defaults.
+    Missing,
+    /// It was refused or could not be parsed, and why.
+    Refused(String),
+}
+
+impl ConfigUnread {
+    /// Why, for an answer; `None` for a missing file (the usual case of a runtime with its
+    /// defaults).
+    pub fn refusal(&self) -> Option<&str> {
+        match self {
+            Self::Missing => None,
+            Self::Refused(why) => Some(why),
+        }
+    }
 }
 
 /// The value at a dotted key path (`["plugins", "io.containerd.grpc.v1.cri", "cni"]`).
@@ -64,11 +223,11 @@ pub fn value_at<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::V
     at.get(*last)
 }
 
-/// containerd's config file (`--config`/`-c`, else the default) and its content (empty when
-/// it cannot be read).
-pub fn containerd_config(args: &[String]) -> (PathBuf, toml::Table) {
+/// containerd's config file (`--config`/`-c`, else the default) and its content (empty, with
+/// why, when it cannot be read).
+pub fn containerd_config(args: &[String]) -> (PathBuf, Result<toml::Table, ConfigUnread>) {
     let path = PathBuf::from(flag(args, &["--config", "-c"]).unwrap_or(CONTAINERD_CONFIG));
-    let table = read_toml(&path).unwrap_or_default();
+    let table = read_toml(&path);
     (path, table)
 }
 
@@ -93,7 +252,7 @@ impl CrioConfig {
         drop_ins.sort();
         let files = std::iter::once(path.clone())
             .chain(drop_ins)
-            .filter_map(|p| read_toml(&p).map(|t| (p, t)))
+            .filter_map(|p| read_toml(&p).ok().map(|t| (p, t)))
             .collect();
         Self { path, files }
     }
@@ -164,6 +323,57 @@ mod tests {
             .expect("dir");
         assert_eq!(dir_value.as_str(), Some("/n"));
         assert_eq!(from, main);
+    }
+
+    /// A root process from a root-owned executable named `containerd` is trusted (when this
+    /// test runs as root); the same process asked about as `crio` is not.
+    #[test]
+    fn a_process_is_trusted_by_its_executable_and_user() {
+        let dir = tempfile::tempdir().expect("dir");
+        let exe = dir.path().join("containerd");
+        // A shell that stays (`; :` keeps it from exec'ing its last command), with the
+        // arguments a runtime's command line would hold after its script.
+        std::fs::copy("/bin/sh", &exe).expect("copy sh");
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let mut child = std::process::Command::new(&exe)
+            .args(["-c", "sleep 5; :", "--config", "/dev/zero"])
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        // Once the shell runs its script (its child, sleep, is there).
+        for _ in 0..200 {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            if !children.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let trusted = RuntimeProcess::trusted(pid, "containerd");
+        let as_crio = RuntimeProcess::trusted(pid, "crio");
+        let not_a_runtime = RuntimeProcess::trusted(pid, "unshare");
+        let _ = child.kill();
+        let _ = child.wait();
+        if nix::unistd::geteuid().is_root() {
+            let runtime = trusted.expect("trusted").expect("a runtime's name");
+            assert_eq!(
+                runtime.args.get(3).map(String::as_str),
+                Some("--config"),
+                "{:?}",
+                runtime.args
+            );
+        } else {
+            assert!(trusted.is_err(), "{trusted:?}");
+        }
+        assert!(
+            matches!(
+                as_crio,
+                Err(Untrusted::Executable(_) | Untrusted::NotRoot(_))
+            ),
+            "{as_crio:?}"
+        );
+        assert!(matches!(not_a_runtime, Ok(None)), "{not_a_runtime:?}");
     }
 
     #[test]

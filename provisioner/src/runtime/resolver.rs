@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use super::bounded;
 use super::cri::{CriClient, CriError, PodSandbox, PodSandboxState};
 use super::netns::Wanted;
 use super::socket::{self, CONTAINERD_SOCKET, CRIO_SOCKET, CriEndpoint};
@@ -57,7 +58,7 @@ impl CriResolver {
         netns_paths: &[PathBuf],
         creator: Option<&NetnsCreator>,
     ) -> PodName {
-        let endpoints = match self.endpoints(creator) {
+        let endpoints = match self.endpoints_within_deadline(creator).await {
             Ok(endpoints) => endpoints,
             Err(reason) => return PodName::Unknown { reason },
         };
@@ -89,38 +90,28 @@ impl CriResolver {
         }
     }
 
-    /// The sockets to ask: the override (named after the creator's runtime when its name
-    /// tells, else after what the socket reports), the creator's runtime's, or (creator
-    /// unknown) the default sockets present on the node.
-    fn endpoints(&self, creator: Option<&NetnsCreator>) -> Result<Vec<CriEndpoint>, String> {
-        if let Some(socket) = &self.socket_override {
-            return Ok(vec![CriEndpoint {
-                runtime: creator
-                    .and_then(|c| socket::runtime_of_comm(&c.comm))
-                    .map(str::to_owned),
-                socket: socket.clone(),
-            }]);
+    /// [`endpoints`]: a runtime creator's command line and config are read on the
+    /// runtime-files reader, waited for at most [`bounded::DEADLINE`] from a blocking thread,
+    /// never on the caller's.
+    async fn endpoints_within_deadline(
+        &self,
+        creator: Option<&NetnsCreator>,
+    ) -> Result<Vec<CriEndpoint>, String> {
+        let reads_files = creator.is_some_and(|c| socket::is_cri_runtime_comm(&c.comm));
+        if self.socket_override.is_some() || !reads_files {
+            return endpoints(self.socket_override.as_deref(), creator);
         }
-        match creator {
-            Some(creator) => socket::endpoint_of(creator.pid, &creator.comm)
-                .map(|e| vec![e])
-                .ok_or_else(|| {
-                    format!(
-                        "no CNI plugin ran and the creator {} is not a CRI runtime",
-                        creator.comm
-                    )
-                }),
-            None => {
-                let found = socket::default_endpoints();
-                if found.is_empty() {
-                    Err(format!(
-                        "no CNI plugin ran, its creator is unknown and no CRI socket is at {CONTAINERD_SOCKET} or {CRIO_SOCKET}"
-                    ))
-                } else {
-                    Ok(found)
-                }
-            }
-        }
+        let creator = creator.cloned();
+        tokio::task::spawn_blocking(move || {
+            bounded::within_deadline(bounded::DEADLINE, move || endpoints(None, creator.as_ref()))
+        })
+        .await
+        .map_err(|e| format!("reading the creator's CRI socket failed: {e}"))?
+        .map_err(|unfinished| {
+            format!(
+                "no CNI plugin ran and the creator's CRI socket could not be read ({unfinished})"
+            )
+        })?
     }
 
     /// One lookup on one socket: `Ok` with the pod or why the runtime cannot name it, `Err`
@@ -235,6 +226,48 @@ impl CriResolver {
             .entry(socket.to_path_buf())
             .or_default()
             .insert(id.to_owned(), netns);
+    }
+}
+
+/// The sockets to ask: the override (named after the creator's runtime when its name
+/// tells, else after what the socket reports), the creator's runtime's, or (creator
+/// unknown) the default sockets present on the node.
+fn endpoints(
+    socket_override: Option<&Path>,
+    creator: Option<&NetnsCreator>,
+) -> Result<Vec<CriEndpoint>, String> {
+    if let Some(socket) = socket_override {
+        return Ok(vec![CriEndpoint {
+            runtime: creator
+                .and_then(|c| socket::runtime_of_comm(&c.comm))
+                .map(str::to_owned),
+            socket: socket.to_path_buf(),
+        }]);
+    }
+    match creator {
+        Some(creator) => match socket::endpoint_of(creator.pid, &creator.comm) {
+            Ok(Some(endpoint)) => Ok(vec![endpoint]),
+            Ok(None) => Err(format!(
+                "no CNI plugin ran and the creator {} is not a CRI runtime",
+                crate::text::escaped(&creator.comm)
+            )),
+            Err(untrusted) => Err(format!(
+                "no CNI plugin ran and the creator {}[{}] is not trusted as a CRI runtime \
+                 ({untrusted}; --cri-socket names the runtime to ask)",
+                crate::text::escaped(&creator.comm),
+                creator.pid
+            )),
+        },
+        None => {
+            let found = socket::default_endpoints();
+            if found.is_empty() {
+                Err(format!(
+                    "no CNI plugin ran, its creator is unknown and no CRI socket is at {CONTAINERD_SOCKET} or {CRIO_SOCKET}"
+                ))
+            } else {
+                Ok(found)
+            }
+        }
     }
 }
 

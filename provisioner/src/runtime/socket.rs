@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::process::{self, CrioConfig, flag, value_at};
+use super::process::{self, CrioConfig, RuntimeProcess, Untrusted, flag, value_at};
 
 /// containerd's and CRI-O's sockets when their command line and config name none.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -50,34 +50,53 @@ fn crio_at(socket: impl Into<PathBuf>) -> CriEndpoint {
     }
 }
 
-/// The CRI endpoint of the runtime that process `pid` (named `comm`) belongs to, or `None`
-/// when it is not a CRI runtime's. A runtime process that is gone is assumed to use its
-/// runtime's default socket.
-pub fn endpoint_of(pid: u32, comm: &str) -> Option<CriEndpoint> {
-    let args = process::cmdline(pid);
-    match comm {
-        // Its comm is cut to 15 bytes: "containerd-shim" for containerd-shim-runc-v2.
+/// The CRI endpoint of the runtime that process `pid` (named `comm`) belongs to; `Ok(None)`
+/// when it is not a CRI runtime's. A runtime's command line and config are read only when the
+/// process is trusted as the runtime its name says ([`RuntimeProcess::trusted`]), else the
+/// answer is why not; a runtime process that is gone is assumed to use its runtime's default
+/// socket.
+pub fn endpoint_of(pid: u32, comm: &str) -> Result<Option<CriEndpoint>, Untrusted> {
+    // Its comm is cut to 15 bytes: "containerd-shim" for containerd-shim-runc-v2.
+    let runtime = match comm {
+        _ if !is_cri_runtime_comm(comm) => return Ok(None),
+        // CRI-O's helpers: their own command line is not read, only that of the CRI-O that
+        // started them.
+        "pinns" | "conmon" => return Ok(crio_helper(pid, comm)),
+        _ => RuntimeProcess::trusted(pid, comm),
+    };
+    let args = match runtime {
+        Ok(runtime) => runtime.map(|r| r.args),
+        Err(Untrusted::Gone) => None,
+        Err(untrusted) => return Err(untrusted),
+    };
+    Ok(Some(match comm {
         c if c.starts_with("containerd-shim") => {
-            Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd_shim(&a)))
+            args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd_shim(&a))
         }
         c if c.starts_with("containerd") => {
-            Some(args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd(&a)))
+            args.map_or_else(|| containerd_at(CONTAINERD_SOCKET), |a| containerd(&a))
         }
-        "crio" => Some(args.map_or_else(|| crio_at(CRIO_SOCKET), |a| crio(&a))),
-        // CRI-O's helpers: ask the CRI-O that started them when it can be told.
-        "pinns" | "conmon" => {
-            let parent = process::parent(pid)
-                .filter(|p| process::comm(*p).is_some_and(|c| c == "crio"))
-                .and_then(process::cmdline);
-            match (parent, comm) {
-                (Some(crio_args), _) => Some(crio(&crio_args)),
-                // pinns is CRI-O's alone; conmon is podman's too.
-                (None, "pinns") => Some(crio_at(CRIO_SOCKET)),
-                (None, _) => None,
-            }
-        }
-        _ => None,
+        _ => args.map_or_else(|| crio_at(CRIO_SOCKET), |a| crio(&a)),
+    }))
+}
+
+/// The endpoint of a CRI-O helper (`pinns`, `conmon`): its parent CRI-O's, when that parent is
+/// trusted; else CRI-O's default for pinns (CRI-O's alone), none for conmon (podman's too).
+fn crio_helper(pid: u32, comm: &str) -> Option<CriEndpoint> {
+    let parent = process::parent(pid)
+        .filter(|p| process::comm(*p).is_some_and(|c| c == "crio"))
+        .and_then(|p| RuntimeProcess::trusted(p, "crio").ok().flatten());
+    match (parent, comm) {
+        (Some(crio_process), _) => Some(crio(&crio_process.args)),
+        (None, "pinns") => Some(crio_at(CRIO_SOCKET)),
+        (None, _) => None,
     }
+}
+
+/// Whether a process named `comm` may be a CRI runtime's, whose command line [`endpoint_of`]
+/// then reads: containerd (and its shims), CRI-O and its helpers.
+pub fn is_cri_runtime_comm(comm: &str) -> bool {
+    comm.starts_with("containerd") || matches!(comm, "crio" | "pinns" | "conmon")
 }
 
 /// The CRI runtime a process named `comm` belongs to, when only its name can tell.
@@ -103,6 +122,7 @@ fn containerd(args: &[String]) -> CriEndpoint {
         return containerd_at(address);
     }
     let (_, table) = process::containerd_config(args);
+    let table = table.unwrap_or_default();
     let address = value_at(&table, &["grpc", "address"])
         .and_then(toml::Value::as_str)
         .filter(|a| !a.is_empty())
@@ -224,16 +244,32 @@ mod tests {
     #[test]
     fn only_runtimes_have_a_cri_endpoint() {
         let me = std::process::id();
-        assert_eq!(endpoint_of(me, "unshare"), None);
-        assert_eq!(endpoint_of(me, "podman"), None);
+        assert_eq!(endpoint_of(me, "unshare"), Ok(None));
+        assert_eq!(endpoint_of(me, "podman"), Ok(None));
         // A conmon whose parent is not CRI-O (this test's parent is not) is podman's.
-        assert_eq!(endpoint_of(me, "conmon"), None);
+        assert_eq!(endpoint_of(me, "conmon"), Ok(None));
         // A gone containerd: its default socket.
         assert_eq!(
             endpoint_of(u32::MAX, "containerd"),
-            Some(containerd_at(CONTAINERD_SOCKET))
+            Ok(Some(containerd_at(CONTAINERD_SOCKET)))
         );
-        assert_eq!(endpoint_of(u32::MAX, "pinns"), Some(crio_at(CRIO_SOCKET)));
+        assert_eq!(
+            endpoint_of(u32::MAX, "pinns"),
+            Ok(Some(crio_at(CRIO_SOCKET)))
+        );
+    }
+
+    #[test]
+    fn a_process_named_like_a_runtime_is_not_one() {
+        // This test runs as root from an executable that is not containerd.
+        let me = std::process::id();
+        match endpoint_of(me, "containerd") {
+            Err(Untrusted::Executable(why)) => {
+                assert!(why.ends_with("is not containerd's"), "{why}")
+            }
+            Err(Untrusted::NotRoot(_)) => {}
+            other => panic!("taken for containerd: {other:?}"),
+        }
     }
 
     #[test]

@@ -6,7 +6,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::runtime::process::{self, CrioConfig, flag, read_toml, value_at};
+use crate::runtime::bounded;
+use crate::runtime::process::{
+    self, CrioConfig, RuntimeProcess, Untrusted, flag, read_toml, value_at,
+};
 
 /// Where a runtime looks for its CNI networks and plugins.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,15 +24,26 @@ pub struct CniSetup {
 const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
 const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
 
-/// The CNI setup of runtime process `pid` (named `comm`); `fallback` when it cannot be told.
+/// The CNI setup of runtime process `pid` (named `comm`); `fallback` when it cannot be told:
+/// the process is gone (a short-lived helper), or is not trusted as the runtime its name says
+/// ([`RuntimeProcess::trusted`]: then nothing it names is read, and the fallback says why).
 pub fn runtime_cni_setup(pid: u32, comm: &str, fallback: &CniSetup) -> CniSetup {
-    // A runtime process that is gone (a short-lived helper) cannot tell its setup.
-    let Some(args) = process::cmdline(pid) else {
-        return fallback.clone();
+    let runtime = match RuntimeProcess::trusted(pid, comm) {
+        Ok(Some(runtime)) => runtime,
+        Ok(None) | Err(Untrusted::Gone) => return fallback.clone(),
+        Err(untrusted) => {
+            let mut setup = fallback.clone();
+            setup.source = format!(
+                "{}; {comm}[{pid}] is not trusted as a runtime: {untrusted}",
+                setup.source
+            );
+            return setup;
+        }
     };
+    let args = &runtime.args;
     let found = match comm {
-        c if c.starts_with("containerd") => containerd(&args),
-        "crio" => crio(&args),
+        c if c.starts_with("containerd") => containerd(args),
+        "crio" => crio(args),
         "podman" | "conmon" => podman(pid),
         _ => None,
     };
@@ -52,6 +66,12 @@ fn dirs(value: Option<&toml::Value>) -> Vec<PathBuf> {
 /// (config version 2: `io.containerd.grpc.v1.cri`, version 3: `io.containerd.cri.v1.runtime`).
 fn containerd(args: &[String]) -> Option<CniSetup> {
     let (config, table) = process::containerd_config(args);
+    let unread = table
+        .as_ref()
+        .err()
+        .and_then(|e| e.refusal())
+        .map(str::to_owned);
+    let table = table.unwrap_or_default();
     let cni = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"]
         .iter()
         .find_map(|plugin| {
@@ -65,8 +85,12 @@ fn containerd(args: &[String]) -> Option<CniSetup> {
     if bin_dirs.is_empty() {
         bin_dirs.push(PathBuf::from(DEFAULT_BIN_DIR));
     }
+    let mut source = format!("containerd's config {}", config.display());
+    if let Some(why) = unread {
+        source.push_str(&format!(", which {why}: containerd's defaults assumed"));
+    }
     Some(CniSetup {
-        source: format!("containerd's config {}", config.display()),
+        source,
         conf_dir: PathBuf::from(conf_dir),
         bin_dirs,
     })
@@ -154,7 +178,7 @@ fn network_files(conf_dir: &Path) -> std::io::Result<Vec<NetworkFile>> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let parsed = std::fs::read(path)
+            let parsed = bounded::read_file(path)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| {
                     serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| e.to_string())
@@ -282,6 +306,22 @@ pub fn diagnose(pid: u32, comm: &str, fallback: &CniSetup, execs: &[String]) -> 
         setup.source,
         conf_dir_content(&setup)
     )
+}
+
+/// [`diagnose`] on the runtime-files reader, within [`bounded::DEADLINE`]: the runtime's
+/// config and conf dir are read off the caller's thread (the kernel watch's), and a read that
+/// does not finish in time gives a diagnosis that says so.
+pub fn diagnose_within_deadline(
+    pid: u32,
+    comm: &str,
+    fallback: &CniSetup,
+    execs: &[String],
+) -> String {
+    let (job_comm, job_fallback, job_execs) = (comm.to_owned(), fallback.clone(), execs.to_vec());
+    bounded::within_deadline(bounded::DEADLINE, move || {
+        diagnose(pid, &job_comm, &job_fallback, &job_execs)
+    })
+    .unwrap_or_else(|unfinished| format!("{comm}'s CNI setup could not be read ({unfinished})"))
 }
 
 impl CniSetup {

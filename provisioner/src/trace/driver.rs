@@ -15,7 +15,7 @@ use crate::dataplane::NetnsSnapshot;
 use crate::pod::{PodName, PodResolver};
 
 use super::correlator::{Correlator, CorrelatorConfig, SnapshotRequest};
-use super::diagnosis::{CniSetup, diagnose};
+use super::diagnosis::{CniSetup, diagnose_within_deadline};
 use super::kernel::events::{NetnsRef, TraceEvent};
 use super::kernel::{
     Attached, Backend, BackendChoices, EventBatch, KernelTracer, LossCounters, NetnsIds,
@@ -484,7 +484,12 @@ fn diagnosed(
             && !v.creator.comm.is_empty()
         {
             let ran = correlator.execs_since(v.created_at);
-            v.diagnosis = Some(diagnose(v.creator.pid, &v.creator.comm, fallback, &ran));
+            v.diagnosis = Some(diagnose_within_deadline(
+                v.creator.pid,
+                &v.creator.comm,
+                fallback,
+                &ran,
+            ));
         }
     }
     reports

@@ -64,7 +64,9 @@ pub fn event_line(event: &TraceEvent) -> String {
         ),
         EventKind::ExecEnv(x) => write_exec_env(&mut line, x),
     };
-    line
+    // Names from the kernel (comm, file names, paths, interface names): one line, whatever
+    // they hold.
+    crate::text::escaped(&line).into_owned()
 }
 
 fn write_netlink_request(line: &mut String, r: &NetlinkRequest) {
@@ -248,6 +250,7 @@ impl serde::Serialize for RequestDetail {
 
 /// A verdict and its timeline (indented lines); the pod first, where it is a sandbox's.
 pub fn verdict_lines(v: &NetnsVerdict) -> String {
+    let mut lines = Vec::with_capacity(2 + v.timeline.len());
     let mut s = format!(
         "{} VERDICT {} ",
         format_time(v.destroyed_at.unwrap_or(v.created_at)),
@@ -273,14 +276,20 @@ pub fn verdict_lines(v: &NetnsVerdict) -> String {
         s.push(')');
     }
     let _ = write!(s, ": {} [evidence: {}]", v.reason, v.evidence);
-    if let Some(why) = &v.diagnosis {
-        let _ = write!(s, "\n  why: {why}");
-    }
+    // Each line escaped on its own: the names in it come from the kernel, the line breaks
+    // between them are this rendering's.
+    let mut last = match &v.diagnosis {
+        Some(why) => {
+            lines.push(s);
+            format!("  why: {why}")
+        }
+        None => s,
+    };
     if let Some(r) = &v.repeat
         && r.count > 1
     {
         let _ = write!(
-            s,
+            last,
             " [{} skips from {}[{}] since {}]",
             r.count,
             r.creator_comm,
@@ -288,10 +297,13 @@ pub fn verdict_lines(v: &NetnsVerdict) -> String {
             format_time(r.first)
         );
     }
-    for entry in &v.timeline {
-        let _ = write!(s, "\n    {entry}");
-    }
-    s
+    lines.push(last);
+    lines.extend(v.timeline.iter().map(|entry| format!("    {entry}")));
+    lines
+        .iter()
+        .map(|line| crate::text::escaped(line))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `pod default/web-0 (uid .., sandbox 4bf982a7, via loopback)`: who named it last in the
@@ -328,7 +340,7 @@ pub fn report_lines(report: &Report) -> String {
             if let Some(by) = &d.by {
                 let _ = write!(s, " by {by}");
             }
-            s
+            crate::text::escaped(&s).into_owned()
         }
     }
 }
@@ -348,7 +360,7 @@ pub fn intent_line(i: &IntentVerdict, pod: Option<&crate::pod::Pod>) -> String {
     if !i.missing.is_empty() {
         let _ = write!(s, " missing: {}", i.missing.join(", "));
     }
-    s
+    crate::text::escaped(&s).into_owned()
 }
 
 fn intent_status(status: IntentStatus) -> &'static str {
