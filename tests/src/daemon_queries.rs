@@ -54,6 +54,12 @@ pub fn views_where(daemon: &Daemon, keep: impl Fn(&Value) -> bool) -> Result<Vec
         .collect())
 }
 
+/// The inode of the namespace a view's verdict is about: how a test that holds the namespace
+/// (so that its inode is not reused) tells it apart on every kernel.
+pub fn inode_of(view: &Value) -> Option<u64> {
+    view["verdict"]["netns"]["inode"].as_u64()
+}
+
 /// `verdict+intent status` of a view, e.g. `networked+confirmed` or `skipped+none`.
 pub fn verdict_and_intent(view: &Value) -> String {
     format!(
@@ -105,6 +111,18 @@ pub fn wait_views_of_containers(
         container_of(view).is_some_and(|c| containers.contains(c))
             && !view["verdict"].is_null()
             && (!with_intent || !view["intent"].is_null())
+    })
+}
+
+/// Waits (bounded) until every namespace in `inodes` (namespaces the test holds) has a verdict;
+/// returns their views.
+pub fn wait_verdicts_on_inodes(
+    daemon: &Daemon,
+    inodes: &HashSet<u64>,
+    limit: Duration,
+) -> Result<Vec<Value>> {
+    wait_views(daemon, inodes.len(), limit, |view| {
+        inode_of(view).is_some_and(|i| inodes.contains(&i))
     })
 }
 

@@ -55,6 +55,14 @@ pub fn netns_cookie(path: &Path) -> Result<u64> {
     tracing::cookie_of(path)
 }
 
+/// The inode of the network namespace at `path` (a pin, or `/proc/<pid>/ns/net`): unique on
+/// the node while the namespace lives, which a test that holds it ensures.
+pub fn netns_inode(path: &Path) -> Result<u64> {
+    nix::sys::stat::stat(path)
+        .map(|st| st.st_ino)
+        .with_context(|| format!("stat netns {}", path.display()))
+}
+
 /// The cookie of a test's [`Netns`], read as the daemon reads it.
 pub trait NetnsCookie {
     fn cookie(&self) -> Result<u64>;
@@ -137,13 +145,24 @@ pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)])
     Ok(())
 }
 
+/// `ip` under the name `comm` (a runtime's name, e.g. `runc-<suffix>`, at most 15 bytes: the
+/// kernel's comm), for a test whose namespaces must have a creator of their own: the kernel
+/// watch summarises skips per creator name, across the whole node.
+pub fn stand_in_runtime_named(comm: &str) -> Result<PathBuf> {
+    anyhow::ensure!(
+        comm.len() <= 15 && !comm.contains('/'),
+        "{comm:?} is no comm"
+    );
+    stand_in("ip", comm, "/usr/sbin/ip")
+}
+
 /// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
 pub fn runtime(args: &[&str]) -> Result<String> {
     run(&stand_in_runtime().display().to_string(), args)
 }
 
-/// A namespace created and pinned under /run/netns by the stand-in runtime (its creator is
-/// `containerd`), deleted on drop.
+/// A namespace created and pinned under /run/netns by a stand-in runtime (by default `ip`
+/// named `containerd`), deleted on drop.
 #[derive(Debug)]
 pub struct RuntimeNetns {
     name: String,
@@ -153,8 +172,14 @@ pub struct RuntimeNetns {
 impl RuntimeNetns {
     /// Creates `/run/netns/<prefix...>` (a unique name starting with `prefix`, cut to 6 bytes).
     pub fn new(prefix: &str) -> Result<Self> {
+        Self::created_by(stand_in_runtime(), prefix)
+    }
+
+    /// [`RuntimeNetns::new`], created by the stand-in `runtime` (see
+    /// [`stand_in_runtime_named`]).
+    pub fn created_by(runtime: &Path, prefix: &str) -> Result<Self> {
         let name = unique_name(prefix);
-        runtime(&["netns", "add", &name])?;
+        run(&runtime.display().to_string(), &["netns", "add", &name])?;
         Ok(Self {
             name,
             deleted: false,
@@ -171,6 +196,12 @@ impl RuntimeNetns {
 
     pub fn cookie(&self) -> Result<u64> {
         tracing::cookie_of(&self.path())
+    }
+
+    /// The namespace's inode: how the kernel watch's views name it on every kernel
+    /// (`verdict.netns.inode`); unique on the node while this pin holds the namespace.
+    pub fn inode(&self) -> Result<u64> {
+        netns_inode(&self.path())
     }
 
     /// Runs `ip -n <name> <args>`.
