@@ -93,7 +93,7 @@ pub fn wait_only_lo(netns: &Netns, limit: std::time::Duration) -> Result<()> {
 pub fn stand_in_runtime() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let linked = stand_in("ip", "containerd", "/usr/sbin/ip");
+        let linked = stand_in("ip", "containerd", testkit::tools::IP.path);
         linked.unwrap_or_else(|e| panic!("the stand-in runtime: {e:#}"))
     })
 }
@@ -153,7 +153,7 @@ pub fn stand_in_runtime_named(comm: &str) -> Result<PathBuf> {
         comm.len() <= 15 && !comm.contains('/'),
         "{comm:?} is no comm"
     );
-    stand_in("ip", comm, "/usr/sbin/ip")
+    stand_in("ip", comm, testkit::tools::IP.path)
 }
 
 /// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
