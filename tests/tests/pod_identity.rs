@@ -1,8 +1,8 @@
 //! The pod a runtime names in `CNI_ARGS`, through the plugin and the daemon: `list` (text and
 //! JSON), `sandboxes` (and its `--pod` / `--verdict` filters), `why`, and the log lines of the
-//! ADD, the verdict and the DEL.
+//! ADD, the verdict and the DEL, in text and in JSON.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,10 +13,12 @@ use provisioner_tests::daemon_harness::{
     Daemon, conflist, plugin_stdin, run_plugin, run_plugin_with_args,
 };
 use provisioner_tests::daemon_queries::{
-    allocations, cookie_of, log_field, names_pod_in_fields, pod_of_view, verdict_and_intent,
-    wait_views_of,
+    allocations, cookie_of, inode_of, log_field, names_pod_in_fields, pod_of_view,
+    verdict_and_intent, wait_views_of,
 };
-use provisioner_tests::{Netns, NetnsCookie, wait_until};
+use provisioner_tests::{
+    Netns, NetnsCookie, RuntimeNetns, netns_inode, runtime_runs_plugin, wait_until,
+};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -44,14 +46,6 @@ fn sandboxes_json(daemon: &Daemon, filter: &[&str]) -> Result<Vec<Value>> {
     }
     let answer: Value = serde_json::from_slice(&out.stdout).context("sandboxes --json")?;
     Ok(answer["sandboxes"].as_array().cloned().unwrap_or_default())
-}
-
-fn cookies_in(views: &[Value], ours: &HashSet<u64>) -> HashSet<u64> {
-    views
-        .iter()
-        .filter_map(cookie_of)
-        .filter(|c| ours.contains(c))
-        .collect()
 }
 
 fn plugin(
@@ -154,21 +148,8 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
         "{text}"
     );
 
-    // The filters: other tests' sandboxes may be listed too, ours are told apart by cookie.
-    let only_web = sandboxes_json(&daemon, &["--pod", "shop/web-0"])?;
-    assert_eq!(only_web.len(), 1, "{only_web:#?}");
-    assert_eq!(cookie_of(&only_web[0]), web_ns.cookie().ok());
-    assert!(sandboxes_json(&daemon, &["--pod", "other/web-0"])?.is_empty());
-    let networked = sandboxes_json(&daemon, &["--verdict", "networked"])?;
-    assert_eq!(cookies_in(&networked, &ours), ours);
-    let skipped = sandboxes_json(&daemon, &["--verdict", "skipped"])?;
-    assert!(cookies_in(&skipped, &ours).is_empty(), "{skipped:#?}");
-    assert!(
-        skipped.iter().all(|v| v["verdict"]["verdict"] == "skipped"),
-        "{skipped:#?}"
-    );
-    let web_skipped = sandboxes_json(&daemon, &["--pod", "shop/web-0", "--verdict", "skipped"])?;
-    assert!(web_skipped.is_empty(), "{web_skipped:#?}");
+    // The filters are checked on skipped and networked sandboxes together below
+    // (json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches).
     let bad = daemon.cli(&["sandboxes", "--verdict", "broken"])?;
     assert!(!bad.status.success(), "an unknown verdict is refused");
 
@@ -349,5 +330,247 @@ fn a_pod_name_cannot_forge_a_log_line() -> Result<()> {
         "forge-1",
         sandbox.path(),
     ))?;
+    Ok(())
+}
+
+/// A view's container id: views of the daemon's own ADDs carry it.
+fn container_of(view: &Value) -> Option<&str> {
+    view["container_id"].as_str()
+}
+
+/// Which of `views` are about what the test made: the container ids of its ADDs and the
+/// inodes of the namespaces it holds.
+fn ours_in(views: &[Value], containers: &[&str], inodes: &[u64]) -> BTreeSet<String> {
+    views
+        .iter()
+        .filter_map(|v| match (container_of(v), inode_of(v)) {
+            (Some(c), _) if containers.contains(&c) => Some(c.to_owned()),
+            (_, Some(i)) if inodes.contains(&i) => Some(format!("net:[{i}]")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The JSON objects of a `--log-format json` log: every line is one.
+fn json_lines(log: &str) -> Result<Vec<Value>> {
+    log.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect()
+}
+
+/// What a log pipeline reads (`--log-format json`): a networked pod's ADD and its verdict, and
+/// a skipped pod's verdict (the pod named by the environment of the plugin its runtime ran),
+/// each one JSON object with the pod, its sandbox and namespace as fields. And the filters of
+/// `sandboxes` on an answer that holds networked and skipped sandboxes, named and not: each
+/// keeps exactly those that match. The node-wide watch may hold other sandboxes: the test
+/// reads only its own, by the container ids of its ADDs and the inodes of its namespaces, and
+/// its pods' names are its own.
+#[test]
+fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() -> Result<()> {
+    let node = Netns::new("node")?;
+    let daemon = Daemon::start_with_conflist(
+        &node,
+        &["--trace-deadline", "1", "--log-format", "json"],
+        |socket| conflist("podjson", "1.0.0", socket, "10.254.32.0/24", None),
+    )?;
+    let config = conflist("podjson", "1.0.0", &daemon.socket, "10.254.32.0/24", None);
+    let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
+    daemon.wait_tracing(PATIENCE)?;
+    let tag = std::process::id();
+
+    // Networked: web (named by its CNI call) and plain (no pod).
+    let web_ns = Netns::new("podjs")?;
+    let plain_ns = Netns::new("podjs")?;
+    let web_id = format!("5ca1ab1e{tag:056x}");
+    let web = Pod {
+        namespace: "shop".to_owned(),
+        name: format!("web-{tag}"),
+        uid: Some(format!("0b9e2f6a-1c3d-4e5f-8a7b-{tag:012x}")),
+        sandbox_id: Some(web_id.clone()),
+    };
+    let plain_id = format!("plain-{tag}");
+    plugin(
+        "ADD",
+        &web_id,
+        Some(web_ns.path()),
+        Some(&kubelet_args(&web)),
+        &stdin,
+    )?;
+    plugin("ADD", &plain_id, Some(plain_ns.path()), None, &stdin)?;
+    // Skipped: cart (its runtime ran only the loopback plugin, which names it) and one no
+    // plugin ran for.
+    let cart_ns = RuntimeNetns::new("cni-pj")?;
+    let bare_ns = RuntimeNetns::new("cni-pj")?;
+    let cart_id = format!("ca27{tag:060x}");
+    let cart = Pod {
+        namespace: "shop".to_owned(),
+        name: format!("cart-{tag}"),
+        uid: Some(format!("7d1c3b5a-2e4f-4a6b-9c8d-{tag:012x}")),
+        sandbox_id: Some(cart_id.clone()),
+    };
+    let cart_netns = format!("/var/run/netns/{}", cart_ns.name());
+    runtime_runs_plugin(
+        "loopback",
+        None,
+        &[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", &cart_id),
+            ("CNI_NETNS", &cart_netns),
+            ("CNI_IFNAME", "lo"),
+            ("CNI_ARGS", &kubelet_args(&cart)),
+        ],
+    )?;
+
+    let containers = [web_id.as_str(), plain_id.as_str()];
+    let (web_inode, cart_inode) = (netns_inode(web_ns.path())?, cart_ns.inode()?);
+    let inodes = [cart_inode, bare_ns.inode()?];
+    let everything = wait_until("a verdict on each of our sandboxes", PATIENCE, || {
+        let views = sandboxes_json(&daemon, &[])?;
+        let judged: Vec<Value> = views
+            .iter()
+            .filter(|v| !v["verdict"].is_null())
+            .cloned()
+            .collect();
+        let intents_confirmed = views
+            .iter()
+            .filter(|v| container_of(v).is_some_and(|c| containers.contains(&c)))
+            .all(|v| v["intent"]["status"] == "confirmed");
+        Ok(
+            (ours_in(&judged, &containers, &inodes).len() == 4 && intents_confirmed)
+                .then_some(views),
+        )
+    })
+    .with_context(|| daemon.log())?;
+    let verdict_of = |key: &str| -> Option<&str> {
+        everything
+            .iter()
+            .find(|v| ours_in(std::slice::from_ref(v), &containers, &inodes).contains(key))
+            .and_then(|v| v["verdict"]["verdict"].as_str())
+    };
+    let cart_key = format!("net:[{cart_inode}]");
+    let bare_key = format!("net:[{}]", inodes[1]);
+    assert_eq!(verdict_of(&web_id), Some("networked"));
+    assert_eq!(verdict_of(&plain_id), Some("networked"));
+    assert_eq!(verdict_of(&cart_key), Some("skipped"));
+    assert_eq!(verdict_of(&bare_key), Some("skipped"));
+
+    // The filters, each on an answer that holds records it must keep and records it must not.
+    let kept = |filter: &[&str]| -> Result<BTreeSet<String>> {
+        let views = sandboxes_json(&daemon, filter)?;
+        if let Some(kind) = filter
+            .iter()
+            .position(|f| *f == "--verdict")
+            .and_then(|at| filter.get(at + 1))
+        {
+            assert!(
+                views.iter().all(|v| v["verdict"]["verdict"] == *kind),
+                "{filter:?} kept another verdict: {views:#?}"
+            );
+        }
+        Ok(ours_in(&views, &containers, &inodes))
+    };
+    let set =
+        |keys: &[&str]| -> BTreeSet<String> { keys.iter().map(|k| (*k).to_owned()).collect() };
+    let web_name = web.qualified_name();
+    let cart_name = cart.qualified_name();
+    assert_eq!(kept(&[])?, set(&[&web_id, &plain_id, &cart_key, &bare_key]));
+    assert_eq!(
+        kept(&["--verdict", "skipped"])?,
+        set(&[&cart_key, &bare_key])
+    );
+    assert_eq!(
+        kept(&["--verdict", "networked"])?,
+        set(&[&web_id, &plain_id])
+    );
+    assert_eq!(kept(&["--pod", &web_name])?, set(&[&web_id]));
+    assert_eq!(kept(&["--pod", &web.name])?, set(&[&web_id]), "a bare name");
+    assert_eq!(kept(&["--pod", &cart_name])?, set(&[&cart_key]));
+    assert_eq!(
+        kept(&["--pod", &cart_name, "--verdict", "skipped"])?,
+        set(&[&cart_key])
+    );
+    assert!(kept(&["--pod", &web_name, "--verdict", "skipped"])?.is_empty());
+    assert!(kept(&["--pod", &cart_name, "--verdict", "networked"])?.is_empty());
+    // Another pod namespace, same name: no match.
+    assert!(sandboxes_json(&daemon, &["--pod", &format!("other/{}", web.name)])?.is_empty());
+    // The pod filter matches no view of another pod (of this test or another).
+    for (name, key) in [(&web_name, &web_id), (&cart_name, &cart_key)] {
+        let views = sandboxes_json(&daemon, &["--pod", name])?;
+        assert_eq!(views.len(), 1, "{name}: {views:#?}");
+        assert_eq!(
+            ours_in(&views, &containers, &inodes),
+            set(&[key.as_str()]),
+            "{name}"
+        );
+    }
+
+    // The JSON log: one object per line; exactly one per fact, field by field.
+    let objects = wait_until("both verdicts logged", PATIENCE, || {
+        let objects = json_lines(&daemon.log())?;
+        let logged = |inode: u64| {
+            objects.iter().any(|o| {
+                o["netns"] == format!("net:[{inode}]").as_str() && o["verdict"].is_string()
+            })
+        };
+        Ok((logged(web_inode) && logged(cart_inode)).then_some(objects))
+    })
+    .with_context(|| daemon.log())?;
+    let only = |what: &str, wanted: &dyn Fn(&Value) -> bool| -> Result<Value> {
+        let found: Vec<&Value> = objects.iter().filter(|o| wanted(o)).collect();
+        match found[..] {
+            [one] => Ok(one.clone()),
+            _ => bail!("{} objects for {what}: {found:#?}", found.len()),
+        }
+    };
+    let fields = |object: &Value, pod: &Pod| {
+        for (key, value) in [
+            ("pod_namespace", Some(pod.namespace.as_str())),
+            ("pod_name", Some(pod.name.as_str())),
+            ("pod_uid", pod.uid.as_deref()),
+            ("sandbox_id", pod.sandbox_id.as_deref()),
+        ] {
+            assert_eq!(object[key].as_str(), value, "{key} of {object:#}");
+        }
+    };
+    let message_has =
+        |o: &Value, text: &str| o["message"].as_str().is_some_and(|m| m.contains(text));
+    let add = only("web's ADD", &|o| {
+        message_has(o, &format!("ADD pod {web_name} "))
+    })?;
+    fields(&add, &web);
+    assert_eq!(add["level"], "INFO", "{add:#}");
+    assert_eq!(add["container"], web_id.as_str(), "{add:#}");
+    for (pod, inode, verdict, level) in [
+        (&web, web_inode, "networked", "INFO"),
+        (&cart, cart_inode, "skipped", "WARN"),
+    ] {
+        let netns = format!("net:[{inode}]");
+        let object = only(&format!("{}'s verdict", pod.name), &|o| {
+            o["netns"] == netns.as_str() && o["verdict"].is_string()
+        })?;
+        fields(&object, pod);
+        assert_eq!(object["netns"], netns.as_str(), "{object:#}");
+        assert_eq!(object["verdict"], verdict, "{object:#}");
+        assert_eq!(object["level"], level, "{object:#}");
+        assert!(
+            object["reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{object:#}"
+        );
+        assert!(
+            message_has(
+                &object,
+                &format!(
+                    "VERDICT {} pod {}",
+                    verdict.to_uppercase(),
+                    pod.qualified_name()
+                )
+            ),
+            "{object:#}"
+        );
+    }
+
+    plugin("DEL", &web_id, Some(web_ns.path()), None, &stdin)?;
+    plugin("DEL", &plain_id, Some(plain_ns.path()), None, &stdin)?;
     Ok(())
 }
