@@ -170,6 +170,14 @@ pub fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line[at..].split(' ').next().map(|v| v.trim_matches('"'))
 }
 
+/// The objects of a `--log-format json` log: every line must be one.
+pub fn json_log(log: &str) -> Result<Vec<Value>> {
+    log.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect()
+}
+
 /// Whether a log line carries the pod fields of `pod`: namespace, name, uid and sandbox id.
 pub fn names_pod_in_fields(line: &str, pod: &Pod) -> bool {
     log_field(line, "pod_namespace") == Some(pod.namespace.as_str())

@@ -13,7 +13,7 @@ use provisioner_tests::daemon_harness::{
     Daemon, conflist, plugin_stdin, run_plugin, run_plugin_with_args,
 };
 use provisioner_tests::daemon_queries::{
-    allocations, cookie_of, inode_of, log_field, names_pod_in_fields, pod_of_view,
+    allocations, cookie_of, inode_of, json_log, log_field, names_pod_in_fields, pod_of_view,
     verdict_and_intent, wait_views_of,
 };
 use provisioner_tests::{
@@ -351,14 +351,6 @@ fn ours_in(views: &[Value], containers: &[&str], inodes: &[u64]) -> BTreeSet<Str
         .collect()
 }
 
-/// The JSON objects of a `--log-format json` log: every line is one.
-fn json_lines(log: &str) -> Result<Vec<Value>> {
-    log.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
-        .collect()
-}
-
 /// What a log pipeline reads (`--log-format json`): a networked pod's ADD and its verdict, and
 /// a skipped pod's verdict (the pod named by the environment of the plugin its runtime ran),
 /// each one JSON object with the pod, its sandbox and namespace as fields. And the filters of
@@ -507,7 +499,7 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
 
     // The JSON log: one object per line; exactly one per fact, field by field.
     let objects = wait_until("both verdicts logged", PATIENCE, || {
-        let objects = json_lines(&daemon.log())?;
+        let objects = json_log(&daemon.log())?;
         let logged = |inode: u64| {
             objects.iter().any(|o| {
                 o["netns"] == format!("net:[{inode}]").as_str() && o["verdict"].is_string()
