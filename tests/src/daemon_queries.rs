@@ -114,18 +114,6 @@ pub fn wait_views_of_containers(
     })
 }
 
-/// Waits (bounded) until every namespace in `inodes` (namespaces the test holds) has a verdict;
-/// returns their views.
-pub fn wait_verdicts_on_inodes(
-    daemon: &Daemon,
-    inodes: &HashSet<u64>,
-    limit: Duration,
-) -> Result<Vec<Value>> {
-    wait_views(daemon, inodes.len(), limit, |view| {
-        inode_of(view).is_some_and(|i| inodes.contains(&i))
-    })
-}
-
 /// Waits (bounded) until `count` namespaces created by process `pid` have a verdict; returns
 /// their views.
 pub fn wait_views_created_by(
@@ -137,6 +125,17 @@ pub fn wait_views_created_by(
     wait_views(daemon, count, limit, |view| {
         view["verdict"]["creator"]["pid"].as_u64() == Some(u64::from(pid))
     })
+}
+
+/// Waits (bounded) until `count` views for which `ours` holds have a verdict (e.g. those of
+/// [`crate::RuntimeNetns::is_view_of`]); returns them.
+pub fn wait_views_where(
+    daemon: &Daemon,
+    count: usize,
+    limit: Duration,
+    ours: impl Fn(&Value) -> bool,
+) -> Result<Vec<Value>> {
+    wait_views(daemon, count, limit, |v| !v["verdict"].is_null() && ours(v))
 }
 
 fn wait_views(
@@ -176,6 +175,20 @@ pub fn json_log(log: &str) -> Result<Vec<Value>> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
         .collect()
+}
+
+/// The lines of a plain-text log about the namespaces the daemon names `cookies` (their
+/// `netns_cookie` field; take them from the daemon's views of what the test made): of the whole
+/// node's kernel watch, those about the test's own.
+pub fn log_lines_about<'a>(
+    log: &'a str,
+    cookies: &'a HashSet<u64>,
+) -> impl Iterator<Item = &'a str> + 'a {
+    log.lines().filter(|l| {
+        log_field(l, "netns_cookie")
+            .and_then(|c| c.parse::<u64>().ok())
+            .is_some_and(|c| cookies.contains(&c))
+    })
 }
 
 /// Whether a log line carries the pod fields of `pod`: namespace, name, uid and sandbox id.

@@ -145,15 +145,30 @@ pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)])
     Ok(())
 }
 
-/// `ip` under the name `comm` (a runtime's name, e.g. `runc-<suffix>`, at most 15 bytes: the
-/// kernel's comm), for a test whose namespaces must have a creator of their own: the kernel
-/// watch summarises skips per creator name, across the whole node.
-pub fn stand_in_runtime_named(comm: &str) -> Result<PathBuf> {
-    anyhow::ensure!(
-        comm.len() <= 15 && !comm.contains('/'),
-        "{comm:?} is no comm"
-    );
-    stand_in("ip", comm, testkit::tools::IP.path)
+/// A runtime of the test's own: `ip` under a name no other process on the node has
+/// (`runc-<pid>-<n>`, a runtime's name to the kernel watch). The namespaces it creates are told
+/// apart from every other runtime's by their creator, whose skips the kernel watch also counts
+/// apart.
+#[derive(Debug)]
+pub struct OwnRuntime {
+    path: PathBuf,
+    comm: String,
+}
+
+impl OwnRuntime {
+    pub fn new() -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // At most 15 bytes, the kernel's comm: 5 + 6 + 1 + 3.
+        let comm = format!("runc-{}-{}", std::process::id() % 1_000_000, n % 1000);
+        let path = stand_in("ip", &comm, testkit::tools::IP.path)?;
+        Ok(Self { path, comm })
+    }
+
+    /// Its name, as the kernel watch shows its namespaces' creator.
+    pub fn comm(&self) -> &str {
+        &self.comm
+    }
 }
 
 /// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
@@ -167,23 +182,33 @@ pub fn runtime(args: &[&str]) -> Result<String> {
 pub struct RuntimeNetns {
     name: String,
     deleted: bool,
+    /// Its creator's name.
+    creator: String,
+    inode: u64,
 }
 
 impl RuntimeNetns {
     /// Creates `/run/netns/<prefix...>` (a unique name starting with `prefix`, cut to 6 bytes).
     pub fn new(prefix: &str) -> Result<Self> {
-        Self::created_by(stand_in_runtime(), prefix)
+        Self::create(stand_in_runtime(), "containerd", prefix)
     }
 
-    /// [`RuntimeNetns::new`], created by the stand-in `runtime` (see
-    /// [`stand_in_runtime_named`]).
-    pub fn created_by(runtime: &Path, prefix: &str) -> Result<Self> {
+    /// [`RuntimeNetns::new`], created by the test's own `runtime`.
+    pub fn created_by(runtime: &OwnRuntime, prefix: &str) -> Result<Self> {
+        Self::create(&runtime.path, &runtime.comm, prefix)
+    }
+
+    fn create(runtime: &Path, comm: &str, prefix: &str) -> Result<Self> {
         let name = unique_name(prefix);
         run(&runtime.display().to_string(), &["netns", "add", &name])?;
-        Ok(Self {
+        let mut netns = Self {
             name,
             deleted: false,
-        })
+            creator: comm.to_owned(),
+            inode: 0,
+        };
+        netns.inode = netns_inode(&netns.path())?;
+        Ok(netns)
     }
 
     pub fn name(&self) -> &str {
@@ -199,9 +224,17 @@ impl RuntimeNetns {
     }
 
     /// The namespace's inode: how the kernel watch's views name it on every kernel
-    /// (`verdict.netns.inode`); unique on the node while this pin holds the namespace.
-    pub fn inode(&self) -> Result<u64> {
-        netns_inode(&self.path())
+    /// (`verdict.netns.inode`). Unique among the node's live namespaces (this pin holds it),
+    /// not among the views: a namespace gone before may have had it.
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    /// Whether a `sandboxes` view is of this namespace: its inode and its creator's name (of
+    /// an [`OwnRuntime`], no other namespace's, live or gone).
+    pub fn is_view_of(&self, view: &serde_json::Value) -> bool {
+        daemon_queries::inode_of(view) == Some(self.inode)
+            && view["verdict"]["creator"]["comm"] == self.creator.as_str()
     }
 
     /// Runs `ip -n <name> <args>`.

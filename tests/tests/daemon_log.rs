@@ -8,15 +8,17 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
-use provisioner_tests::daemon_queries::{log_field, verdict_and_intent, wait_verdicts_on_inodes};
-use provisioner_tests::{Netns, RuntimeNetns, stand_in_runtime_named, wait_until};
+use provisioner_tests::daemon_queries::{
+    cookie_of, log_field, log_lines_about, verdict_and_intent, wait_views_where,
+};
+use provisioner_tests::{Netns, OwnRuntime, RuntimeNetns, wait_until};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The kernel watch sees the whole node, where other runtimes may leave skipped sandboxes too
 /// (a real containerd's, a stray `cni-*` pin another tool left): the test's sandboxes have a
-/// creator of their own (a runtime's name, unique to this process), and only the lines about
-/// the namespaces it holds are read (by inode).
+/// creator of their own (a runtime's name no other process has), its views are found by inode
+/// and creator, and only the log lines about them (by the daemon's cookies) are read.
 #[test]
 fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
     const SKIPPED: usize = 5;
@@ -26,34 +28,24 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
     })?;
     daemon.wait_tracing(PATIENCE)?;
     // A runtime creates sandboxes and never calls a plugin.
-    let comm = format!("runc-log{}", std::process::id() % 10_000_000);
-    let runtime = stand_in_runtime_named(&comm)?;
+    let runtime = OwnRuntime::new()?;
+    let comm = runtime.comm();
     let sandboxes: Vec<RuntimeNetns> = (0..SKIPPED)
         .map(|_| RuntimeNetns::created_by(&runtime, "cni-log"))
         .collect::<Result<_>>()?;
-    let inodes: HashSet<u64> = sandboxes
-        .iter()
-        .map(RuntimeNetns::inode)
-        .collect::<Result<_>>()?;
-    let views = wait_verdicts_on_inodes(&daemon, &inodes, PATIENCE)?;
+    let views = wait_views_where(&daemon, SKIPPED, PATIENCE, |v| {
+        sandboxes.iter().any(|s| s.is_view_of(v))
+    })?;
     for view in &views {
         assert_eq!(verdict_and_intent(view), "skipped+none", "{view:#}");
-        assert_eq!(
-            view["verdict"]["creator"]["comm"],
-            comm.as_str(),
-            "{view:#}"
-        );
     }
+    let cookies: HashSet<u64> = views.iter().filter_map(cookie_of).collect();
+    assert_eq!(cookies.len(), SKIPPED, "{views:#?}");
 
     // Only the 1st, 2nd and 4th of the five skips are logged.
     let ours = |log: &str| -> Vec<String> {
-        log.lines()
+        log_lines_about(log, &cookies)
             .filter(|l| l.contains("VERDICT SKIPPED"))
-            .filter(|l| {
-                log_field(l, "netns_inode")
-                    .and_then(|i| i.parse::<u64>().ok())
-                    .is_some_and(|i| inodes.contains(&i))
-            })
             .map(str::to_owned)
             .collect()
     };
@@ -65,7 +57,7 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
         let log = daemon.log();
         let skipped: Vec<&str> = log.lines().filter(|l| l.contains("SKIPPED")).collect();
         format!(
-            "our inodes {inodes:?}; SKIPPED lines:\n{}",
+            "our sandboxes {cookies:?}; SKIPPED lines:\n{}",
             skipped.join("\n")
         )
     })?;
@@ -78,7 +70,7 @@ fn skipped_sandboxes_are_warned_about_and_repeats_summarised() -> Result<()> {
     for line in &lines {
         assert!(line.contains(" WARN "), "not a warning: {line}");
         assert!(
-            log_field(line, "creator") == Some(comm.as_str()),
+            log_field(line, "creator") == Some(comm),
             "creator not named: {line}"
         );
         for key in ["netns_inode", "evidence", "skips_from_creator"] {

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
-use provisioner_tests::daemon_queries::{inode_of, json_log};
-use provisioner_tests::{Netns, RuntimeNetns, wait_until};
+use provisioner_tests::daemon_queries::json_log;
+use provisioner_tests::{Netns, OwnRuntime, RuntimeNetns, wait_until};
 use serde_json::Value;
 use testkit::daemon::write_conflist;
 
@@ -399,21 +399,20 @@ fn del(container: &str, netns: &Path, stdin: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The daemon's view of `sandbox` (by its inode: the test holds it), once `done` holds for it.
+/// The daemon's view of `sandbox` (by its inode and creator), once `done` holds for it.
 fn wait_view(
     daemon: &Daemon,
     sandbox: &RuntimeNetns,
     what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Result<Value> {
-    let inode = sandbox.inode()?;
     wait_until(what, PATIENCE, || {
         let answer = daemon.sandboxes()?;
         Ok(answer["sandboxes"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|v| inode_of(v) == Some(inode) && done(v))
+            .find(|v| sandbox.is_view_of(v) && done(v))
             .cloned())
     })
     .with_context(|| format!("log:\n{}", daemon.log()))
@@ -497,8 +496,9 @@ fn a_real_prometheus_fires_the_alerts_and_evaluates_every_rule_and_panel() -> Re
 
     // One sandbox the runtime leaves unwired (skipped), one it wires after the deadline
     // (skipped, then revised to networked), and networked ones until the range is full.
-    let skipped = RuntimeNetns::new("cni-mon")?;
-    let late = RuntimeNetns::new("cni-mla")?;
+    let runtime = OwnRuntime::new()?;
+    let skipped = RuntimeNetns::created_by(&runtime, "cni-mon")?;
+    let late = RuntimeNetns::created_by(&runtime, "cni-mla")?;
     let pods: Vec<Netns> = (0..CAPACITY - 1)
         .map(|_| Netns::new("mpod"))
         .collect::<Result<_>>()?;

@@ -17,7 +17,7 @@ use provisioner_tests::daemon_queries::{
     verdict_and_intent, wait_views_of,
 };
 use provisioner_tests::{
-    Netns, NetnsCookie, RuntimeNetns, netns_inode, runtime_runs_plugin, wait_until,
+    Netns, NetnsCookie, OwnRuntime, RuntimeNetns, netns_inode, runtime_runs_plugin, wait_until,
 };
 use serde_json::Value;
 
@@ -339,14 +339,16 @@ fn container_of(view: &Value) -> Option<&str> {
 }
 
 /// Which of `views` are about what the test made: the container ids of its ADDs and the
-/// inodes of the namespaces it holds.
-fn ours_in(views: &[Value], containers: &[&str], inodes: &[u64]) -> BTreeSet<String> {
+/// namespaces its own runtime made (named by their pins).
+fn ours_in(views: &[Value], containers: &[&str], made: &[&RuntimeNetns]) -> BTreeSet<String> {
     views
         .iter()
-        .filter_map(|v| match (container_of(v), inode_of(v)) {
-            (Some(c), _) if containers.contains(&c) => Some(c.to_owned()),
-            (_, Some(i)) if inodes.contains(&i) => Some(format!("net:[{i}]")),
-            _ => None,
+        .filter_map(|v| match container_of(v) {
+            Some(c) if containers.contains(&c) => Some(c.to_owned()),
+            _ => made
+                .iter()
+                .find(|ns| ns.is_view_of(v))
+                .map(|ns| ns.name().to_owned()),
         })
         .collect()
 }
@@ -356,7 +358,8 @@ fn ours_in(views: &[Value], containers: &[&str], inodes: &[u64]) -> BTreeSet<Str
 /// each one JSON object with the pod, its sandbox and namespace as fields. And the filters of
 /// `sandboxes` on an answer that holds networked and skipped sandboxes, named and not: each
 /// keeps exactly those that match. The node-wide watch may hold other sandboxes: the test
-/// reads only its own, by the container ids of its ADDs and the inodes of its namespaces, and
+/// reads only its own (the container ids of its ADDs, the namespaces of a runtime of its own),
+/// the log objects about them (by the daemon's cookies of them), and
 /// its pods' names are its own.
 #[test]
 fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() -> Result<()> {
@@ -392,8 +395,9 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
     plugin("ADD", &plain_id, Some(plain_ns.path()), None, &stdin)?;
     // Skipped: cart (its runtime ran only the loopback plugin, which names it) and one no
     // plugin ran for.
-    let cart_ns = RuntimeNetns::new("cni-pj")?;
-    let bare_ns = RuntimeNetns::new("cni-pj")?;
+    let runtime = OwnRuntime::new()?;
+    let cart_ns = RuntimeNetns::created_by(&runtime, "cni-pj")?;
+    let bare_ns = RuntimeNetns::created_by(&runtime, "cni-pj")?;
     let cart_id = format!("ca27{tag:060x}");
     let cart = Pod {
         namespace: "shop".to_owned(),
@@ -415,8 +419,7 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
     )?;
 
     let containers = [web_id.as_str(), plain_id.as_str()];
-    let (web_inode, cart_inode) = (netns_inode(web_ns.path())?, cart_ns.inode()?);
-    let inodes = [cart_inode, bare_ns.inode()?];
+    let made = [&cart_ns, &bare_ns];
     let everything = wait_until("a verdict on each of our sandboxes", PATIENCE, || {
         let views = sandboxes_json(&daemon, &[])?;
         let judged: Vec<Value> = views
@@ -428,20 +431,32 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
             .iter()
             .filter(|v| container_of(v).is_some_and(|c| containers.contains(&c)))
             .all(|v| v["intent"]["status"] == "confirmed");
-        Ok(
-            (ours_in(&judged, &containers, &inodes).len() == 4 && intents_confirmed)
-                .then_some(views),
-        )
+        Ok((ours_in(&judged, &containers, &made).len() == 4 && intents_confirmed).then_some(views))
     })
     .with_context(|| daemon.log())?;
     let verdict_of = |key: &str| -> Option<&str> {
         everything
             .iter()
-            .find(|v| ours_in(std::slice::from_ref(v), &containers, &inodes).contains(key))
+            .find(|v| ours_in(std::slice::from_ref(v), &containers, &made).contains(key))
             .and_then(|v| v["verdict"]["verdict"].as_str())
     };
-    let cart_key = format!("net:[{cart_inode}]");
-    let bare_key = format!("net:[{}]", inodes[1]);
+    let (cart_key, bare_key) = (cart_ns.name().to_owned(), bare_ns.name().to_owned());
+    // The daemon's names of the two judged namespaces whose log objects are read: its cookie
+    // (a JSON object's `netns_cookie`) and the inode its `netns` field shows.
+    let named_by_daemon = |key: &str| -> Result<(u64, u64)> {
+        let view = everything
+            .iter()
+            .find(|v| ours_in(std::slice::from_ref(v), &containers, &made).contains(key))
+            .with_context(|| format!("no view of {key}"))?;
+        Ok((
+            cookie_of(view).with_context(|| format!("no cookie: {view:#}"))?,
+            inode_of(view).with_context(|| format!("no inode: {view:#}"))?,
+        ))
+    };
+    let (web_cookie, web_inode) = named_by_daemon(&web_id)?;
+    let (cart_cookie, cart_inode) = named_by_daemon(&cart_key)?;
+    assert_eq!(web_inode, netns_inode(web_ns.path())?);
+    assert_eq!(cart_inode, cart_ns.inode());
     assert_eq!(verdict_of(&web_id), Some("networked"));
     assert_eq!(verdict_of(&plain_id), Some("networked"));
     assert_eq!(verdict_of(&cart_key), Some("skipped"));
@@ -460,7 +475,7 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
                 "{filter:?} kept another verdict: {views:#?}"
             );
         }
-        Ok(ours_in(&views, &containers, &inodes))
+        Ok(ours_in(&views, &containers, &made))
     };
     let set =
         |keys: &[&str]| -> BTreeSet<String> { keys.iter().map(|k| (*k).to_owned()).collect() };
@@ -491,7 +506,7 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
         let views = sandboxes_json(&daemon, &["--pod", name])?;
         assert_eq!(views.len(), 1, "{name}: {views:#?}");
         assert_eq!(
-            ours_in(&views, &containers, &inodes),
+            ours_in(&views, &containers, &made),
             set(&[key.as_str()]),
             "{name}"
         );
@@ -500,12 +515,12 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
     // The JSON log: one object per line; exactly one per fact, field by field.
     let objects = wait_until("both verdicts logged", PATIENCE, || {
         let objects = json_log(&daemon.log())?;
-        let logged = |inode: u64| {
-            objects.iter().any(|o| {
-                o["netns"] == format!("net:[{inode}]").as_str() && o["verdict"].is_string()
-            })
+        let logged = |cookie: u64| {
+            objects
+                .iter()
+                .any(|o| o["netns_cookie"] == cookie && o["verdict"].is_string())
         };
-        Ok((logged(web_inode) && logged(cart_inode)).then_some(objects))
+        Ok((logged(web_cookie) && logged(cart_cookie)).then_some(objects))
     })
     .with_context(|| daemon.log())?;
     let only = |what: &str, wanted: &dyn Fn(&Value) -> bool| -> Result<Value> {
@@ -533,13 +548,13 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
     fields(&add, &web);
     assert_eq!(add["level"], "INFO", "{add:#}");
     assert_eq!(add["container"], web_id.as_str(), "{add:#}");
-    for (pod, inode, verdict, level) in [
-        (&web, web_inode, "networked", "INFO"),
-        (&cart, cart_inode, "skipped", "WARN"),
+    for (pod, cookie, inode, verdict, level) in [
+        (&web, web_cookie, web_inode, "networked", "INFO"),
+        (&cart, cart_cookie, cart_inode, "skipped", "WARN"),
     ] {
         let netns = format!("net:[{inode}]");
         let object = only(&format!("{}'s verdict", pod.name), &|o| {
-            o["netns"] == netns.as_str() && o["verdict"].is_string()
+            o["netns_cookie"] == cookie && o["verdict"].is_string()
         })?;
         fields(&object, pod);
         assert_eq!(object["netns"], netns.as_str(), "{object:#}");
