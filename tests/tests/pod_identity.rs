@@ -13,8 +13,8 @@ use provisioner_tests::daemon_harness::{
     Daemon, conflist, plugin_stdin, run_plugin, run_plugin_with_args,
 };
 use provisioner_tests::daemon_queries::{
-    allocations, cookie_of, inode_of, json_log, log_field, names_pod_in_fields, pod_of_view,
-    verdict_and_intent, wait_views_of,
+    allocations, container_of, cookie_of, inode_of, json_log, log_field, names_pod_in_fields,
+    pod_of_view, verdict_and_intent, wait_views_of,
 };
 use provisioner_tests::{
     Netns, NetnsCookie, OwnRuntime, RuntimeNetns, netns_inode, runtime_runs_plugin, wait_until,
@@ -331,11 +331,6 @@ fn a_pod_name_cannot_forge_a_log_line() -> Result<()> {
         sandbox.path(),
     ))?;
     Ok(())
-}
-
-/// A view's container id: views of the daemon's own ADDs carry it.
-fn container_of(view: &Value) -> Option<&str> {
-    view["container_id"].as_str()
 }
 
 /// Which of `views` are about what the test made: the container ids of its ADDs and the
