@@ -23,6 +23,16 @@ use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
+/// Pod `shop/<name>` of `uid`, its sandbox `sandbox_id`.
+fn shop_pod(name: &str, uid: &str, sandbox_id: &str) -> Pod {
+    Pod {
+        namespace: "shop".to_owned(),
+        name: name.to_owned(),
+        uid: Some(uid.to_owned()),
+        sandbox_id: Some(sandbox_id.to_owned()),
+    }
+}
+
 /// What containerd passes a CNI plugin for a pod (measured: containerd 1.6).
 fn kubelet_args(pod: &Pod) -> String {
     format!(
@@ -78,12 +88,7 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
     let web_ns = Netns::new("podid")?;
     let plain_ns = Netns::new("podid")?;
     let sandbox_id = format!("4bf982a7{:056x}", web_ns.cookie()?);
-    let web = Pod {
-        namespace: "shop".to_owned(),
-        name: "web-0".to_owned(),
-        uid: Some("6f0c2b8e-4d7e-4c1b-9a51-0c2f3e4d5a6b".to_owned()),
-        sandbox_id: Some(sandbox_id.clone()),
-    };
+    let web = shop_pod("web-0", "6f0c2b8e-4d7e-4c1b-9a51-0c2f3e4d5a6b", &sandbox_id);
     plugin(
         "ADD",
         &sandbox_id,
@@ -373,12 +378,11 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
     let web_ns = Netns::new("podjs")?;
     let plain_ns = Netns::new("podjs")?;
     let web_id = format!("5ca1ab1e{tag:056x}");
-    let web = Pod {
-        namespace: "shop".to_owned(),
-        name: format!("web-{tag}"),
-        uid: Some(format!("0b9e2f6a-1c3d-4e5f-8a7b-{tag:012x}")),
-        sandbox_id: Some(web_id.clone()),
-    };
+    let web = shop_pod(
+        &format!("web-{tag}"),
+        &format!("0b9e2f6a-1c3d-4e5f-8a7b-{tag:012x}"),
+        &web_id,
+    );
     let plain_id = format!("plain-{tag}");
     plugin(
         "ADD",
@@ -394,12 +398,11 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
     let cart_ns = RuntimeNetns::created_by(&runtime, "cni-pj")?;
     let bare_ns = RuntimeNetns::created_by(&runtime, "cni-pj")?;
     let cart_id = format!("ca27{tag:060x}");
-    let cart = Pod {
-        namespace: "shop".to_owned(),
-        name: format!("cart-{tag}"),
-        uid: Some(format!("7d1c3b5a-2e4f-4a6b-9c8d-{tag:012x}")),
-        sandbox_id: Some(cart_id.clone()),
-    };
+    let cart = shop_pod(
+        &format!("cart-{tag}"),
+        &format!("7d1c3b5a-2e4f-4a6b-9c8d-{tag:012x}"),
+        &cart_id,
+    );
     let cart_netns = format!("/var/run/netns/{}", cart_ns.name());
     runtime_runs_plugin(
         "loopback",

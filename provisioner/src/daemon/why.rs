@@ -135,10 +135,10 @@ mod tests {
 
     use super::*;
     use crate::pod::{Pod, PodSource};
-    use crate::trace::verdict::Drift;
+    use crate::trace::verdict::{Drift, fixtures};
     use crate::trace::{
-        Creator, Evidence, Intent, IntentKey, IntentOrigin, IntentVerdict, NetnsRef, NetnsVerdict,
-        SandboxReason, Step, TimelineEntry,
+        Creator, Evidence, IntentVerdict, NetnsRef, NetnsVerdict, SandboxReason, Step,
+        TimelineEntry,
     };
 
     use super::super::kernel_watch::RemovedSandbox;
@@ -178,57 +178,28 @@ mod tests {
     /// A verdict on netns cookie 4121 (inode 4026532999), created by containerd.
     fn verdict(verdict: Verdict, pod: Option<PodName>, reason: &str) -> NetnsVerdict {
         NetnsVerdict {
-            pod,
             netns: NetnsRef {
                 cookie: 4121,
                 inode: 4_026_532_999,
             },
-            verdict,
             sandbox: Some(SandboxReason::RuntimeCreator {
                 comm: "containerd".to_owned(),
             }),
             creator: containerd(),
             created_at: at(0),
-            destroyed_at: None,
-            reason: reason.to_owned(),
-            evidence: Evidence::Trace,
-            revises: None,
-            late_ms: None,
-            diagnosis: None,
-            timeline: Vec::new(),
-            repeat: None,
+            ..fixtures::verdict(4121, verdict, pod, reason)
         }
     }
 
     fn view(verdict: Option<NetnsVerdict>) -> SandboxView {
         SandboxView {
             verdict: verdict.map(Arc::new),
-            intent: None,
-            container_id: None,
-            pod: None,
-            drifts: Vec::new(),
-            removed: None,
-            text: Vec::new(),
+            ..SandboxView::default()
         }
     }
 
     fn intent(status: IntentStatus, missing: &[&str]) -> Arc<IntentVerdict> {
-        Arc::new(IntentVerdict {
-            intent: Intent {
-                key: IntentKey {
-                    container_id: "4bf982a7deadbeef".to_owned(),
-                    ifname: "eth0".to_owned(),
-                },
-                origin: IntentOrigin::Add,
-                netns_cookie: 4121,
-                ifname: "eth0".to_owned(),
-                addresses: Vec::new(),
-                routes: Vec::new(),
-            },
-            status,
-            missing: missing.iter().map(|m| (*m).to_owned()).collect(),
-            evidence: Evidence::Trace,
-        })
+        Arc::new(fixtures::intent(4121, "4bf982a7deadbeef", status, missing))
     }
 
     /// The pod of the daemon's own ADD.
