@@ -58,6 +58,12 @@ fn sandboxes_json(daemon: &Daemon, filter: &[&str]) -> Result<Vec<Value>> {
     Ok(answer["sandboxes"].as_array().cloned().unwrap_or_default())
 }
 
+/// ADD of sandbox `id` in `netns` for `pod`, named in `CNI_ARGS` as a kubelet's runtime names
+/// it.
+fn add_pod(id: &str, netns: &Path, pod: &Pod, stdin: &[u8]) -> Result<()> {
+    plugin("ADD", id, Some(netns), Some(&kubelet_args(pod)), stdin)
+}
+
 fn plugin(
     command: &str,
     id: &str,
@@ -89,13 +95,7 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
     let plain_ns = Netns::new("podid")?;
     let sandbox_id = format!("4bf982a7{:056x}", web_ns.cookie()?);
     let web = shop_pod("web-0", "6f0c2b8e-4d7e-4c1b-9a51-0c2f3e4d5a6b", &sandbox_id);
-    plugin(
-        "ADD",
-        &sandbox_id,
-        Some(web_ns.path()),
-        Some(&kubelet_args(&web)),
-        &stdin,
-    )?;
+    add_pod(&sandbox_id, web_ns.path(), &web, &stdin)?;
     // A runtime that names no pod (no Kubernetes): the sandbox is listed without one.
     plugin("ADD", "plain-1", Some(plain_ns.path()), None, &stdin)?;
 
@@ -231,13 +231,7 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
         sandbox_id: Some("gone-0-sandbox".to_owned()),
         ..web.clone()
     };
-    plugin(
-        "ADD",
-        "gone-0-sandbox",
-        Some(gone_ns.path()),
-        Some(&kubelet_args(&gone)),
-        &stdin,
-    )?;
+    add_pod("gone-0-sandbox", gone_ns.path(), &gone, &stdin)?;
     daemon.stop()?;
     gone_ns.delete()?;
     let gone_veth = host_ifname("gone-0-sandbox", "eth0");
@@ -384,13 +378,7 @@ fn json_log_objects_name_the_pod_and_sandbox_filters_keep_only_what_matches() ->
         &web_id,
     );
     let plain_id = format!("plain-{tag}");
-    plugin(
-        "ADD",
-        &web_id,
-        Some(web_ns.path()),
-        Some(&kubelet_args(&web)),
-        &stdin,
-    )?;
+    add_pod(&web_id, web_ns.path(), &web, &stdin)?;
     plugin("ADD", &plain_id, Some(plain_ns.path()), None, &stdin)?;
     // Skipped: cart (its runtime ran only the loopback plugin, which names it) and one no
     // plugin ran for.

@@ -469,28 +469,19 @@ mod tests {
     #[test]
     fn a_store_file_gone_or_emptied_once_marked_is_reported_lost() {
         let dir = tempfile::tempdir().expect("dir");
-        let store = Store::open(dir.path(), "pods").expect("open");
-        assert_eq!(store.lost(), None, "a new store");
-        let file = store.path().to_path_buf();
-        drop(store);
-        assert_eq!(
-            Store::open(dir.path(), "pods").expect("reopen").lost(),
-            None
-        );
+        let lost = || -> Option<String> {
+            let store = Store::open(dir.path(), "pods").expect("open");
+            store.lost().map(str::to_owned)
+        };
+        assert_eq!(lost(), None, "a new store");
+        let file = dir.path().canonicalize().expect("dir").join(STORE_FILE);
+        assert_eq!(lost(), None, "reopened");
         std::fs::remove_file(&file).expect("delete the store file");
-        let lost = Store::open(dir.path(), "pods")
-            .expect("open")
-            .lost()
-            .map(str::to_owned);
-        let missing = lost.expect("a deleted store file is lost");
+        let missing = lost().expect("a deleted store file is lost");
         assert!(missing.contains(" is missing although "), "{missing}");
         assert!(missing.contains(STORE_MARKER), "{missing}");
         std::fs::File::create(&file).expect("empty the store file");
-        let lost = Store::open(dir.path(), "pods")
-            .expect("open")
-            .lost()
-            .map(str::to_owned);
-        let empty = lost.expect("an emptied store file is lost");
+        let empty = lost().expect("an emptied store file is lost");
         assert!(empty.contains(" is empty although "), "{empty}");
         // Without the marker, a missing file was never created: nothing lost.
         let fresh = tempfile::tempdir().expect("dir");
