@@ -8,21 +8,28 @@ pub mod daemon;
 pub mod netns;
 pub mod oci;
 pub mod soak;
+pub mod tools;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 pub use netns::Netns;
 
-/// Runs a command, failing with its stderr when it exits non-zero; its stdout.
+/// Runs a command, failing with its stderr when it exits non-zero; its stdout. A program of
+/// [`tools::ALL`] that is not installed fails naming its package.
 pub fn run(program: &str, args: &[&str]) -> Result<String> {
     let what = format!("{program} {}", args.join(" "));
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("spawn {what}"))?;
+    let out = Command::new(program).args(args).output().map_err(|err| {
+        let missing = (err.kind() == std::io::ErrorKind::NotFound)
+            .then(|| tools::named(program))
+            .flatten();
+        match missing {
+            Some(tool) => anyhow::Error::new(err).context(tool.missing()),
+            None => anyhow::Error::new(err).context(format!("spawn {what}")),
+        }
+    })?;
     stdout_of(&what, &out)
 }
 

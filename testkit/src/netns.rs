@@ -87,6 +87,7 @@ impl Netns {
 
     /// Pings `addr` from inside this namespace (3 packets, 1 s deadline each).
     pub fn ping(&self, addr: &str) -> Result<()> {
+        crate::tools::PING.require()?;
         self.exec("ping", &["-c", "1", "-W", "1", "-w", "3", addr])
             .map(|_| ())
             .with_context(|| format!("ping {addr} from netns {}", self.name))

@@ -15,9 +15,7 @@ use crate::daemon_harness::Daemon;
 use crate::oci_image::{self, ImageSpec};
 use crate::process::{pids_with_arg, spawn_in_netns, stop_pid, unmount_under};
 use crate::{Netns, deploy, provisioner_bin, run};
-
-/// Debian's reference plugins; containerd runs `loopback` for every pod.
-pub const CNI_PLUGIN_DIR: &str = "/usr/lib/cni";
+use testkit::tools;
 
 /// The CRI namespace of containerd's images and containers.
 const K8S_NAMESPACE: &str = "k8s.io";
@@ -90,10 +88,7 @@ impl Containerd {
             std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
         }
         std::os::unix::fs::symlink(provisioner_bin(), bin_dir.join("provisioner"))?;
-        std::os::unix::fs::symlink(
-            Path::new(CNI_PLUGIN_DIR).join("loopback"),
-            bin_dir.join("loopback"),
-        )?;
+        std::os::unix::fs::symlink(tools::LOOPBACK.path, bin_dir.join("loopback"))?;
         for (name, content) in &cni.conf_files {
             std::fs::write(conf_dir.join(name), content)?;
         }
@@ -111,7 +106,7 @@ impl Containerd {
         std::fs::write(&config_path, config)?;
 
         let child = spawn_in_netns(
-            Command::new("containerd")
+            Command::new(tools::CONTAINERD.path)
                 .arg("--config")
                 .arg(&config_path)
                 .stdin(Stdio::null())
@@ -245,24 +240,16 @@ impl Drop for Containerd {
     }
 }
 
-/// Fails with what to install when containerd or its tools are missing.
+/// Fails with the package to install when containerd or one of its tools is missing.
 pub fn require_tools() -> Result<()> {
-    for (tool, package) in [
-        ("/usr/bin/containerd", "containerd"),
-        ("/usr/bin/ctr", "containerd"),
-        ("/usr/sbin/runc", "runc"),
-        (oci_image::BUSYBOX, "busybox-static"),
+    for tool in [
+        tools::CONTAINERD,
+        tools::CTR,
+        tools::RUNC,
+        tools::BUSYBOX,
+        tools::LOOPBACK,
     ] {
-        if !Path::new(tool).exists() {
-            bail!("{tool} is missing: install {package} (cargo xtask test bootstraps it)");
-        }
-    }
-    let loopback = Path::new(CNI_PLUGIN_DIR).join("loopback");
-    if !loopback.exists() {
-        bail!(
-            "{} is missing: install containernetworking-plugins",
-            loopback.display()
-        );
+        tool.require()?;
     }
     Ok(())
 }

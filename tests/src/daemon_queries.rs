@@ -54,6 +54,12 @@ pub fn views_where(daemon: &Daemon, keep: impl Fn(&Value) -> bool) -> Result<Vec
         .collect())
 }
 
+/// The inode of the namespace a view's verdict is about: how a test that holds the namespace
+/// (so that its inode is not reused) tells it apart on every kernel.
+pub fn inode_of(view: &Value) -> Option<u64> {
+    view["verdict"]["netns"]["inode"].as_u64()
+}
+
 /// `verdict+intent status` of a view, e.g. `networked+confirmed` or `skipped+none`.
 pub fn verdict_and_intent(view: &Value) -> String {
     format!(
@@ -121,6 +127,17 @@ pub fn wait_views_created_by(
     })
 }
 
+/// Waits (bounded) until `count` views for which `ours` holds have a verdict (e.g. those of
+/// [`crate::RuntimeNetns::is_view_of`]); returns them.
+pub fn wait_views_where(
+    daemon: &Daemon,
+    count: usize,
+    limit: Duration,
+    ours: impl Fn(&Value) -> bool,
+) -> Result<Vec<Value>> {
+    wait_views(daemon, count, limit, |v| !v["verdict"].is_null() && ours(v))
+}
+
 fn wait_views(
     daemon: &Daemon,
     count: usize,
@@ -150,6 +167,28 @@ fn wait_views(
 pub fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let at = line.find(&format!(" {key}="))? + key.len() + 2;
     line[at..].split(' ').next().map(|v| v.trim_matches('"'))
+}
+
+/// The objects of a `--log-format json` log: every line must be one.
+pub fn json_log(log: &str) -> Result<Vec<Value>> {
+    log.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+        .collect()
+}
+
+/// The lines of a plain-text log about the namespaces the daemon names `cookies` (their
+/// `netns_cookie` field; take them from the daemon's views of what the test made): of the whole
+/// node's kernel watch, those about the test's own.
+pub fn log_lines_about<'a>(
+    log: &'a str,
+    cookies: &'a HashSet<u64>,
+) -> impl Iterator<Item = &'a str> + 'a {
+    log.lines().filter(|l| {
+        log_field(l, "netns_cookie")
+            .and_then(|c| c.parse::<u64>().ok())
+            .is_some_and(|c| cookies.contains(&c))
+    })
 }
 
 /// Whether a log line carries the pod fields of `pod`: namespace, name, uid and sandbox id.

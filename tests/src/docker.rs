@@ -12,10 +12,8 @@ use nix::unistd::Pid;
 
 use crate::process::{spawn_in_netns, unmount_under};
 use crate::{Netns, wait_until};
+use testkit::tools;
 
-const DOCKERD: &str = "/usr/sbin/dockerd";
-/// Debian's client, the engine's own version (another `docker` on the PATH may be newer).
-const DOCKER: &str = "/usr/bin/docker";
 /// How long the engine may take to answer after its start, and to stop.
 const START_LIMIT: Duration = Duration::from_secs(60);
 const STOP_LIMIT: Duration = Duration::from_secs(20);
@@ -29,17 +27,14 @@ pub struct Docker {
 impl Docker {
     /// Starts dockerd in `node` and waits until it answers.
     pub fn start(node: &Netns) -> Result<Self> {
-        for tool in [DOCKERD, DOCKER] {
-            if !Path::new(tool).exists() {
-                bail!("{tool} is missing: install docker.io (cargo xtask test bootstraps it)");
-            }
-        }
+        let dockerd = tools::DOCKERD.require()?;
+        tools::DOCKER.require()?;
         let dir = tempfile::Builder::new().prefix("dockr").tempdir()?;
         let base = dir.path();
         let socket = base.join("docker.sock");
         let log = std::fs::File::create(base.join("dockerd.log"))?;
         let child = spawn_in_netns(
-            Command::new(DOCKERD)
+            Command::new(dockerd)
                 .arg(format!("--data-root={}", base.join("root").display()))
                 .arg(format!("--exec-root={}", base.join("exec").display()))
                 .arg(format!("--pidfile={}", base.join("dockerd.pid").display()))
@@ -70,7 +65,7 @@ impl Docker {
 
     /// `docker <args>` against this engine; its stdout.
     pub fn run(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(DOCKER)
+        let out = Command::new(tools::DOCKER.path)
             .arg(format!("--host=unix://{}", self.socket.display()))
             .args(args)
             .output()

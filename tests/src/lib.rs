@@ -57,6 +57,14 @@ pub fn netns_cookie(path: &Path) -> Result<u64> {
     tracing::cookie_of(path)
 }
 
+/// The inode of the network namespace at `path` (a pin, or `/proc/<pid>/ns/net`): unique on
+/// the node while the namespace lives, which a test that holds it ensures.
+pub fn netns_inode(path: &Path) -> Result<u64> {
+    nix::sys::stat::stat(path)
+        .map(|st| st.st_ino)
+        .with_context(|| format!("stat netns {}", path.display()))
+}
+
 /// The cookie of a test's [`Netns`], read as the daemon reads it.
 pub trait NetnsCookie {
     fn cookie(&self) -> Result<u64>;
@@ -87,7 +95,7 @@ pub fn wait_only_lo(netns: &Netns, limit: std::time::Duration) -> Result<()> {
 pub fn stand_in_runtime() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let linked = stand_in("ip", "containerd", "/usr/sbin/ip");
+        let linked = stand_in("ip", "containerd", testkit::tools::IP.path);
         linked.unwrap_or_else(|e| panic!("the stand-in runtime: {e:#}"))
     })
 }
@@ -139,28 +147,70 @@ pub fn runtime_runs_plugin(plugin: &str, uid: Option<u32>, env: &[(&str, &str)])
     Ok(())
 }
 
+/// A runtime of the test's own: `ip` under a name no other process on the node has
+/// (`runc-<pid>-<n>`, a runtime's name to the kernel watch). The namespaces it creates are told
+/// apart from every other runtime's by their creator, whose skips the kernel watch also counts
+/// apart.
+#[derive(Debug)]
+pub struct OwnRuntime {
+    path: PathBuf,
+    comm: String,
+}
+
+impl OwnRuntime {
+    pub fn new() -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // At most 15 bytes, the kernel's comm: 5 + 6 + 1 + 3.
+        let comm = format!("runc-{}-{}", std::process::id() % 1_000_000, n % 1000);
+        let path = stand_in("ip", &comm, testkit::tools::IP.path)?;
+        Ok(Self { path, comm })
+    }
+
+    /// Its name, as the kernel watch shows its namespaces' creator.
+    pub fn comm(&self) -> &str {
+        &self.comm
+    }
+}
+
 /// Runs the stand-in runtime (`ip` named `containerd`) with `args`.
 pub fn runtime(args: &[&str]) -> Result<String> {
     run(&stand_in_runtime().display().to_string(), args)
 }
 
-/// A namespace created and pinned under /run/netns by the stand-in runtime (its creator is
-/// `containerd`), deleted on drop.
+/// A namespace created and pinned under /run/netns by a stand-in runtime (by default `ip`
+/// named `containerd`), deleted on drop.
 #[derive(Debug)]
 pub struct RuntimeNetns {
     name: String,
     deleted: bool,
+    /// Its creator's name.
+    creator: String,
+    inode: u64,
 }
 
 impl RuntimeNetns {
     /// Creates `/run/netns/<prefix...>` (a unique name starting with `prefix`, cut to 6 bytes).
     pub fn new(prefix: &str) -> Result<Self> {
+        Self::create(stand_in_runtime(), "containerd", prefix)
+    }
+
+    /// [`RuntimeNetns::new`], created by the test's own `runtime`.
+    pub fn created_by(runtime: &OwnRuntime, prefix: &str) -> Result<Self> {
+        Self::create(&runtime.path, &runtime.comm, prefix)
+    }
+
+    fn create(runtime: &Path, comm: &str, prefix: &str) -> Result<Self> {
         let name = unique_name(prefix);
-        runtime(&["netns", "add", &name])?;
-        Ok(Self {
+        run(&runtime.display().to_string(), &["netns", "add", &name])?;
+        let mut netns = Self {
             name,
             deleted: false,
-        })
+            creator: comm.to_owned(),
+            inode: 0,
+        };
+        netns.inode = netns_inode(&netns.path())?;
+        Ok(netns)
     }
 
     pub fn name(&self) -> &str {
@@ -173,6 +223,20 @@ impl RuntimeNetns {
 
     pub fn cookie(&self) -> Result<u64> {
         tracing::cookie_of(&self.path())
+    }
+
+    /// The namespace's inode: how the kernel watch's views name it on every kernel
+    /// (`verdict.netns.inode`). Unique among the node's live namespaces (this pin holds it),
+    /// not among the views: a namespace gone before may have had it.
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    /// Whether a `sandboxes` view is of this namespace: its inode and its creator's name (of
+    /// an [`OwnRuntime`], no other namespace's, live or gone).
+    pub fn is_view_of(&self, view: &serde_json::Value) -> bool {
+        daemon_queries::inode_of(view) == Some(self.inode)
+            && view["verdict"]["creator"]["comm"] == self.creator.as_str()
     }
 
     /// Runs `ip -n <name> <args>`.

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use testkit::oci::{Entry, Image, has_interpreter, layer_tar, write_archive};
 
 /// Where Debian's `busybox-static` installs the binary.
-pub const BUSYBOX: &str = "/bin/busybox";
+pub const BUSYBOX: &str = testkit::tools::BUSYBOX.path;
 
 /// Applets linked under /bin: what a pause process and the tests' containers run.
 const APPLETS: &[&str] = &["sh", "sleep", "ip", "grep", "cat", "echo", "true"];
@@ -34,9 +34,8 @@ pub const BUSYBOX_IMAGE: ImageSpec<'static> = ImageSpec {
 
 /// The uncompressed root filesystem tar: /bin/busybox plus one symlink per applet.
 pub fn rootfs_tar() -> Result<Vec<u8>> {
-    let binary = std::fs::read(BUSYBOX).with_context(|| {
-        format!("{BUSYBOX} is missing: install busybox-static (cargo xtask test bootstraps it)")
-    })?;
+    testkit::tools::BUSYBOX.require()?;
+    let binary = std::fs::read(BUSYBOX).with_context(|| format!("read {BUSYBOX}"))?;
     if has_interpreter(&binary) {
         bail!(
             "{BUSYBOX} is dynamically linked (Debian's `busybox`): an image needs busybox-static"

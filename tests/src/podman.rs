@@ -9,10 +9,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::Value;
 
-use crate::containerd::CNI_PLUGIN_DIR;
+use testkit::tools;
+
 use crate::process::{pids_where, spawn_in_netns, unmount_under};
 use crate::{Netns, oci_image, provisioner_bin};
 
@@ -29,24 +30,15 @@ impl Podman {
     /// A podman whose CNI networks are read from `conf_dir` (e.g. the daemon's) and whose plugin
     /// dir holds `provisioner` and `loopback`; imports [`IMAGE`].
     pub fn new(node: &Netns, conf_dir: &Path) -> Result<Self> {
-        for (tool, package) in [
-            ("/usr/bin/podman", "podman"),
-            ("/usr/bin/conmon", "conmon"),
-            ("/usr/sbin/runc", "runc"),
-        ] {
-            if !Path::new(tool).exists() {
-                bail!("{tool} is missing: install {package} (cargo xtask test bootstraps it)");
-            }
+        for tool in [tools::PODMAN, tools::CONMON, tools::RUNC, tools::LOOPBACK] {
+            tool.require()?;
         }
         let dir = tempfile::Builder::new().prefix("podm").tempdir()?;
         let base = dir.path();
         let bin = base.join("cni-bin");
         std::fs::create_dir_all(&bin)?;
         std::os::unix::fs::symlink(provisioner_bin(), bin.join("provisioner"))?;
-        std::os::unix::fs::symlink(
-            Path::new(CNI_PLUGIN_DIR).join("loopback"),
-            bin.join("loopback"),
-        )?;
+        std::os::unix::fs::symlink(tools::LOOPBACK.path, bin.join("loopback"))?;
         let b = base.display();
         // The default ulimits exceed this machine's hard limits.
         std::fs::write(
@@ -94,7 +86,7 @@ volume_path = "{b}/volumes"
 
     fn command(&self) -> Command {
         let base = self.dir.path();
-        let mut cmd = Command::new("podman");
+        let mut cmd = Command::new(tools::PODMAN.path);
         cmd.env("CONTAINERS_CONF", base.join("containers.conf"))
             .env("CONTAINERS_STORAGE_CONF", base.join("storage.conf"))
             .arg("--root")

@@ -1,8 +1,8 @@
 //! A real Prometheus (Debian's `prometheus`) run inside a test's network namespace, and plain
 //! HTTP GETs from inside one.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -106,11 +106,25 @@ impl<'n> Prometheus<'n> {
     /// are read from a directory of its own), its API on the namespace's loopback, and waits
     /// until it is ready.
     pub fn start(netns: &'n Netns, config: &str) -> Result<Self> {
+        Self::start_with_files(netns, config, &[])
+    }
+
+    /// [`Prometheus::start`], with `files` (name, content) written to its directory first: the
+    /// rule files and target files its configuration names by a relative path.
+    pub fn start_with_files(
+        netns: &'n Netns,
+        config: &str,
+        files: &[(&str, &str)],
+    ) -> Result<Self> {
+        let prometheus = testkit::tools::PROMETHEUS.require()?;
         let dir = tempfile::tempdir()?;
+        for (name, content) in files {
+            std::fs::write(dir.path().join(name), content)?;
+        }
         let config_file = dir.path().join("prometheus.yml");
         std::fs::write(&config_file, config)?;
         let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
-        let mut cmd = Command::new("prometheus");
+        let mut cmd = Command::new(prometheus);
         cmd.arg(format!("--config.file={}", config_file.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
@@ -123,20 +137,13 @@ impl<'n> Prometheus<'n> {
             .stdout(log.try_clone()?)
             .stderr(log);
         netns.enter(&mut cmd)?;
-        let child = cmd
-            .spawn()
-            .context("start prometheus (apt-get install prometheus)")?;
+        let child = cmd.spawn().context("start prometheus")?;
         let prometheus = Self { child, netns, dir };
         wait_until("prometheus ready", READY_LIMIT, || {
             Ok(matches!(prometheus.get("/-/ready"), Ok((200, _))).then_some(()))
         })
         .with_context(|| prometheus.log())?;
         Ok(prometheus)
-    }
-
-    /// The directory the configuration is read from (for files it names).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     pub fn log(&self) -> String {
@@ -171,13 +178,45 @@ impl<'n> Prometheus<'n> {
     }
 
     pub fn firing(&self, alertname: &str) -> Result<Vec<Value>> {
+        self.alerts(alertname, "firing")
+    }
+
+    /// The alerts of rule `alertname` in `state` (`pending`, `firing`).
+    pub fn alerts(&self, alertname: &str, state: &str) -> Result<Vec<Value>> {
         let data = self.api("/api/v1/alerts")?;
         Ok(data["alerts"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|a| a["labels"]["alertname"] == alertname && a["state"] == "firing")
+            .filter(|a| a["labels"]["alertname"] == alertname && a["state"] == state)
             .cloned()
+            .collect())
+    }
+
+    /// Waits (up to `patience`) until rule `alertname`, one with a `for:`, fires, having seen it
+    /// pending first: its `for:` held it back.
+    pub fn wait_pending_then_firing(&self, alertname: &str, patience: Duration) -> Result<()> {
+        let mut pending = false;
+        wait_until(
+            &format!("{alertname} pending, then firing"),
+            patience,
+            || {
+                pending |= !self.alerts(alertname, "pending")?.is_empty();
+                Ok((!self.firing(alertname)?.is_empty()).then_some(()))
+            },
+        )
+        .with_context(|| self.log())?;
+        ensure!(pending, "{alertname} fired without being pending first");
+        Ok(())
+    }
+
+    /// The rules that fired since Prometheus started, from its `ALERTS` series.
+    pub fn fired(&self) -> Result<BTreeSet<String>> {
+        let expr = "count by (alertname) (count_over_time(ALERTS{alertstate=\"firing\"}[1h]))";
+        Ok(self
+            .query(expr)?
+            .iter()
+            .filter_map(|s| s["metric"]["alertname"].as_str().map(str::to_owned))
             .collect())
     }
 }

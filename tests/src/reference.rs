@@ -33,20 +33,14 @@ impl Ptp<'_> {
         netns: &Path,
         cni_args: Option<&str>,
     ) -> Result<PluginRun> {
-        let plugin = Path::new(REFERENCE_DIR).join("ptp");
-        if !plugin.exists() {
-            bail!(
-                "{} is missing: `cargo xtask test` installs containernetworking-plugins",
-                plugin.display()
-            );
-        }
+        let plugin = testkit::tools::PTP.require()?;
         let config = serde_json::json!({
             "cniVersion": "0.4.0", "name": "reference-ptp", "type": "ptp", "mtu": 1460,
             "ipam": {"type": "host-local", "subnet": self.subnet,
                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": self.data_dir},
         });
         let mut cmd = testkit::cni::command(
-            &plugin,
+            plugin,
             command,
             container_id,
             Some(netns),

@@ -19,7 +19,9 @@ fn in_node(node: &Netns, args: &[&str]) -> Result<std::process::Output> {
         bin.to_str().unwrap_or_default(),
     ];
     full.extend_from_slice(args);
-    Ok(Command::new("ip").args(&full).output()?)
+    Ok(Command::new(testkit::tools::IP.require()?)
+        .args(&full)
+        .output()?)
 }
 
 #[test]

@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::Cri;
 use provisioner_tests::daemon_harness::Daemon;
-use provisioner_tests::daemon_queries::wait_views_created_by;
+use provisioner_tests::daemon_queries::{pod_of_view, wait_views_created_by};
 use provisioner_tests::{Netns, scaled_secs};
 use serde_json::Value;
 
@@ -51,11 +51,7 @@ fn assert_skipped_by_containerd(
     ran: &str,
     content: &str,
 ) {
-    let reads = format!(
-        "containerd reads CNI networks from {} (per containerd's config {})",
-        containerd.conf_dir.display(),
-        containerd.config_path().display()
-    );
+    let reads = reads(containerd);
     for view in views {
         assert_eq!(view["verdict"]["verdict"], "skipped", "{view:#}");
         assert_eq!(view["verdict"]["creator"]["comm"], "containerd", "{view:#}");
@@ -68,6 +64,61 @@ fn assert_skipped_by_containerd(
             );
         }
     }
+}
+
+/// How a diagnosis names the conf dir containerd reads, from containerd's own config.
+fn reads(containerd: &Containerd) -> String {
+    format!(
+        "containerd reads CNI networks from {} (per containerd's config {})",
+        containerd.conf_dir.display(),
+        containerd.config_path().display()
+    )
+}
+
+/// `provisioner why default/seed-0`, as an operator asks after `kubectl describe pod` showed
+/// the pod's failure: the explanation of the sandbox this test's containerd created (the
+/// node may hold sandboxes of a pod of that name from another containerd: they are told apart
+/// by their creator's pid), checked for the pod it names (`named by ...`), the SKIPPED verdict
+/// with its creator, a timeline and the diagnosis naming the conf dir containerd reads.
+fn why_seed_0(
+    daemon: &Daemon,
+    containerd: &Containerd,
+    views: &[Value],
+    named_by: &str,
+) -> Result<String> {
+    let view = views
+        .iter()
+        .find(|v| named_pod(v).as_deref() == Ok("default/seed-0"))
+        .context("a view of default/seed-0")?;
+    let pod = pod_of_view(view).with_context(|| format!("the view names no pod: {view:#}"))?;
+    let out = daemon.cli(&["why", "--json", "default/seed-0"])?;
+    ensure!(out.status.success(), "why default/seed-0: {out:?}");
+    let answer: Value = serde_json::from_slice(&out.stdout).context("why --json")?;
+    let pid = containerd.pid().context("containerd's pid")?;
+    let creator = format!("created by containerd (pid {pid},");
+    let said = answer["sandboxes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find(|s| s.contains(&creator))
+        .with_context(|| format!("no sandbox {creator}...: {answer:#}"))?
+        .to_owned();
+    let head = format!("pod {pod}, named by {named_by}\n  verdict: SKIPPED (netns cookie=");
+    assert!(said.starts_with(&head), "{head:?} expected:\n{said}");
+    assert!(said.contains("\n  timeline:\n"), "{said}");
+    assert!(said.contains(" netns created ("), "{said}");
+    let diagnosis = said
+        .split_once("\n  diagnosis: ")
+        .map(|(_, d)| d)
+        .with_context(|| format!("no diagnosis: {said}"))?;
+    assert!(
+        diagnosis.starts_with("no CNI plugin set its network up: "),
+        "{diagnosis}"
+    );
+    assert!(diagnosis.contains(&reads(containerd)), "{diagnosis}");
+    eprintln!("provisioner why default/seed-0:\n{said}");
+    Ok(said)
 }
 
 /// The pods `failing_pods` asked for: `default/seed-0`, ...
@@ -147,6 +198,20 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
             "{view:#}"
         );
     }
+    let said = why_seed_0(
+        &daemon,
+        &containerd,
+        &views,
+        "the environment of CNI plugin loopback",
+    )?;
+    assert!(
+        said.contains("CNI ADD by loopback (run by containerd) for pod default/seed-0 (uid"),
+        "the plugin's call in the timeline:\n{said}"
+    );
+    assert!(
+        said.contains("holds only 10-loopback.conf (type loopback)"),
+        "{said}"
+    );
     containerd.shutdown()
 }
 
@@ -186,5 +251,11 @@ fn empty_conf_dir_pods_skipped() -> Result<()> {
     }
     named.sort();
     assert_eq!(named, seed_pods(), "each pod named once");
+    let said = why_seed_0(&daemon, &containerd, &views, "containerd over CRI")?;
+    assert!(said.contains("holds no network file"), "{said}");
+    assert!(
+        !said.contains("CNI ADD"),
+        "no plugin ran, none is in the timeline:\n{said}"
+    );
     containerd.shutdown()
 }

@@ -1,7 +1,8 @@
 //! The pod of a sandbox no CNI plugin ran for, asked of the real containerd over CRI: with an
 //! empty conf dir, RunPodSandbox fails and leaves the sandbox's namespace pinned; the resolver,
 //! given that namespace's path and containerd as its creator, finds containerd's socket from
-//! its config and names the pod RunPodSandbox was called for. Once containerd is gone it says
+//! its config and names the pod RunPodSandbox was called for; given the socket and no
+//! creator, it names the runtime from the socket's own answer. Once containerd is gone it says
 //! the socket did not answer, within its timeout.
 
 use std::path::{Path, PathBuf};
@@ -99,8 +100,15 @@ fn containerd_names_the_pod_of_a_sandbox_no_plugin_ran_for() -> Result<()> {
         ask(&[node.path().to_path_buf()]).to_string(),
         "pod unknown (no CNI plugin ran and containerd does not list the sandbox)"
     );
-
+    // Its socket given (`--cri-socket`) and the creator not known: the runtime names itself
+    // (CRI Version).
     let socket = containerd.socket.clone();
+    let by_socket = CriResolver::new(Some(socket.clone()));
+    assert_eq!(
+        rt.block_on(by_socket.resolve(&[under_run(&second_netns)], None)),
+        expected("lookup-1", &second_id)
+    );
+
     containerd.shutdown()?;
     // containerd is gone: its socket is asked through the override, as `--cri-socket` does.
     let resolver = CriResolver::new(Some(socket.clone()));

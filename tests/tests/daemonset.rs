@@ -406,7 +406,7 @@ struct ProcSandbox {
 
 impl ProcSandbox {
     fn start() -> Result<Self> {
-        let child = Command::new("unshare")
+        let child = Command::new(testkit::tools::UNSHARE.require()?)
             .args(["--net", "sleep", "300"])
             .spawn()
             .context("spawn unshare --net sleep")?;

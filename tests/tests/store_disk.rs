@@ -56,12 +56,17 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        let _ = Command::new(testkit::tools::UMOUNT.path)
+            .arg("-l")
+            .arg(&self.path)
+            .status();
     }
 }
 
 fn mount(args: &[&str]) -> Result<()> {
-    let out = Command::new("mount").args(args).output()?;
+    let out = Command::new(testkit::tools::MOUNT.require()?)
+        .args(args)
+        .output()?;
     if !out.status.success() {
         bail!(
             "mount {args:?}: {}",

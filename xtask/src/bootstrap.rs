@@ -28,43 +28,40 @@ pub struct EbpfToolchain {
     pub needs_bootstrap_env: bool,
 }
 
-/// Debian packages the tests use, with a file that tells whether each is installed.
-const TEST_PACKAGES: &[(&str, &str)] = &[
-    ("iproute2", "/usr/sbin/ip"),
-    ("iputils-ping", "/usr/bin/ping"),
-    ("containernetworking-plugins", "/usr/lib/cni/ptp"),
-    ("bpftool", "/usr/sbin/bpftool"),
-    // The real runtimes of tests/tests/containerd_*.rs and podman.rs (runc: crun 1.8 fails on
-    // this kind of cgroup hybrid setup). Each test runs its own instance on a temp dir.
-    ("containerd", "/usr/bin/containerd"),
-    ("runc", "/usr/sbin/runc"),
-    // Installs /etc/cni/net.d/87-podman-bridge.conflist; the tests never read /etc/cni/net.d.
-    ("podman", "/usr/bin/podman"),
-    // `docker load` of the image (tests/tests/daemonset.rs), into an engine of the test's own.
-    ("docker.io", "/usr/sbin/dockerd"),
-    // The tests' pause and busybox images (no registry). Probed by its doc dir: the dynamic
-    // `busybox` package also provides /bin/busybox, which cannot run alone in an image.
-    ("busybox-static", "/usr/share/doc/busybox-static"),
+/// Debian packages the builds and the eBPF work need, with a file that tells whether each is
+/// installed. The programs the tests run are [`testkit::tools::ALL`], each with its package.
+const BUILD_PACKAGES: &[(&str, &str)] = &[
     // musl-gcc, which compiles mimalloc's C for the musl release build (release::RELEASE_TARGET).
     ("musl-tools", "/usr/bin/musl-gcc"),
-    // The real Prometheus and promtool of tests/tests/monitoring.rs (deploy/monitoring).
-    ("prometheus", "/usr/bin/prometheus"),
+    // bpftool, to inspect the eBPF object (`cargo xtask build-ebpf` writes it to target/ebpf).
+    ("bpftool", "/usr/sbin/bpftool"),
+    // Probed by its doc dir: the dynamic `busybox` package also provides /bin/busybox, which
+    // cannot run alone in the tests' images.
+    ("busybox-static", "/usr/share/doc/busybox-static"),
 ];
+
+/// Every package the builds and the tests need, with a file that tells whether it is installed.
+fn test_packages() -> Vec<(&'static str, &'static str)> {
+    let tools = testkit::tools::ALL.iter().map(|t| (t.package, t.path));
+    BUILD_PACKAGES.iter().copied().chain(tools).collect()
+}
 
 /// Installs the Debian packages the tests need (root only).
 pub fn apt_packages() -> Result<()> {
-    apt_install("Debian packages for the tests", TEST_PACKAGES)
+    apt_install("Debian packages for the tests", &test_packages())
 }
 
 /// Installs those of `packages` (name, a file the package installs) that are missing, as
 /// `what` (root only).
 pub fn apt_install(what: &str, packages: &[(&str, &str)]) -> Result<()> {
     announce("bootstrap", what);
-    let missing: Vec<&str> = packages
+    let mut missing: Vec<&str> = packages
         .iter()
         .filter(|(_, probe)| !Path::new(probe).exists())
         .map(|(pkg, _)| *pkg)
         .collect();
+    missing.sort_unstable();
+    missing.dedup();
     if missing.is_empty() {
         detail("all present, skipping");
         return Ok(());

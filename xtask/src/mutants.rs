@@ -15,9 +15,13 @@ pub const MODULES: &[&str] = &[
     "provisioner/src/config/*.rs",
     "provisioner/src/ipam/range.rs",
     "provisioner/src/ipam/config.rs",
-    "provisioner/src/trace/netlink_parse.rs",
+    "provisioner/src/ipam/store.rs",
+    "provisioner/src/trace/kernel/netlink_parse.rs",
     "provisioner/src/trace/verdict.rs",
-    "provisioner/src/trace/events.rs",
+    "provisioner/src/trace/kernel/events.rs",
+    "provisioner/src/trace/correlator/pods.rs",
+    "provisioner/src/daemon/why.rs",
+    "provisioner/src/runtime/resolver.rs",
 ];
 
 /// cargo-mutants release known to work here.

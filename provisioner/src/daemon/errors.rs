@@ -38,6 +38,11 @@ pub fn dataplane_refusal(err: &DataplaneError) -> CniError {
 
 fn dataplane_code(err: &DataplaneError) -> u32 {
     match err {
+        // The daemon (or the node) is out of file descriptors: nothing is wrong with the
+        // sandbox, and the runtime's retry finds descriptors freed by the calls that held them.
+        err if matches!(err.errno(), Some(libc::EMFILE | libc::ENFILE)) => {
+            CniError::TRY_AGAIN_LATER
+        }
         DataplaneError::InterfaceExists { .. } => CniError::INTERFACE_EXISTS,
         DataplaneError::Setup { source, .. } => dataplane_code(source),
         // The runtime's CNI_NETNS names something that is not a sandbox's network namespace.
@@ -205,6 +210,34 @@ mod tests {
             ),
             (SandboxError::NotFound { sandbox: sandbox() }, 3),
         ];
+        // Out of file descriptors, wherever it is met: try again later, not "no such netns".
+        let out_of_fds = |errno| {
+            [
+                DataplaneError::OpenNetns {
+                    netns: "/run/netns/p".to_owned(),
+                    source: io::Error::from_raw_os_error(errno),
+                },
+                DataplaneError::EnterNetns {
+                    netns: "/run/netns/p".to_owned(),
+                    source: io::Error::from_raw_os_error(errno),
+                },
+                DataplaneError::Setup {
+                    container_id: "c1".to_owned(),
+                    step: SetupStep::SandboxNetns,
+                    source: Box::new(DataplaneError::Socket {
+                        netns: "/run/netns/p".to_owned(),
+                        source: io::Error::from_raw_os_error(errno),
+                    }),
+                    rollback_errors: vec![],
+                },
+            ]
+        };
+        let cases = cases.into_iter().chain(
+            [libc::EMFILE, libc::ENFILE]
+                .into_iter()
+                .flat_map(out_of_fds)
+                .map(|e| (dataplane(e), 11)),
+        );
         for (err, code) in cases {
             let cni = cni_error(&err);
             assert_eq!(cni.code, code, "{err:?}");

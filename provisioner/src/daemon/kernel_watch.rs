@@ -44,7 +44,7 @@ pub const PAUSED: &str = "kernel tracing is paused (`provisioner kernel-watch on
 const PAUSE_WAIT: Duration = Duration::from_secs(10);
 
 /// One sandbox namespace as the kernel showed it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct SandboxView {
     /// The latest verdict (a revised one replaces the alarm it revises).
     #[serde(serialize_with = "serialize_shared")]
@@ -175,17 +175,7 @@ impl Shared {
                 }
             }
         }
-        self.views.entry(cookie).or_insert_with(|| {
-            Box::new(SandboxView {
-                verdict: None,
-                intent: None,
-                container_id: None,
-                pod: None,
-                drifts: Vec::new(),
-                removed: None,
-                text: Vec::new(),
-            })
-        })
+        self.views.entry(cookie).or_default()
     }
 
     fn push_text(view: &mut SandboxView, text: ViewText) {
@@ -746,25 +736,15 @@ fn lock_run(run: &Mutex<Option<Run>>) -> std::sync::MutexGuard<'_, Option<Run>> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::verdict::{Evidence, Intent, IntentKey, IntentOrigin, IntentStatus};
+    use crate::trace::verdict::{IntentStatus, fixtures};
 
     fn intent(cookie: u64, container_id: &str) -> Report {
-        Report::Intent(IntentVerdict {
-            intent: Intent {
-                key: IntentKey {
-                    container_id: container_id.to_owned(),
-                    ifname: "eth0".to_owned(),
-                },
-                origin: IntentOrigin::Add,
-                netns_cookie: cookie,
-                ifname: "eth0".to_owned(),
-                addresses: Vec::new(),
-                routes: Vec::new(),
-            },
-            status: IntentStatus::Confirmed,
-            missing: Vec::new(),
-            evidence: Evidence::Trace,
-        })
+        Report::Intent(fixtures::intent(
+            cookie,
+            container_id,
+            IntentStatus::Confirmed,
+            &[],
+        ))
     }
 
     fn sandbox(container_id: &str) -> SandboxRef {
@@ -826,24 +806,14 @@ mod tests {
         };
         shared.name_pod(&named, Some(1));
         let verdict = |cookie: u64| {
-            Report::Verdict(NetnsVerdict {
-                pod: Some(PodName::Unknown {
+            Report::Verdict(fixtures::verdict(
+                cookie,
+                crate::trace::Verdict::Networked,
+                Some(PodName::Unknown {
                     reason: "no CNI call naming it was seen and no runtime was asked".to_owned(),
                 }),
-                netns: crate::trace::NetnsRef { cookie, inode: 7 },
-                verdict: crate::trace::Verdict::Networked,
-                sandbox: Some(crate::trace::SandboxReason::Expected),
-                creator: crate::trace::verdict::Creator::default(),
-                created_at: SystemTime::UNIX_EPOCH,
-                destroyed_at: None,
-                reason: "seen being set up".to_owned(),
-                evidence: Evidence::Trace,
-                revises: None,
-                late_ms: None,
-                diagnosis: None,
-                timeline: Vec::new(),
-                repeat: None,
-            })
+                "seen being set up",
+            ))
         };
         shared.record_one(verdict(1));
         let stored = shared.views[&1].verdict.clone().expect("a verdict");

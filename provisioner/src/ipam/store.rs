@@ -365,3 +365,146 @@ pub(crate) fn decode(key: AllocationKey, bytes: &[u8]) -> Result<Allocation, Str
         pod: rec.pod,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::ipam::allocator::tests::{key, open};
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).expect("metadata").mode() & 0o7777
+    }
+
+    #[test]
+    fn network_names_are_checked_before_the_store_is_touched() {
+        let refused = |name: &str| match check_network(name) {
+            Err(IpamError::NetworkName { reason, .. }) => reason,
+            other => panic!("{name:?}: {other:?}"),
+        };
+        assert_eq!(refused(""), "empty");
+        assert!(check_network(&"n".repeat(200)).is_ok(), "200 bytes");
+        assert_eq!(refused(&"n".repeat(201)), "longer than 200 bytes");
+        for name in ["pods/a", "pods\n", "a\u{7}b"] {
+            assert_eq!(refused(name), "contains '/' or a control character");
+        }
+        assert!(check_network("pod-network").is_ok());
+        let dir = tempfile::tempdir().expect("dir");
+        let data = dir.path().join("data");
+        assert!(Store::open(&data, "a/b").is_err());
+        assert!(!data.exists(), "nothing created for a refused name");
+    }
+
+    #[test]
+    fn the_stores_of_one_file_share_its_database_which_is_forgotten_once_unused() {
+        let dirs: Vec<tempfile::TempDir> =
+            (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
+        let path = |i: usize| {
+            dirs[i]
+                .path()
+                .canonicalize()
+                .expect("canonical")
+                .join(STORE_FILE)
+        };
+        // redb opens a file once per process: a second network on it shares the database.
+        let a = Store::open(dirs[0].path(), "a").expect("first network");
+        // Opening another file forgets the unused databases, not this one.
+        let other = Store::open(dirs[1].path(), "a").expect("another file");
+        let b = Store::open(dirs[0].path(), "b").expect("second network of the first file");
+        assert!(Arc::ptr_eq(&a.db, &b.db));
+        assert!(!Arc::ptr_eq(&a.db, &other.db));
+        drop((a, b, other));
+        let _next = Store::open(dirs[2].path(), "a").expect("a third file");
+        let registry = registry().lock().unwrap_or_else(|p| p.into_inner());
+        assert!(
+            !registry.contains_key(&path(0)),
+            "an unused database is forgotten"
+        );
+        assert!(registry.contains_key(&path(2)));
+    }
+
+    #[test]
+    fn the_data_dir_and_the_store_file_are_made_private_and_marked() {
+        let dir = tempfile::tempdir().expect("dir");
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("data dir");
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let store = Store::open(&data, "pods").expect("open");
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(store.path()), 0o600);
+        assert!(data.join(STORE_MARKER).is_file(), "the marker");
+        assert_eq!(mode(&data.join(STORE_MARKER)), 0o600);
+    }
+
+    /// A mode already right is not set again: on a read-only file system that would fail.
+    #[test]
+    fn a_mode_already_right_is_left_alone() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        let mut inotify = inotify::Inotify::init().expect("inotify");
+        inotify
+            .watches()
+            .add(dir.path(), inotify::WatchMask::ATTRIB)
+            .expect("watch");
+        let mut buffer = [0u8; 1024];
+        let attribs =
+            |inotify: &mut inotify::Inotify, buffer: &mut [u8]| match inotify.read_events(buffer) {
+                Ok(events) => events.count(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+                Err(e) => panic!("read inotify: {e}"),
+            };
+        set_mode(dir.path(), 0o700).expect("set_mode");
+        assert_eq!(
+            attribs(&mut inotify, &mut buffer),
+            0,
+            "chmod'ed though 0700"
+        );
+        set_mode(dir.path(), 0o750).expect("set_mode");
+        assert_eq!(mode(dir.path()), 0o750);
+        assert_eq!(attribs(&mut inotify, &mut buffer), 1, "not chmod'ed");
+    }
+
+    #[test]
+    fn a_store_file_gone_or_emptied_once_marked_is_reported_lost() {
+        let dir = tempfile::tempdir().expect("dir");
+        let lost = || -> Option<String> {
+            let store = Store::open(dir.path(), "pods").expect("open");
+            store.lost().map(str::to_owned)
+        };
+        assert_eq!(lost(), None, "a new store");
+        let file = dir.path().canonicalize().expect("dir").join(STORE_FILE);
+        assert_eq!(lost(), None, "reopened");
+        std::fs::remove_file(&file).expect("delete the store file");
+        let missing = lost().expect("a deleted store file is lost");
+        assert!(missing.contains(" is missing although "), "{missing}");
+        assert!(missing.contains(STORE_MARKER), "{missing}");
+        std::fs::File::create(&file).expect("empty the store file");
+        let empty = lost().expect("an emptied store file is lost");
+        assert!(empty.contains(" is empty although "), "{empty}");
+        // Without the marker, a missing file was never created: nothing lost.
+        let fresh = tempfile::tempdir().expect("dir");
+        std::fs::write(fresh.path().join(STORE_FILE), b"").expect("an empty file");
+        assert_eq!(
+            Store::open(fresh.path(), "pods").expect("open").lost(),
+            None
+        );
+    }
+
+    /// Cursors and free lists are kept per (set, range) position: a changed range config
+    /// starts them afresh, and allocation begins again at the first free address.
+    #[test]
+    fn a_changed_range_config_starts_allocation_afresh() {
+        let dir = tempfile::tempdir().expect("dir");
+        let first = open(dir.path(), r#"{"subnet":"10.244.1.0/28"}"#);
+        for i in 1..=3 {
+            first.allocate(&key(i)).expect("allocate");
+        }
+        first.release(&key(2)).expect("release .3");
+        drop(first);
+        let second = open(dir.path(), r#"{"subnet":"10.244.1.0/27"}"#);
+        let next = second.allocate(&key(4)).expect("allocate");
+        assert_eq!(next.ips[0].address.ip().to_string(), "10.244.1.3");
+    }
+}

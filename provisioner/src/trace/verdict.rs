@@ -456,6 +456,65 @@ fn serialize_display_list<S: serde::Serializer, T: std::fmt::Display>(
     s.collect_seq(v.iter().map(ToString::to_string))
 }
 
+/// Verdicts and intents as the kernel watch reports them, for the unit tests of what shows
+/// them; a test changes the fields it is about.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    /// `verdict` on netns `cookie` (inode 7), an expected sandbox created by a process the
+    /// trace did not see, at the epoch; evidence the trace, no diagnosis, no timeline.
+    pub(crate) fn verdict(
+        cookie: u64,
+        verdict: Verdict,
+        pod: Option<PodName>,
+        reason: &str,
+    ) -> NetnsVerdict {
+        NetnsVerdict {
+            pod,
+            netns: NetnsRef { cookie, inode: 7 },
+            verdict,
+            sandbox: Some(SandboxReason::Expected),
+            creator: Creator::default(),
+            created_at: UNIX_EPOCH,
+            destroyed_at: None,
+            reason: reason.to_owned(),
+            evidence: Evidence::Trace,
+            revises: None,
+            late_ms: None,
+            diagnosis: None,
+            timeline: Vec::new(),
+            repeat: None,
+        }
+    }
+
+    /// The intent of an ADD of `container_id` (eth0) into netns `cookie`, with `status` and
+    /// what the kernel did not show (`missing`).
+    pub(crate) fn intent(
+        cookie: u64,
+        container_id: &str,
+        status: IntentStatus,
+        missing: &[&str],
+    ) -> IntentVerdict {
+        IntentVerdict {
+            intent: Intent {
+                key: IntentKey {
+                    container_id: container_id.to_owned(),
+                    ifname: "eth0".to_owned(),
+                },
+                origin: IntentOrigin::Add,
+                netns_cookie: cookie,
+                ifname: "eth0".to_owned(),
+                addresses: Vec::new(),
+                routes: Vec::new(),
+            },
+            status,
+            missing: missing.iter().map(|m| (*m).to_owned()).collect(),
+            evidence: Evidence::Trace,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -63,9 +63,11 @@ impl PodState {
         }
     }
 
-    /// Whether a resolver should be asked with the next read of the namespace's state.
+    /// Whether a resolver should be asked with the next read of the namespace's state: once,
+    /// while no plugin named the pod.
     pub(super) fn take_query(&mut self) -> bool {
-        let ask = self.wanted && !self.asked && self.named.as_ref().is_none_or(is_unknown);
+        let ask =
+            self.wanted && !self.asked && self.named.as_ref().and_then(PodName::known).is_none();
         if ask {
             self.asked = true;
         }
@@ -101,10 +103,6 @@ impl PodState {
         };
         PodName::Unknown { reason }
     }
-}
-
-fn is_unknown(name: &PodName) -> bool {
-    matches!(name, PodName::Unknown { .. })
 }
 
 /// The pod a CNI call's environment names: `CNI_ARGS`, its sandbox id completed from
@@ -319,6 +317,133 @@ mod tests {
         assert_eq!(
             reason(true),
             "no CNI call naming it was seen and no runtime was asked"
+        );
+    }
+
+    #[test]
+    fn no_resolver_is_asked_for_a_pod_a_plugin_named() {
+        let mut state = PodState::default();
+        let pod = Pod::from_cni_args("K8S_POD_NAME=web-0").expect("pod");
+        state.plugin_ran("loopback", 0, Some(&pod));
+        state.wanted = true;
+        assert!(!state.take_query());
+        assert!(!state.wanted, "the want is consumed");
+    }
+
+    fn cni(container_id: &str, args: Option<&str>) -> CniEnv {
+        CniEnv {
+            command: "ADD".to_owned(),
+            netns: "/var/run/netns/cni-1".to_owned(),
+            container_id: container_id.to_owned(),
+            args: args.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_calls_pod_takes_its_sandbox_id_from_cni_args_else_from_the_container_id() {
+        let args = "K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=4bf982a7";
+        let sandbox = |env: &CniEnv| pod_of(env).and_then(|p| p.sandbox_id);
+        assert_eq!(
+            sandbox(&cni("c0ffee", Some(args))).as_deref(),
+            Some("4bf982a7")
+        );
+        assert_eq!(
+            sandbox(&cni("c0ffee", Some("K8S_POD_NAME=web-0"))).as_deref(),
+            Some("c0ffee")
+        );
+        assert_eq!(sandbox(&cni("", Some("K8S_POD_NAME=web-0"))), None);
+        assert_eq!(pod_of(&cni("c0ffee", None)), None, "no CNI_ARGS, no pod");
+    }
+
+    fn call(at_ms: u64, pin: &str) -> PendingCall {
+        PendingCall {
+            event: TraceEvent {
+                at: SystemTime::UNIX_EPOCH + Duration::from_millis(at_ms),
+                task: crate::trace::TaskInfo {
+                    pid: 7,
+                    tid: 7,
+                    comm: "loopback".to_owned(),
+                    cgroup_id: 1,
+                },
+                kind: crate::trace::EventKind::ExecEnv(ExecEnv {
+                    parent_pid: 1,
+                    parent_comm: "containerd".to_owned(),
+                    uid: 0,
+                    cni: None,
+                    env_len: 0,
+                    copied: 0,
+                }),
+            },
+            cni: cni("c1", None),
+            parent: "containerd".to_owned(),
+            uid: 0,
+            netns: NetnsName::Path(PathBuf::from(pin)),
+        }
+    }
+
+    #[test]
+    fn pending_calls_are_bounded_in_number_and_time_and_the_dropped_counted() {
+        let at = |ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let mut calls = PendingCalls::default();
+        assert!(calls.is_empty());
+        for i in 0..MAX_PENDING + 2 {
+            calls.push(call(0, &format!("/run/netns/cni-{i}")));
+        }
+        assert!(!calls.is_empty());
+        assert_eq!(calls.dropped, 2, "the two oldest dropped");
+        let gone = calls.take(at(0), |n| *n == NetnsName::Path("/run/netns/cni-0".into()));
+        assert!(gone.is_empty(), "the oldest was dropped: {gone:?}");
+        let found = calls.take(at(0), |n| *n == NetnsName::Path("/run/netns/cni-2".into()));
+        assert_eq!(found.len(), 1);
+        assert_eq!(calls.dropped, 2);
+        // Waited longer than PENDING_FOR: dropped and counted.
+        let late = at(u64::try_from(PENDING_FOR.as_millis()).unwrap_or(u64::MAX) + 1);
+        assert!(calls.take(late, |_| true).is_empty());
+        assert_eq!(calls.dropped, 2 + MAX_PENDING as u64 - 1);
+        assert!(calls.is_empty());
+    }
+
+    #[test]
+    fn the_first_pod_a_root_plugin_names_stays() {
+        let mut state = PodState::default();
+        let first = Pod::from_cni_args("K8S_POD_NAMESPACE=a;K8S_POD_NAME=web-0").expect("pod");
+        let second = Pod::from_cni_args("K8S_POD_NAMESPACE=b;K8S_POD_NAME=web-1").expect("pod");
+        state.plugin_ran("loopback", 0, Some(&first));
+        state.plugin_ran("bridge", 0, Some(&second));
+        assert_eq!(
+            state.for_verdict(true),
+            PodName::Known {
+                pod: first,
+                source: PodSource::PluginExec {
+                    plugin: "loopback".into()
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn only_an_untrusted_plugin_that_named_a_pod_is_told_and_the_first_stays() {
+        let reason = |state: &PodState| match state.for_verdict(false) {
+            PodName::Unknown { reason } => reason,
+            known => panic!("{known:?}"),
+        };
+        let pod = Pod::from_cni_args("K8S_POD_NAME=web-0").expect("pod");
+        let mut state = PodState::default();
+        // A user's plugin that names no pod: neither taken nor told.
+        state.plugin_ran("loopback", 1000, None);
+        assert_eq!(reason(&state), "no CNI plugin ran and no runtime was asked");
+        state.plugin_ran("loopback", 1000, Some(&pod));
+        state.plugin_ran("bridge", 2000, Some(&pod));
+        assert_eq!(
+            reason(&state),
+            "only CNI plugin loopback run by uid 1000, not root, named one"
+        );
+        // A root plugin that names none is the one told.
+        state.plugin_ran("portmap", 0, None);
+        state.plugin_ran("tuning", 0, None);
+        assert_eq!(
+            reason(&state),
+            "CNI plugin portmap ran with no K8S_POD_NAME in CNI_ARGS"
         );
     }
 
