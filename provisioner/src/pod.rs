@@ -266,20 +266,20 @@ mod tests {
     #[test]
     fn parses_what_containerd_passes_in_any_order() {
         let pod = Pod::from_cni_args(
-            "IgnoreUnknown=1;K8S_POD_UID=u-1;K8S_POD_NAMESPACE=e2e-seed;K8S_POD_NAME=e2e-seed-0;K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef",
+            "IgnoreUnknown=1;K8S_POD_UID=u-1;K8S_POD_NAMESPACE=e2e-lo-only;K8S_POD_NAME=e2e-lo-only-0;K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef",
         )
         .expect("a pod");
-        assert_eq!(pod.namespace, "e2e-seed");
-        assert_eq!(pod.name, "e2e-seed-0");
+        assert_eq!(pod.namespace, "e2e-lo-only");
+        assert_eq!(pod.name, "e2e-lo-only-0");
         assert_eq!(pod.uid.as_deref(), Some("u-1"));
         assert_eq!(pod.sandbox_id.as_deref(), Some("4bf982a7deadbeef"));
         assert_eq!(
             pod.to_string(),
-            "e2e-seed/e2e-seed-0 (uid u-1, sandbox 4bf982a7)"
+            "e2e-lo-only/e2e-lo-only-0 (uid u-1, sandbox 4bf982a7)"
         );
-        assert!(pod.matches("e2e-seed/e2e-seed-0"));
-        assert!(pod.matches("e2e-seed-0"));
-        assert!(!pod.matches("default/e2e-seed-0"));
+        assert!(pod.matches("e2e-lo-only/e2e-lo-only-0"));
+        assert!(pod.matches("e2e-lo-only-0"));
+        assert!(!pod.matches("default/e2e-lo-only-0"));
     }
 
     #[test]

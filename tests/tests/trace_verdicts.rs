@@ -402,7 +402,7 @@ fn pod_of(v: &NetnsVerdict) -> String {
     }
 }
 
-/// The seed failure's shape: the runtime pins a namespace and runs only a short-lived plugin
+/// the loopback-only failure's shape: the runtime pins a namespace and runs only a short-lived plugin
 /// for it, with the environment containerd gives its plugins; nobody wires it. The skip names
 /// the pod from that environment, read in the kernel at exec (the plugin is long gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,8 +410,8 @@ async fn a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod() 
     let mut t = tracing().await?;
     let sb = blocking(sandbox).await?;
     let netns = format!("/var/run/netns/{}", sb.name());
-    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-seed;K8S_POD_NAME=seed-0;\
-                K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef;K8S_POD_UID=uid-seed-0";
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-lo-only;K8S_POD_NAME=lo-only-0;\
+                K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef;K8S_POD_UID=uid-lo-only-0";
     blocking(move || {
         runtime_runs_plugin(
             "loopback",
@@ -436,8 +436,8 @@ async fn a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod() 
     let Some(PodName::Known { pod, source }) = &v.pod else {
         panic!("pod not named: {:?}\n{text}", v.pod);
     };
-    assert_eq!(pod.qualified_name(), "e2e-seed/seed-0");
-    assert_eq!(pod.uid.as_deref(), Some("uid-seed-0"));
+    assert_eq!(pod.qualified_name(), "e2e-lo-only/lo-only-0");
+    assert_eq!(pod.uid.as_deref(), Some("uid-lo-only-0"));
     assert_eq!(
         source,
         &PodSource::PluginExec {
@@ -447,12 +447,12 @@ async fn a_sandbox_skipped_after_a_runtime_ran_a_plugin_names_the_plugins_pod() 
     let line = verdict_lines(&v);
     assert!(
         line.contains(
-            "VERDICT SKIPPED pod e2e-seed/seed-0 (uid uid-seed-0, sandbox 4bf982a7, via loopback) netns"
+            "VERDICT SKIPPED pod e2e-lo-only/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7, via loopback) netns"
         ),
         "{line}"
     );
     assert!(
-        text.contains("CNI ADD by loopback (run by containerd) for pod e2e-seed/seed-0"),
+        text.contains("CNI ADD by loopback (run by containerd) for pod e2e-lo-only/lo-only-0"),
         "{text}"
     );
     Ok(())

@@ -4,8 +4,8 @@
 //! end, also on failure): start the daemon on an empty conf dir (not ready, and why), render a
 //! containerd-style template into it (ready), wire three sandboxes through the CNI plugin mode
 //! exactly as a runtime does, look at one of them and ping across, list, delete, and show that
-//! nothing is left. Then the seed failure and its fix with the real containerd, driven over CRI
-//! (tests/src/bin/demo_containerd.rs), when containerd is installed.
+//! nothing is left. Then the loopback-only failure and its fix with the real containerd, driven
+//! over CRI (tests/src/bin/demo_containerd.rs), when containerd is installed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -136,7 +136,7 @@ pub fn run() -> Result<()> {
 /// What the real-runtime act needs on the node (`cargo xtask demo` installs them as root).
 const REAL_RUNTIME_TOOLS: &[&str] = &["/usr/bin/containerd", "/usr/sbin/runc", "/bin/busybox"];
 
-/// The seed failure and its fix with the real containerd, driven over CRI: tests/src/bin/
+/// The loopback-only failure and its fix with the real containerd, driven over CRI: tests/src/bin/
 /// demo_containerd.rs (it uses the tests' CRI client), running the demo's binary `bin`.
 /// It is built in the dev profile, whose dependencies `cargo xtask test` has built already.
 /// Without containerd the stand-in act above is the whole story, and the demo says so.

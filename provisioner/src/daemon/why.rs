@@ -154,9 +154,9 @@ mod tests {
         SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_361_798_123 + ms)
     }
 
-    fn seed_pod() -> Pod {
+    fn skipped_pod() -> Pod {
         Pod::from_cni_args(
-            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=seed-0;K8S_POD_UID=uid-seed-0;\
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=lo-only-0;K8S_POD_UID=uid-lo-only-0;\
              K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef",
         )
         .expect("a pod")
@@ -211,7 +211,7 @@ mod tests {
     /// The pod of the daemon's own ADD.
     fn by_cni_call() -> Option<PodName> {
         Some(PodName::Known {
-            pod: seed_pod(),
+            pod: skipped_pod(),
             source: PodSource::CniCall,
         })
     }
@@ -226,7 +226,7 @@ mod tests {
         let mut v = verdict(
             Verdict::Skipped,
             Some(PodName::Known {
-                pod: seed_pod(),
+                pod: skipped_pod(),
                 source: PodSource::PluginExec {
                     plugin: "loopback".to_owned(),
                 },
@@ -256,7 +256,7 @@ mod tests {
                     plugin: "loopback".to_owned(),
                     parent: "containerd".to_owned(),
                     uid: 0,
-                    pod: Some(Box::new(seed_pod())),
+                    pod: Some(Box::new(skipped_pod())),
                 },
             ),
             entry(
@@ -270,7 +270,7 @@ mod tests {
         ];
         assert_eq!(
             explain(&view(Some(v))),
-            "pod default/seed-0 (uid uid-seed-0, sandbox 4bf982a7), named by the environment \
+            "pod default/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7), named by the environment \
              of CNI plugin loopback\n  \
              verdict: SKIPPED (netns cookie=4121 inode=4026532999, created by containerd (pid \
              4242, parent init pid 1, cgroup 77); evidence: the kernel trace): no interface, \
@@ -278,7 +278,7 @@ mod tests {
              timeline:\n    \
              2026-12-04T05:23:18.123Z containerd[4242] netns created (unshare)\n    \
              2026-12-04T05:23:18.125Z loopback[4250] CNI ADD by loopback (run by containerd) \
-             for pod default/seed-0 (uid uid-seed-0, sandbox 4bf982a7)\n    \
+             for pod default/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7)\n    \
              2026-12-04T05:23:20.123Z provisioner[1] verdict skipped\n  \
              diagnosis: no CNI plugin set its network up: only the loopback plugin ran for it; \
              containerd reads CNI networks from /etc/cni/net.d, which holds only \
@@ -291,7 +291,7 @@ mod tests {
         let v = verdict(
             Verdict::Skipped,
             Some(PodName::Known {
-                pod: seed_pod(),
+                pod: skipped_pod(),
                 source: PodSource::Cri {
                     runtime: "containerd".to_owned(),
                 },
@@ -301,7 +301,7 @@ mod tests {
         let text = explain(&view(Some(v)));
         assert!(
             text.starts_with(
-                "pod default/seed-0 (uid uid-seed-0, sandbox 4bf982a7), named by containerd \
+                "pod default/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7), named by containerd \
                  over CRI\n  verdict: SKIPPED"
             ),
             "{text}"
@@ -353,7 +353,7 @@ mod tests {
             let lines: Vec<&str> = text.lines().collect();
             assert_eq!(
                 lines[0],
-                "pod default/seed-0 (uid uid-seed-0, sandbox 4bf982a7), named by its CNI call, \
+                "pod default/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7), named by its CNI call, \
                  container 4bf982a7deadbeef"
             );
             assert!(
@@ -362,7 +362,7 @@ mod tests {
             );
             assert_eq!(
                 lines[2],
-                "  INTENT UNCONFIRMED pod default/seed-0 (uid uid-seed-0, sandbox 4bf982a7) \
+                "  INTENT UNCONFIRMED pod default/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7) \
                  container 4bf982a7deadbeef (eth0) netns cookie=4121 eth0 [evidence: the kernel \
                  trace] missing: route 0.0.0.0/0, eth0 up"
             );
@@ -492,14 +492,14 @@ mod tests {
         let absent = AbsentSandbox {
             container_id: "gone-0-sandbox".to_owned(),
             ifname: "eth0".to_owned(),
-            pod: Some(seed_pod()),
+            pod: Some(skipped_pod()),
             addresses: vec!["10.244.1.3/24".to_owned()],
             what: "netns gone while the daemon was down: addresses released".to_owned(),
             at: "2026-12-04T05:23:18.123Z".to_owned(),
         };
         assert_eq!(
             explain_absent(&absent),
-            "pod default/seed-0 (uid uid-seed-0, sandbox 4bf982a7), container gone-0-sandbox \
+            "pod default/lo-only-0 (uid uid-lo-only-0, sandbox 4bf982a7), container gone-0-sandbox \
              (eth0)\n  verdict: none (absent since 2026-12-04T05:23:18.123Z)\n  diagnosis: \
              netns gone while the daemon was down: addresses released"
         );

@@ -1,7 +1,7 @@
 //! Why a runtime left a sandbox without network, as far as the node can tell: which CNI conf dir
 //! the runtime reads (from its own configuration, found through its command line), what that dir
-//! holds now, and whether a plugin binary ran at all. The seed failure (containerd on a conf dir
-//! holding only a loopback network) becomes one line an operator can act on.
+//! holds now, and whether a plugin binary ran at all. The loopback-only failure (containerd on a
+//! conf dir holding only a loopback network) becomes one line an operator can act on.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -354,7 +354,7 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_failure_in_one_line() {
+    fn the_loopback_only_failure_in_one_line() {
         let dir = tempfile::tempdir().expect("dir");
         let bin = tempfile::tempdir().expect("bin");
         let s = setup(dir.path(), bin.path());

@@ -1,10 +1,10 @@
 //! The real-runtime act of `cargo xtask demo`: containerd (Debian's, with its CRI plugin) in a
 //! private "node" namespace, driven over CRI as the kubelet drives it.
 //!
-//! 1. The seed failure: containerd's conf dir holds a leftover `10-loopback.conf`. containerd
-//!    reports NetworkReady, so the kubelet's pod CIDR (CRI UpdateRuntimeConfig) is never
-//!    rendered from the `conf_template`, and every pod fails with "failed to find network info
-//!    for sandbox". No plugin logs anything; provisioner flags each pod's netns `skipped`, names
+//! 1. The loopback-only failure: containerd's conf dir holds a leftover `10-loopback.conf`.
+//!    containerd reports NetworkReady, so the kubelet's pod CIDR (CRI UpdateRuntimeConfig) is never
+//!    rendered from the `conf_template`, and every pod fails with "failed to find network info for
+//!    sandbox". No plugin logs anything; provisioner flags each pod's netns `skipped`, names
 //!    containerd and says why.
 //! 2. The fix an operator makes: remove the stray file. containerd is not ready any more, renders
 //!    the template on the next UpdateRuntimeConfig, provisioner becomes ready from the same
@@ -67,7 +67,7 @@ fn main() -> Result<()> {
             .map_or_else(String::new, |p| p.display().to_string()),
     ));
 
-    seed_failure(&daemon, &mut containerd)?;
+    loopback_only_failure(&daemon, &mut containerd)?;
     std::fs::remove_file(&stray).with_context(|| format!("remove {}", stray.display()))?;
     let pods = template_path(&daemon, &mut containerd, &node)?;
     teardown(&daemon, &mut containerd, &node, &pods)?;
@@ -79,9 +79,10 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The seed: NetworkReady from a loopback network alone; pods fail; provisioner says why.
-fn seed_failure(daemon: &Daemon, containerd: &mut Containerd) -> Result<()> {
-    announce("the seed failure: the conf dir holds only a leftover 10-loopback.conf");
+/// The loopback-only config: NetworkReady from a loopback network alone; pods fail; provisioner
+/// says why.
+fn loopback_only_failure(daemon: &Daemon, containerd: &mut Containerd) -> Result<()> {
+    announce("the loopback-only failure: the conf dir holds only a leftover 10-loopback.conf");
     containerd.cri().wait_network_ready(true, PATIENCE)?;
     containerd.cri().update_pod_cidr(POD_CIDRS)?;
     let conditions = containerd.cri().conditions()?;
@@ -95,13 +96,13 @@ fn seed_failure(daemon: &Daemon, containerd: &mut Containerd) -> Result<()> {
     }
     show_cli(daemon, &["status"])?;
     for i in 0..PODS {
-        let config = Cri::pod_config(&format!("seed-{i}"), &containerd.log_dir);
+        let config = Cri::pod_config(&format!("lo-only-{i}"), &containerd.log_dir);
         match containerd.cri().run_pod(&config) {
             Ok(pod) => bail!(
-                "RunPodSandbox seed-{i} succeeded ({}) without network",
+                "RunPodSandbox lo-only-{i} succeeded ({}) without network",
                 pod.id
             ),
-            Err(status) => detail(&format!("RunPodSandbox seed-{i}: {}", status.message())),
+            Err(status) => detail(&format!("RunPodSandbox lo-only-{i}: {}", status.message())),
         }
     }
     announce("provisioner sandboxes: each pod's netns skipped, with the reason");
@@ -109,7 +110,7 @@ fn seed_failure(daemon: &Daemon, containerd: &mut Containerd) -> Result<()> {
     let views = wait_views_created_by(daemon, pid, PODS, PATIENCE)?;
     for view in &views {
         if view["verdict"]["verdict"] != "skipped" {
-            bail!("a seed pod's netns is not skipped: {view:#}");
+            bail!("a failing pod's netns is not skipped: {view:#}");
         }
     }
     show_cli(daemon, &["sandboxes"])?;

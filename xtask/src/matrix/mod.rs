@@ -46,7 +46,7 @@ pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "containerd_seed",
+        "containerd_loopback_only",
         &["loopback_only_conf_dir_network_ready_but_pods_skipped"],
     ),
     (

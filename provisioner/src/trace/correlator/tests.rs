@@ -1231,7 +1231,7 @@ fn cni_exec_by(
     )
 }
 
-const SEED_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-seed;K8S_POD_NAME=seed-0;K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef;K8S_POD_UID=u-0";
+const LOOPBACK_ONLY_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-lo-only;K8S_POD_NAME=lo-only-0;K8S_POD_INFRA_CONTAINER_ID=4bf982a7deadbeef;K8S_POD_UID=u-0";
 
 fn pinned_at(ms: u64, cookie: u64, target: &str) -> TraceEvent {
     ev(
@@ -1247,11 +1247,11 @@ fn pinned_at(ms: u64, cookie: u64, target: &str) -> TraceEvent {
     )
 }
 
-fn seed_pod() -> crate::pod::Pod {
-    crate::pod::Pod::from_cni_args(SEED_ARGS).expect("a pod")
+fn skipped_pod() -> crate::pod::Pod {
+    crate::pod::Pod::from_cni_args(LOOPBACK_ONLY_ARGS).expect("a pod")
 }
 
-/// containerd's seed failure: the netns pinned, only the loopback plugin run, the netns gone
+/// containerd's loopback-only failure: the netns pinned, only the loopback plugin run, the netns gone
 /// within 30 ms. The verdict names the pod the plugin was run for, first.
 #[test]
 fn a_plugins_environment_names_the_pod_of_a_pinned_netns() {
@@ -1264,7 +1264,7 @@ fn a_plugins_environment_names_the_pod_of_a_pinned_netns() {
         600,
         "loopback",
         "/var/run/netns/cni-abc",
-        Some(SEED_ARGS),
+        Some(LOOPBACK_ONLY_ARGS),
     ));
     c.feed(&request(3, 600, SANDBOX, 1, link_up(1)));
     c.feed(&dev(4, SANDBOX, 1, "lo", true, false));
@@ -1274,7 +1274,7 @@ fn a_plugins_environment_names_the_pod_of_a_pinned_netns() {
     assert_eq!(
         v[0].pod,
         Some(PodName::Known {
-            pod: seed_pod(),
+            pod: skipped_pod(),
             source: crate::pod::PodSource::PluginExec {
                 plugin: "loopback".into()
             }
@@ -1288,19 +1288,19 @@ fn a_plugins_environment_names_the_pod_of_a_pinned_netns() {
         .unwrap_or_default();
     assert!(
         after_verdict.starts_with(
-            "pod e2e-seed/seed-0 (uid u-0, sandbox 4bf982a7, via loopback) netns cookie=100 "
+            "pod e2e-lo-only/lo-only-0 (uid u-0, sandbox 4bf982a7, via loopback) netns cookie=100 "
         ),
         "{line}"
     );
     assert!(
         line.contains(
-            "loopback[600] CNI ADD by loopback (run by containerd) for pod e2e-seed/seed-0"
+            "loopback[600] CNI ADD by loopback (run by containerd) for pod e2e-lo-only/lo-only-0"
         ),
         "{line}"
     );
     let json = serde_json::to_value(Report::Verdict(v[0].clone())).expect("serialises");
     assert_eq!(json["pod"]["status"], "known");
-    assert_eq!(json["pod"]["pod"]["name"], "seed-0");
+    assert_eq!(json["pod"]["pod"]["name"], "lo-only-0");
     assert_eq!(json["pod"]["source"]["by"], "plugin_exec");
 }
 
@@ -1311,7 +1311,13 @@ fn a_plugins_environment_names_the_pod_of_a_pinned_netns() {
 fn a_netns_named_by_its_process_or_pinned_after_the_call_is_found() {
     let mut c = correlator();
     c.feed(&created(0, 42, "containerd", SANDBOX));
-    c.feed(&cni_exec(2, 600, "ptp", "/proc/42/ns/net", Some(SEED_ARGS)));
+    c.feed(&cni_exec(
+        2,
+        600,
+        "ptp",
+        "/proc/42/ns/net",
+        Some(LOOPBACK_ONLY_ARGS),
+    ));
     c.feed(&created(0, 44, "containerd", SANDBOX + 1));
     c.feed(&cni_exec(
         3,
@@ -1337,7 +1343,7 @@ fn a_netns_named_by_its_process_or_pinned_after_the_call_is_found() {
             .and_then(PodName::known)
             .map(|p| p.qualified_name());
         let want = if v.netns.cookie == SANDBOX {
-            "e2e-seed/seed-0"
+            "e2e-lo-only/lo-only-0"
         } else {
             "default/late-0"
         };
@@ -1365,7 +1371,7 @@ fn cni_args_without_a_pod_name_leave_the_pod_unknown_with_the_reason() {
         600,
         "loopback",
         "/run/netns/cni-abc",
-        Some("IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-seed"),
+        Some("IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e-lo-only"),
     ));
     let v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
     assert_eq!(
@@ -1420,7 +1426,7 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
         600,
         "loopback",
         "/run/netns/cni-named",
-        Some(SEED_ARGS),
+        Some(LOOPBACK_ONLY_ARGS),
     ));
     c.feed(&created(0, 44, "containerd", SANDBOX + 2));
     wire(&mut c, SANDBOX + 2);
@@ -1478,7 +1484,7 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
             .cloned()
     };
     assert_eq!(pod_of(SANDBOX), Some(from_cri));
-    assert_eq!(pod_of(SANDBOX + 1), Some(seed_pod()));
+    assert_eq!(pod_of(SANDBOX + 1), Some(skipped_pod()));
     assert_eq!(
         pod_of(SANDBOX + 2).map(|_| ()),
         None,
@@ -1518,7 +1524,7 @@ fn a_plugin_not_run_by_root_names_no_pod() {
         601,
         "loopback",
         "/run/netns/cni-def",
-        Some(SEED_ARGS),
+        Some(LOOPBACK_ONLY_ARGS),
     ));
     let mut v = verdicts(c.feed(&dev(30, SANDBOX, 1, "lo", false, true)));
     v.extend(verdicts(c.feed(&dev(
@@ -1545,6 +1551,6 @@ fn a_plugin_not_run_by_root_names_no_pod() {
     );
     assert_eq!(
         v[1].pod.as_ref().and_then(PodName::known),
-        Some(&seed_pod())
+        Some(&skipped_pod())
     );
 }

@@ -1,9 +1,9 @@
-//! The seed failure with the real runtime: containerd creates pod namespaces and never calls a
-//! network plugin for them. provisioner's kernel watch flags every one `skipped`, naming
-//! containerd as the creator, and says why: the conf dir containerd reads (from containerd's own
-//! config) and what it holds. Each skip names the pod RunPodSandbox was called for, from the
-//! environment of the plugin containerd ran for it (read in the kernel at exec), or says why the
-//! pod is not known; never a wrong pod.
+//! The loopback-only failure (containerd/cri#1033) with the real runtime: containerd creates pod
+//! namespaces and never calls a network plugin for them. provisioner's kernel watch flags every one
+//! `skipped`, naming containerd as the creator, and says why: the conf dir containerd reads (from
+//! containerd's own config) and what it holds. Each skip names the pod RunPodSandbox was called
+//! for, from the environment of the plugin containerd ran for it (read in the kernel at exec), or
+//! says why the pod is not known; never a wrong pod.
 
 use std::time::Duration;
 
@@ -25,15 +25,15 @@ fn failing_pods(
     expected_error: &str,
 ) -> Result<Vec<Value>> {
     for i in 0..PODS {
-        let config = Cri::pod_config(&format!("seed-{i}"), &containerd.log_dir);
+        let config = Cri::pod_config(&format!("lo-only-{i}"), &containerd.log_dir);
         match containerd.cri().run_pod(&config) {
             Ok(pod) => bail!(
-                "RunPodSandbox seed-{i} succeeded ({}) without a network",
+                "RunPodSandbox lo-only-{i} succeeded ({}) without a network",
                 pod.id
             ),
             Err(status) => assert!(
                 status.message().contains(expected_error),
-                "seed-{i}: {status}"
+                "lo-only-{i}: {status}"
             ),
         }
     }
@@ -75,12 +75,12 @@ fn reads(containerd: &Containerd) -> String {
     )
 }
 
-/// `provisioner why default/seed-0`, as an operator asks after `kubectl describe pod` showed
+/// `provisioner why default/lo-only-0`, as an operator asks after `kubectl describe pod` showed
 /// the pod's failure: the explanation of the sandbox this test's containerd created (the
 /// node may hold sandboxes of a pod of that name from another containerd: they are told apart
 /// by their creator's pid), checked for the pod it names (`named by ...`), the SKIPPED verdict
 /// with its creator, a timeline and the diagnosis naming the conf dir containerd reads.
-fn why_seed_0(
+fn why_first_pod(
     daemon: &Daemon,
     containerd: &Containerd,
     views: &[Value],
@@ -88,11 +88,11 @@ fn why_seed_0(
 ) -> Result<String> {
     let view = views
         .iter()
-        .find(|v| named_pod(v).as_deref() == Ok("default/seed-0"))
-        .context("a view of default/seed-0")?;
+        .find(|v| named_pod(v).as_deref() == Ok("default/lo-only-0"))
+        .context("a view of default/lo-only-0")?;
     let pod = pod_of_view(view).with_context(|| format!("the view names no pod: {view:#}"))?;
-    let out = daemon.cli(&["why", "--json", "default/seed-0"])?;
-    ensure!(out.status.success(), "why default/seed-0: {out:?}");
+    let out = daemon.cli(&["why", "--json", "default/lo-only-0"])?;
+    ensure!(out.status.success(), "why default/lo-only-0: {out:?}");
     let answer: Value = serde_json::from_slice(&out.stdout).context("why --json")?;
     let pid = containerd.pid().context("containerd's pid")?;
     let creator = format!("created by containerd (pid {pid},");
@@ -117,13 +117,13 @@ fn why_seed_0(
         "{diagnosis}"
     );
     assert!(diagnosis.contains(&reads(containerd)), "{diagnosis}");
-    eprintln!("provisioner why default/seed-0:\n{said}");
+    eprintln!("provisioner why default/lo-only-0:\n{said}");
     Ok(said)
 }
 
-/// The pods `failing_pods` asked for: `default/seed-0`, ...
-fn seed_pods() -> Vec<String> {
-    (0..PODS).map(|i| format!("default/seed-{i}")).collect()
+/// The pods `failing_pods` asked for: `default/lo-only-0`, ...
+fn failing_pod_names() -> Vec<String> {
+    (0..PODS).map(|i| format!("default/lo-only-{i}")).collect()
 }
 
 /// The pod a view's verdict names (`namespace/name`), checked against its uid; `Err` with the
@@ -168,7 +168,7 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
         r#"{"cniVersion": "0.4.0", "name": "lo", "type": "loopback"}"#,
     )])?;
     let mut containerd = Containerd::start(&node, &CniSetup::reading(conf_dir.path()))?;
-    // The lie at the root of the seed failure: a loopback network is enough for NetworkReady.
+    // The lie at the root of the loopback-only failure: a loopback network is enough for NetworkReady.
     containerd
         .cri()
         .wait_network_ready(true, Duration::from_secs(10))?;
@@ -191,21 +191,25 @@ fn loopback_only_conf_dir_network_ready_but_pods_skipped() -> Result<()> {
         .map(|view| named_pod(view).unwrap_or_else(|why| panic!("pod unknown ({why}): {view:#}")))
         .collect();
     named.sort();
-    assert_eq!(named, seed_pods(), "one skip per pod, each naming its own");
+    assert_eq!(
+        named,
+        failing_pod_names(),
+        "one skip per pod, each naming its own"
+    );
     for view in &views {
         assert_eq!(
             view["verdict"]["pod"]["source"]["plugin"], "loopback",
             "{view:#}"
         );
     }
-    let said = why_seed_0(
+    let said = why_first_pod(
         &daemon,
         &containerd,
         &views,
         "the environment of CNI plugin loopback",
     )?;
     assert!(
-        said.contains("CNI ADD by loopback (run by containerd) for pod default/seed-0 (uid"),
+        said.contains("CNI ADD by loopback (run by containerd) for pod default/lo-only-0 (uid"),
         "the plugin's call in the timeline:\n{said}"
     );
     assert!(
@@ -250,8 +254,8 @@ fn empty_conf_dir_pods_skipped() -> Result<()> {
         named.push(pod);
     }
     named.sort();
-    assert_eq!(named, seed_pods(), "each pod named once");
-    let said = why_seed_0(&daemon, &containerd, &views, "containerd over CRI")?;
+    assert_eq!(named, failing_pod_names(), "each pod named once");
+    let said = why_first_pod(&daemon, &containerd, &views, "containerd over CRI")?;
     assert!(said.contains("holds no network file"), "{said}");
     assert!(
         !said.contains("CNI ADD"),
