@@ -46,6 +46,15 @@ pub const LOOPBACK: Tool = Tool {
     path: "/usr/lib/cni/loopback",
     package: "containernetworking-plugins",
 };
+/// The meta plugins a runtime chains after the network plugin (hostPort, traffic shaping).
+pub const PORTMAP: Tool = Tool {
+    path: "/usr/lib/cni/portmap",
+    package: "containernetworking-plugins",
+};
+pub const BANDWIDTH: Tool = Tool {
+    path: "/usr/lib/cni/bandwidth",
+    package: "containernetworking-plugins",
+};
 pub const CONTAINERD: Tool = Tool {
     path: "/usr/bin/containerd",
     package: "containerd",
@@ -108,6 +117,8 @@ pub const ALL: &[Tool] = &[
     UMOUNT,
     PTP,
     LOOPBACK,
+    PORTMAP,
+    BANDWIDTH,
     CONTAINERD,
     CTR,
     RUNC,

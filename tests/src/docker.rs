@@ -2,7 +2,7 @@
 //! dir, run inside the test's "node" namespace with no bridge and no iptables rules of its own
 //! (it only loads images here), stopped by pid on drop.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 

@@ -14,34 +14,41 @@ pub const LINE: &str = "PROVISIONER-MATRIX";
 /// The file in a run's directory that holds its lines.
 pub const RESULTS: &str = "results.txt";
 
-/// One test binary and the tests of it to run.
+/// One module of a test binary and the tests of it to run.
 #[derive(Clone, Debug)]
-pub struct TestBinary {
-    /// The test target, e.g. `trace_verdicts`.
-    pub target: String,
+pub struct TestModule {
+    /// The module, e.g. `trace_verdicts`.
+    pub module: String,
+    /// The test binary that holds it.
     pub executable: PathBuf,
+    /// The tests' names within the module.
     pub names: Vec<String>,
 }
 
-impl TestBinary {
-    /// `target=/path/to/exe:name1,name2` (how a plan file names it).
+impl TestModule {
+    /// `module=/path/to/exe:name1,name2` (how a plan file names it).
     pub fn to_arg(&self) -> String {
         format!(
             "{}={}:{}",
-            self.target,
+            self.module,
             self.executable.display(),
             self.names.join(",")
         )
     }
 
     pub fn from_arg(arg: &str) -> Result<Self> {
-        let (target, rest) = arg.split_once('=').context("TARGET=EXE:NAMES")?;
-        let (exe, names) = rest.rsplit_once(':').context("TARGET=EXE:NAMES")?;
+        let (module, rest) = arg.split_once('=').context("MODULE=EXE:NAMES")?;
+        let (exe, names) = rest.rsplit_once(':').context("MODULE=EXE:NAMES")?;
         Ok(Self {
-            target: target.to_owned(),
+            module: module.to_owned(),
             executable: PathBuf::from(exe),
             names: names.split(',').map(str::to_owned).collect(),
         })
+    }
+
+    /// A test's full name in its binary (`module::name`).
+    fn path(&self, name: &str) -> String {
+        format!("{}::{name}", self.module)
     }
 }
 
@@ -51,7 +58,7 @@ impl TestBinary {
 pub struct Plan {
     pub out: PathBuf,
     pub provisioner: PathBuf,
-    pub tests: Vec<TestBinary>,
+    pub tests: Vec<TestModule>,
     pub env: Vec<(String, String)>,
 }
 
@@ -89,7 +96,7 @@ impl Plan {
                     let (k, v) = value.split_once('=').context("env KEY=VALUE")?;
                     plan.env.push((k.to_owned(), v.to_owned()));
                 }
-                "test" => plan.tests.push(TestBinary::from_arg(value)?),
+                "test" => plan.tests.push(TestModule::from_arg(value)?),
                 other => anyhow::bail!("unknown plan line {other}"),
             }
         }
@@ -112,12 +119,13 @@ pub fn run(plan: &Plan) -> Result<bool> {
         ))?;
     }
     let (mut passed, mut failed) = (0, 0);
-    for binary in &plan.tests {
-        let (secs, log, outcomes) = run_binary(plan, binary)?;
-        for name in &binary.names {
+    for module in &plan.tests {
+        let (secs, log, outcomes) = run_module(plan, module)?;
+        for name in &module.names {
+            let path = module.path(name);
             let result = outcomes
                 .iter()
-                .find(|(n, _)| n == name)
+                .find(|(n, _)| *n == path)
                 .map_or("missing", |(_, r)| r.as_str());
             if result == "ok" {
                 passed += 1;
@@ -125,13 +133,12 @@ pub fn run(plan: &Plan) -> Result<bool> {
                 failed += 1;
             }
             lines.say(&format!(
-                "{LINE} kernel={kernel} test={}::{name} result={result}",
-                binary.target
+                "{LINE} kernel={kernel} test={path} result={result}"
             ))?;
         }
         lines.say(&format!(
-            "{LINE}-BINARY kernel={kernel} target={} secs={secs:.1} log={}",
-            binary.target,
+            "{LINE}-MODULE kernel={kernel} module={} secs={secs:.1} log={}",
+            module.module,
             log.display()
         ))?;
     }
@@ -141,23 +148,23 @@ pub fn run(plan: &Plan) -> Result<bool> {
     Ok(failed == 0)
 }
 
-/// What running one test binary gave: its time, its log, each test's outcome.
+/// What running one module's tests gave: its time, its log, each test's outcome.
 type Outcome = Result<(f64, PathBuf, Vec<(String, String)>)>;
 
-/// Runs the tests of `binary`, its output into `<out>/<target>.log`. One binary at a time: in
+/// Runs the tests of `module`, its output into `<out>/<module>.log`. One module at a time: in
 /// a guest of one vCPU, the kernel watch of a test's daemon (a background thread, nice +10)
-/// starved for minutes beside a second binary's work.
-fn run_binary(plan: &Plan, binary: &TestBinary) -> Outcome {
+/// starved for minutes beside a second module's work.
+fn run_module(plan: &Plan, module: &TestModule) -> Outcome {
     let started = Instant::now();
-    let log = plan.out.join(format!("{}.log", binary.target));
-    let output = Command::new(&binary.executable)
-        .args(&binary.names)
+    let log = plan.out.join(format!("{}.log", module.module));
+    let output = Command::new(&module.executable)
+        .args(module.names.iter().map(|n| module.path(n)))
         .args(["--exact", "--test-threads", "2"])
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .env("RUST_BACKTRACE", "1")
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("run {}", binary.executable.display()))?;
+        .with_context(|| format!("run {}", module.executable.display()))?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -270,9 +277,9 @@ mod tests {
         let plan = Plan {
             out: PathBuf::from("/w/target/kernel-matrix/5.10"),
             provisioner: PathBuf::from("/w/target/debug/provisioner"),
-            tests: vec![TestBinary {
-                target: "trace_verdicts".into(),
-                executable: PathBuf::from("/w/target/debug/deps/trace_verdicts-1234"),
+            tests: vec![TestModule {
+                module: "trace_verdicts".into(),
+                executable: PathBuf::from("/w/target/debug/deps/integration-1234"),
                 names: vec!["a".into(), "b".into()],
             }],
             env: vec![("K".into(), "v=1,w".into())],
@@ -281,7 +288,7 @@ mod tests {
         assert_eq!(back.out, plan.out);
         assert_eq!(back.provisioner, plan.provisioner);
         assert_eq!(back.env, plan.env);
-        assert_eq!(back.tests[0].target, "trace_verdicts");
+        assert_eq!(back.tests[0].module, "trace_verdicts");
         assert_eq!(back.tests[0].executable, plan.tests[0].executable);
         assert_eq!(back.tests[0].names, plan.tests[0].names);
         Ok(())

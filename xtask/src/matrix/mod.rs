@@ -19,20 +19,21 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-pub use guest::{Plan, TestBinary, run as run_guest};
+pub use guest::{Plan, TestModule, run as run_guest};
 use report::Row;
 
 use crate::step::{announce, cargo, detail, workspace_root};
 
-/// The kernel-level tests: what the kernel watch sees and judges on a real kernel. Every verdict
-/// kind (skipped, partial, failed, gone, networked) on sandboxes of a stand-in runtime; no
-/// false alarm for our plugin, ptp + host-local and podman; pods named from a plugin's
-/// environment; containerd's loopback-only failure with real containerd; the daemon's ADDs
-/// confirmed and its audit of live sandboxes at start; `provisioner trace` alone; no
-/// container's environment read. What the host's suite runs besides is left out: under
-/// software emulation every test costs minutes.
-pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
+/// The kernel-level tests (test binary, module, tests): what the kernel watch sees and judges on a
+/// real kernel. Every verdict kind (skipped, partial, failed, gone, networked) on sandboxes of a
+/// stand-in runtime; no false alarm for our plugin, ptp + host-local and podman; pods named from a
+/// plugin's environment; containerd's loopback-only failure with real containerd; the daemon's ADDs
+/// confirmed and its audit of live sandboxes at start; `provisioner trace` alone; no container's
+/// environment read. What the host's suite runs besides is left out: under software emulation every
+/// test costs minutes.
+pub const KERNEL_TESTS: &[(&str, &str, &[&str])] = &[
     (
+        "integration",
         "trace_verdicts",
         &[
             "runtime_created_sandboxes_without_network_are_skipped_naming_the_creator",
@@ -46,10 +47,12 @@ pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "integration",
         "containerd_loopback_only",
         &["loopback_only_conf_dir_network_ready_but_pods_skipped"],
     ),
     (
+        "integration",
         "daemon_trace",
         &[
             "daemon_adds_are_confirmed_from_the_trace_before_their_deadline",
@@ -57,18 +60,22 @@ pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "integration",
         "podman",
         &["podman_container_gets_our_address_and_rm_releases_it"],
     ),
     (
+        "integration",
         "watch_environment",
         &["a_containers_environment_is_never_read_while_containerds_plugins_are"],
     ),
     (
+        "integration",
         "trace_session",
         &["trace_started_on_a_node_with_wired_sandboxes_reports_them_networked_from_their_state"],
     ),
     (
+        "integration",
         "trace_netns",
         &[
             "unshare_reports_one_event_with_the_right_cookie",
@@ -76,10 +83,12 @@ pub const KERNEL_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "load",
         "trace_burst",
         &["burst_of_2000_netns_creations_is_fully_accounted_for"],
     ),
     (
+        "integration",
         "trace_backends",
         &[
             "every_observation_has_a_backend_and_btf_tracepoints_attach_no_syscall_tracepoint",
@@ -142,7 +151,7 @@ pub struct Running {
     opts: Options,
     out: PathBuf,
     provisioner: PathBuf,
-    tests: Vec<TestBinary>,
+    tests: Vec<TestModule>,
     guests: Vec<(kernels::GuestKernel, vm::Guest)>,
 }
 
@@ -251,11 +260,15 @@ impl Running {
     }
 }
 
-/// The provisioner binary the tests exec, and the kernel-level test executables.
-fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
+/// The provisioner binary the tests exec, and the kernel-level tests' modules in the test
+/// binaries that hold them.
+fn build() -> Result<(PathBuf, Vec<TestModule>)> {
     let root = workspace_root();
     let provisioner = crate::test::build_tests_binary()?;
     announce("build", "the kernel-level tests");
+    let mut binaries: Vec<&str> = KERNEL_TESTS.iter().map(|(binary, _, _)| *binary).collect();
+    binaries.sort_unstable();
+    binaries.dedup();
     let mut cmd = cargo("stable");
     cmd.current_dir(&root).args([
         "test",
@@ -265,8 +278,8 @@ fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
         "-p",
         "provisioner-tests",
     ]);
-    for (target, _) in KERNEL_TESTS {
-        cmd.args(["--test", target]);
+    for binary in &binaries {
+        cmd.args(["--test", binary]);
     }
     let out = cmd
         .stderr(std::process::Stdio::inherit())
@@ -275,37 +288,32 @@ fn build() -> Result<(PathBuf, Vec<TestBinary>)> {
     if !out.status.success() {
         bail!("building the kernel-level tests failed");
     }
-    let mut tests = Vec::new();
+    let mut executables = std::collections::BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let (Some(name), Some(exe)) = (
+        if let (Some(name), Some(exe)) = (
             message["target"]["name"].as_str(),
             message["executable"].as_str(),
-        ) else {
-            continue;
-        };
-        if let Some((target, names)) = KERNEL_TESTS.iter().find(|(t, _)| *t == name) {
-            tests.push(TestBinary {
-                target: (*target).to_owned(),
-                executable: PathBuf::from(exe),
-                names: names.iter().map(|n| (*n).to_owned()).collect(),
-            });
+        ) && binaries.contains(&name)
+        {
+            executables.insert(name.to_owned(), PathBuf::from(exe));
         }
     }
-    tests.sort_by_key(|t| {
-        KERNEL_TESTS
-            .iter()
-            .position(|(target, _)| *target == t.target)
-    });
-    if tests.len() != KERNEL_TESTS.len() {
-        bail!(
-            "cargo built {} of the {} kernel-level test binaries",
-            tests.len(),
-            KERNEL_TESTS.len()
-        );
-    }
+    let tests = KERNEL_TESTS
+        .iter()
+        .map(|(binary, module, names)| {
+            let executable = executables
+                .get(*binary)
+                .with_context(|| format!("cargo built no test binary {binary}"))?;
+            Ok(TestModule {
+                module: (*module).to_owned(),
+                executable: executable.clone(),
+                names: names.iter().map(|n| (*n).to_owned()).collect(),
+            })
+        })
+        .collect::<Result<_>>()?;
     Ok((provisioner, tests))
 }
 
@@ -314,7 +322,7 @@ fn host_rows(
     which: HostRuns,
     out: &Path,
     provisioner: &Path,
-    tests: &[TestBinary],
+    tests: &[TestModule],
 ) -> Result<Vec<Row>> {
     let host = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())

@@ -11,12 +11,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use provisioner_tests::containerd::{CNI_PLUGIN_DIR, CniSetup, Containerd};
+use provisioner_tests::containerd::{CniSetup, Containerd};
 use provisioner_tests::cri::Cri;
 use provisioner_tests::daemon_harness::{Daemon, conflist, run_with_stdin};
 use provisioner_tests::daemon_queries::{cookie_of, verdict_and_intent, wait_views_of};
 use provisioner_tests::{Netns, in_netns, netns_cookie};
 use serde_json::{Value, json};
+use testkit::tools;
 
 const SUBNET: &str = "10.252.7.0/24";
 const NETWORK: &str = "chainnet";
@@ -160,12 +161,9 @@ fn portmap_and_bandwidth_chained_after_provisioner_under_containerd() -> Result<
     let links_before = node.links()?;
 
     let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
-    for plugin in ["portmap", "bandwidth"] {
-        std::os::unix::fs::symlink(
-            Path::new(CNI_PLUGIN_DIR).join(plugin),
-            containerd.bin_dir.join(plugin),
-        )
-        .with_context(|| format!("{plugin} (apt-get install containernetworking-plugins)"))?;
+    for (name, plugin) in [("portmap", tools::PORTMAP), ("bandwidth", tools::BANDWIDTH)] {
+        std::os::unix::fs::symlink(plugin.require()?, containerd.bin_dir.join(name))
+            .with_context(|| format!("link {name} into containerd's CNI bin dir"))?;
     }
     containerd
         .cri()

@@ -101,9 +101,9 @@ impl Renderer {
 
 /// containerd's own templates, kept once for this test and the provisioner's unit tests.
 const CONTAINERD_REFERENCE: &str =
-    include_str!("../../provisioner/tests/fixtures/containerd-templates/reference.tmpl");
+    include_str!("../../../provisioner/tests/fixtures/containerd-templates/reference.tmpl");
 const CONTAINERD_GCE: &str =
-    include_str!("../../provisioner/tests/fixtures/containerd-templates/gce.tmpl");
+    include_str!("../../../provisioner/tests/fixtures/containerd-templates/gce.tmpl");
 
 fn assert_same(theirs: &[u8], ours: &[u8], what: &str) {
     assert!(
