@@ -28,8 +28,12 @@ pub enum Placement {
     Outside,
 }
 
+/// How long a daemon may take to answer on its socket after its start.
+const LISTENING_WITHIN: Duration = Duration::from_secs(10);
+
 /// A running daemon whose host side is a "node" namespace: `<bin> daemon` with its socket, conf
-/// dir (`net.d`), data dir (`data`) and log (`daemon.log`) under one directory.
+/// dir (`net.d`), data dir (`data`) and log (`daemon.log`) under one directory (a temp dir it
+/// owns, for the daemons the `start*` constructors start); stopped (SIGTERM, by pid) on drop.
 pub struct Daemon {
     child: Option<Child>,
     spawned_at: Instant,
@@ -37,7 +41,105 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub conf_dir: PathBuf,
     pub data_dir: PathBuf,
-    pub log: PathBuf,
+    pub log_file: PathBuf,
+    /// Removed after the process is stopped (fields drop after [`Drop::drop`]).
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Starting a test's daemon: the `provisioner` of this build ([`crate::provisioner_bin`]) in the
+/// caller's namespace (told the node's with `--host-netns`) unless said otherwise, its files in
+/// a temp dir of its own, waiting until its socket answers.
+impl Daemon {
+    /// Starts a daemon watching a fresh conf dir that holds `config` (if any) as
+    /// `10-provisioner.conflist`.
+    pub fn start(node: &Netns, config: Option<&Value>) -> Result<Self> {
+        Self::start_with(node, config, &[])
+    }
+
+    /// Like [`Daemon::start`] with extra daemon arguments.
+    pub fn start_with(node: &Netns, config: Option<&Value>, extra: &[&str]) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        if let Some(config) = config {
+            write_conflist(dir.path(), config)?;
+        }
+        Self::start_in_dir(node, dir, extra, Placement::Outside)
+    }
+
+    /// Starts a second daemon on the state of a stopped one: same conf dir and data dir.
+    pub fn start_on_state_of(node: &Netns, stopped: &Daemon) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        std::os::unix::fs::symlink(&stopped.conf_dir, dir.path().join("net.d"))?;
+        std::os::unix::fs::symlink(&stopped.data_dir, dir.path().join("data"))?;
+        Self::start_in_dir(node, dir, &[], Placement::Outside)
+    }
+
+    /// Like [`Daemon::start_with`], the config built from the daemon's socket path (a config
+    /// whose plugins talk to this daemon), written before the daemon starts.
+    pub fn start_with_conflist(
+        node: &Netns,
+        extra: &[&str],
+        config: impl FnOnce(&Path) -> Value,
+    ) -> Result<Self> {
+        Self::start_placed_with_conflist(node, extra, config, Placement::Outside)
+    }
+
+    /// Like [`Daemon::start_with_conflist`], the process placed inside `node` (as on a node,
+    /// where the daemon lives in the host netns) rather than outside it.
+    pub fn start_in_node_with_conflist(
+        node: &Netns,
+        extra: &[&str],
+        config: impl FnOnce(&Path) -> Value,
+    ) -> Result<Self> {
+        Self::start_placed_with_conflist(node, extra, config, Placement::InNode)
+    }
+
+    fn start_placed_with_conflist(
+        node: &Netns,
+        extra: &[&str],
+        config: impl FnOnce(&Path) -> Value,
+        placement: Placement,
+    ) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let config = config(&dir.path().join("provisioner.sock"));
+        write_conflist(dir.path(), &config)?;
+        Self::start_in_dir(node, dir, extra, placement)
+    }
+
+    fn start_in_dir(
+        node: &Netns,
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        placement: Placement,
+    ) -> Result<Self> {
+        let mut daemon = Self::spawn_placed(
+            &crate::provisioner_bin(),
+            node,
+            placement,
+            dir.path(),
+            extra,
+        )?;
+        daemon._dir = Some(dir);
+        daemon.wait_listening(LISTENING_WITHIN)?;
+        Ok(daemon)
+    }
+
+    /// Starts the process again on the same socket, conf dir and data dir, after it was
+    /// stopped or killed, and waits until its socket answers.
+    pub fn restart(&mut self, node: &Netns, extra: &[&str]) -> Result<()> {
+        self.restart_with_env(node, extra, &[])
+    }
+
+    /// [`Self::restart`] with `env` set for the process (e.g. a failpoint).
+    pub fn restart_with_env(
+        &mut self,
+        node: &Netns,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
+        self.respawn_with_env(node, Placement::Outside, extra, env)?;
+        self.wait_listening(LISTENING_WITHIN)?;
+        Ok(())
+    }
 }
 
 impl Daemon {
@@ -72,7 +174,8 @@ impl Daemon {
             socket: dir.join("provisioner.sock"),
             conf_dir,
             data_dir: dir.join("data"),
-            log: dir.join("daemon.log"),
+            log_file: dir.join("daemon.log"),
+            _dir: None,
         })
     }
 
@@ -96,8 +199,8 @@ impl Daemon {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.log)
-            .with_context(|| format!("open {}", self.log.display()))?;
+            .open(&self.log_file)
+            .with_context(|| format!("open {}", self.log_file.display()))?;
         let mut cmd = Command::new(&self.bin);
         cmd.arg("daemon")
             .arg("--socket")
@@ -157,38 +260,73 @@ impl Daemon {
             .with_context(|| format!("run {} {}", self.bin.display(), args.join(" ")))
     }
 
+    /// `provisioner status --json`, as the CLI prints it (null when it prints nothing).
+    pub fn status(&self) -> Result<Value> {
+        let out = self.cli(&["status", "--json"])?;
+        Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    }
+
+    /// `provisioner sandboxes --json`.
+    pub fn sandboxes(&self) -> Result<Value> {
+        let out = self.cli(&["sandboxes", "--json"])?;
+        if !out.status.success() {
+            bail!("sandboxes: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
     /// Polls `status` until the daemon answers (any readiness); time since spawn.
-    pub fn wait_listening(&mut self, limit: Duration) -> Result<Duration> {
-        self.wait_for(limit, |_| true)
+    pub fn wait_listening(&self, limit: Duration) -> Result<Duration> {
+        self.wait_for_status("answering", limit, |_| true)?;
+        Ok(self.spawned_at.elapsed())
     }
 
     /// Polls `status` until it says ready; time since spawn.
-    pub fn wait_ready(&mut self, limit: Duration) -> Result<Duration> {
-        self.wait_for(limit, |status| status["ready"] == true)
+    pub fn wait_ready(&self, limit: Duration) -> Result<Duration> {
+        self.wait_for_status("ready", limit, |status| status["ready"] == true)?;
+        Ok(self.spawned_at.elapsed())
     }
 
-    fn wait_for(&mut self, limit: Duration, done: impl Fn(&Value) -> bool) -> Result<Duration> {
+    /// Polls the daemon's `status` answer until `done` holds for it (at most `limit`,
+    /// stretched by [`crate::scaled`]); that answer. Fails at once when the process exits.
+    pub fn wait_for_status(
+        &self,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let started = Instant::now();
         let limit = crate::scaled(limit);
         let mut last = Value::Null;
-        while self.spawned_at.elapsed() < limit {
-            if let Some(child) = self.child.as_mut()
-                && let Some(exit) = child.try_wait()?
-            {
-                self.child = None;
-                bail!("daemon exited ({exit}); log:\n{}", self.log_tail());
+        while started.elapsed() < limit {
+            if self.has_exited() {
+                bail!("the daemon exited; log:\n{}", self.log_tail());
             }
             if let Ok(status) = self.request(&json!({"op": "status"})) {
                 if done(&status) {
-                    return Ok(self.spawned_at.elapsed());
+                    return Ok(status);
                 }
                 last = status;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(5));
         }
         bail!(
-            "daemon not ready within {limit:?}; last status {last}; log:\n{}",
+            "the daemon's status not {what} within {limit:?}; last status {last}; log:\n{}",
             self.log_tail()
         )
+    }
+
+    /// Whether the spawned process has exited (a zombie not reaped yet).
+    fn has_exited(&self) -> bool {
+        self.pid().is_some_and(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let state = stat.rsplit_once(") ")?.1.chars().next()?;
+                    Some(state == 'Z' || state == 'X')
+                })
+                .unwrap_or(true)
+        })
     }
 
     /// Waits (at most `limit`) until the daemon's kernel tracing is attached: it loads in the
@@ -285,13 +423,13 @@ impl Daemon {
     }
 
     /// The daemon's log so far (every run of it).
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_file).unwrap_or_default()
     }
 
     /// The last lines of the daemon's log.
     pub fn log_tail(&self) -> String {
-        let log = self.log_text();
+        let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }

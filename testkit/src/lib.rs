@@ -10,6 +10,7 @@ pub mod oci;
 pub mod soak;
 pub mod tools;
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -88,4 +89,27 @@ pub fn wait_until<T>(
 /// Is the calling process root (namespaces, netlink and eBPF need it)?
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+/// The `provisioner` binary of this build (`cargo xtask test` builds it before the tests), or
+/// the one `PROVISIONER_BIN` names (the demo's release build).
+pub fn provisioner_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("PROVISIONER_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/<test> or target/<profile>/<bin> -> target/<profile>/provisioner
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let profile_dir = if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    let bin = profile_dir.join("provisioner");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build -p provisioner` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
 }

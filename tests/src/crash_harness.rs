@@ -2,7 +2,7 @@
 //! the same state; and the convergence check of the store against the node's kernel state.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -15,21 +15,37 @@ use crate::daemon_harness::{PluginRun, conflist, plugin_stdin, run_plugin};
 use crate::{Netns, provisioner_bin, wait_until};
 use testkit::daemon::{Daemon, Placement, write_conflist};
 
+/// How long a start may take (a daemon surveying a large store, on a loaded machine).
+const START_LIMIT: Duration = Duration::from_secs(20);
+
 /// The crash tests run without the kernel watch: what they check is the store and the kernel.
 const NO_TRACE: &[&str] = &["--no-trace"];
 
 /// Container-id prefix the daemon gives the addresses it adopted from a host veth.
 const ADOPTED: &str = "adopted:";
 
-/// A daemon on a fixed socket, conf dir and data dir, started and killed at will.
+/// A daemon on a fixed socket, conf dir and data dir, started and killed at will: the one
+/// [`Daemon`] with a conflist of its own and a failpoint to arm at each start.
 pub struct CrashDaemon {
     process: Daemon,
-    pub socket: PathBuf,
-    pub data_dir: PathBuf,
     config: Value,
     /// Daemon arguments besides `--no-trace`.
     args: Vec<String>,
     dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for CrashDaemon {
+    type Target = Daemon;
+
+    fn deref(&self) -> &Daemon {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for CrashDaemon {
+    fn deref_mut(&mut self) -> &mut Daemon {
+        &mut self.process
+    }
 }
 
 impl CrashDaemon {
@@ -40,8 +56,6 @@ impl CrashDaemon {
         let config = conflist(name, "1.1.0", &process.socket, v4, None);
         write_conflist(dir.path(), &config)?;
         Ok(Self {
-            socket: process.socket.clone(),
-            data_dir: process.data_dir.clone(),
             process,
             config,
             args: Vec::new(),
@@ -63,24 +77,16 @@ impl CrashDaemon {
     /// Starts the daemon and waits until it answers STATUS (ready or not); its first answer.
     pub fn start_unready(&mut self, node: &Netns) -> Result<Value> {
         self.spawn(node, None)?;
-        wait_until("the daemon to report", Duration::from_secs(20), || {
-            let status = self.cli(&["status", "--json"])?;
-            let status: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
-            Ok(status.is_object().then_some(status))
-        })
-        .with_context(|| format!("log:\n{}", self.log()))
+        self.process.wait_listening(START_LIMIT)?;
+        self.process.status()
     }
 
     /// Starts the daemon with `node` as host netns, armed with `failpoint` if any, and waits
     /// until it is ready.
     pub fn start(&mut self, node: &Netns, failpoint: Option<&str>) -> Result<()> {
         self.spawn(node, failpoint)?;
-        wait_until("the daemon to be ready", Duration::from_secs(20), || {
-            let status = self.cli(&["status", "--json"])?;
-            let status: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
-            Ok((status["ready"] == true).then_some(()))
-        })
-        .with_context(|| format!("log:\n{}", self.log()))
+        self.process.wait_ready(START_LIMIT)?;
+        Ok(())
     }
 
     fn spawn(&mut self, node: &Netns, failpoint: Option<&str>) -> Result<()> {
@@ -92,11 +98,6 @@ impl CrashDaemon {
             .respawn_with_env(node, Placement::Outside, &args, &env)
     }
 
-    /// Whether the daemon process has exited (e.g. at its failpoint); reaps it.
-    pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
-        self.process.exited()
-    }
-
     /// Waits (bounded) for the daemon to exit by itself.
     pub fn wait_exit(&mut self, limit: Duration) -> Result<ExitStatus> {
         let mut status = None;
@@ -106,28 +107,6 @@ impl CrashDaemon {
         })
         .with_context(|| format!("log:\n{}", self.log()))?;
         status.context("the daemon exited")
-    }
-
-    /// SIGKILL, as a crash.
-    pub fn kill(&mut self) -> Result<()> {
-        self.process.kill()
-    }
-
-    /// The daemon's pid, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    pub fn running(&self) -> bool {
-        self.process.running()
-    }
-
-    pub fn log(&self) -> String {
-        self.process.log_text()
-    }
-
-    pub fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
-        self.process.cli(args)
     }
 
     /// The plugin's stdin for this network.

@@ -29,7 +29,7 @@ pub mod reference;
 pub mod tracing;
 
 pub use testkit::netns::{require_root, unique_name};
-pub use testkit::{Netns, run, scaled, scaled_secs, wait_until};
+pub use testkit::{Netns, provisioner_bin, run, scaled, scaled_secs, wait_until};
 
 /// Runs `f` on a fresh thread that has entered the network namespace at `path`.
 pub fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> Result<T> {
@@ -259,27 +259,4 @@ impl Drop for RuntimeNetns {
             testkit::netns::delete_quietly(&self.name);
         }
     }
-}
-
-/// The `provisioner` binary of this build (`cargo xtask test` builds it before the tests), or
-/// the one `PROVISIONER_BIN` names (the demo's release build).
-pub fn provisioner_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("PROVISIONER_BIN") {
-        return PathBuf::from(bin);
-    }
-    let exe = std::env::current_exe().unwrap_or_default();
-    // target/<profile>/deps/<test> or target/<profile>/<bin> -> target/<profile>/provisioner
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    let profile_dir = if dir.ends_with("deps") {
-        dir.parent().unwrap_or(dir)
-    } else {
-        dir
-    };
-    let bin = profile_dir.join("provisioner");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it with `cargo build -p provisioner` (cargo xtask test does)",
-        bin.display()
-    );
-    bin
 }

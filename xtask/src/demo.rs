@@ -309,7 +309,7 @@ fn restart_part(env: &DemoEnv, mut daemon: Daemon, dir: &Path) -> Result<Daemon>
     );
     daemon.stop()?;
     drop(daemon);
-    let mut daemon = Daemon::spawn(&env.bin, env.node, dir, &["--trace-deadline", "2"])?;
+    let daemon = Daemon::spawn(&env.bin, env.node, dir, &["--trace-deadline", "2"])?;
     daemon.wait_ready(Duration::from_secs(10))?;
     detail(&format!(
         "started again, pid {}",
@@ -400,7 +400,9 @@ fn render(bin: &Path, daemon: &mut Daemon, dir: &Path) -> Result<Value> {
         ipam["ranges"], ipam["routes"]
     ));
     let waited = Instant::now();
-    wait_ready(daemon)?;
+    daemon
+        .wait_ready(Duration::from_secs(10))
+        .context("the daemon after the render")?;
     announce(
         "demo",
         &format!(
@@ -410,23 +412,6 @@ fn render(bin: &Path, daemon: &mut Daemon, dir: &Path) -> Result<Value> {
     );
     cli(bin, &["status", "--socket"], &daemon.socket)?;
     Ok(rendered)
-}
-
-fn wait_ready(daemon: &Daemon) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = daemon.request(&serde_json::json!({"op": "status"}))?;
-        if status["ready"] == true {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "daemon not ready 10 s after the render: {status}\n{}",
-                daemon.log_tail()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The `CNI_ARGS` a Kubernetes runtime passes for the demo's sandbox `i`: its pod.

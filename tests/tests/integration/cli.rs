@@ -364,6 +364,6 @@ fn metrics_follow_prometheus_conventions_and_count_what_happened() -> Result<()>
         ),
         Some(1.0)
     );
-    assert!(daemon.stop()?.success());
+    assert!(daemon.stop_status()?.success());
     Ok(())
 }

@@ -10,6 +10,9 @@ use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plug
 use provisioner_tests::{Netns, wait_only_lo, wait_until};
 use serde_json::Value;
 
+/// How long a daemon may take to be ready once its config is in place.
+const READY_WITHIN: Duration = Duration::from_secs(5);
+
 const VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 fn stdin_for(config: &Value, version: &str) -> Vec<u8> {
@@ -37,7 +40,7 @@ fn add_check_del_in_every_spec_version() -> Result<()> {
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec(&config)?,
     )?;
-    wait_ready(&daemon)?;
+    daemon.wait_ready(READY_WITHIN)?;
 
     for version in VERSIONS {
         let pod = Netns::new("pod")?;
@@ -114,21 +117,6 @@ fn assert_unrouted(node: &Netns, ip: &str) -> Result<()> {
     Ok(())
 }
 
-fn wait_ready(daemon: &Daemon) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let out = daemon.cli(&["status", "--json"])?;
-        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if status["ready"] == true {
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(5) {
-            anyhow::bail!("daemon not ready: {status}\n{}", daemon.log());
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 fn started_daemon(node: &Netns, name: &str, v4: &str) -> Result<(Daemon, Value)> {
     let mut config = conflist(name, "1.1.0", Path::new("/nonexistent"), v4, None);
     let daemon = Daemon::start(node, None)?;
@@ -137,7 +125,7 @@ fn started_daemon(node: &Netns, name: &str, v4: &str) -> Result<(Daemon, Value)>
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec(&config)?,
     )?;
-    wait_ready(&daemon)?;
+    daemon.wait_ready(READY_WITHIN)?;
     Ok((daemon, config))
 }
 
@@ -149,7 +137,7 @@ fn a_daemon_living_in_the_node_namespace_wires_pods_too() -> Result<()> {
     let daemon = Daemon::start_in_node_with_conflist(&node, &["--no-trace"], |socket| {
         conflist("innode", "1.1.0", socket, "10.250.40.0/24", None)
     })?;
-    wait_ready(&daemon)?;
+    daemon.wait_ready(READY_WITHIN)?;
     let config = conflist("innode", "1.1.0", &daemon.socket, "10.250.40.0/24", None);
     let stdin = stdin_for(&config, "1.1.0");
     let pod = Netns::new("pod")?;
@@ -357,7 +345,7 @@ fn version_status_and_error_codes() -> Result<()> {
         empty.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec(&config)?,
     )?;
-    wait_ready(&empty)?;
+    empty.wait_ready(READY_WITHIN)?;
     assert!(list(&empty)?.is_empty(), "ADD while not ready allocated");
     let daemon = empty;
     let stdin = stdin_for(&config, "1.1.0");

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use provisioner_tests::Netns;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::pod_net::{ip_in, wait_node_bare};
-use provisioner_tests::{Netns, wait_until};
 use serde_json::Value;
 
 const CALLERS: usize = 16;
@@ -223,14 +223,10 @@ fn config_rewritten_in_place_under_load_never_serves_a_broken_or_half_written_on
 
     // A valid config written last: the daemon settles on it.
     std::fs::write(&file, &contents[1])?;
-    wait_until(
+    daemon.wait_for_status(
         "the last valid config in force",
         Duration::from_secs(10),
-        || {
-            let out = daemon.cli(&["status", "--json"])?;
-            let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            Ok((status["ready"] == true && status["network"]["mtu"] == MTUS[1]).then_some(()))
-        },
+        |status| status["ready"] == true && status["network"]["mtu"] == MTUS[1],
     )?;
     wait_node_bare(&node, Duration::from_secs(10))
 }

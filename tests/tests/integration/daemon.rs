@@ -2,32 +2,20 @@
 //! rewrites, reconciliation with the kernel at start, graceful stop.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use provisioner::dataplane::host_ifname;
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::{Netns, wait_until};
 use serde_json::Value;
 
+/// How long the daemon may take to act on a change of its conf dir.
+const STATUS_WITHIN: Duration = Duration::from_secs(5);
+
 fn status(daemon: &Daemon) -> Result<Value> {
     let out = daemon.cli(&["status", "--json"])?;
     Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-/// Polls status until `pred` holds (bounded).
-fn wait_status(daemon: &Daemon, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
-    let started = Instant::now();
-    loop {
-        let s = status(daemon)?;
-        if pred(&s) {
-            return Ok(s);
-        }
-        if started.elapsed() > Duration::from_secs(5) {
-            bail!("status never became {what}: {s}\n{}", daemon.log());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn network_name(s: &Value) -> Option<&str> {
@@ -53,13 +41,13 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
         .join("staged.conflist");
     std::fs::write(&staged, serde_json::to_vec(&good("net-mv"))?)?;
     std::fs::rename(&staged, &file)?;
-    wait_status(&daemon, "ready with net-mv", |s| {
+    daemon.wait_for_status("ready with net-mv", STATUS_WITHIN, |s| {
         s["ready"] == true && network_name(s) == Some("net-mv")
     })?;
 
     // Broken JSON over the good file: the good config stays in force, the error is reported.
     std::fs::write(&file, b"{\"cniVersion\": \"1.0.0\", \"name\": ")?;
-    let s = wait_status(&daemon, "load error reported", |s| {
+    let s = daemon.wait_for_status("load error reported", STATUS_WITHIN, |s| {
         s["last_load"]["ok"] == false
     })?;
     assert_eq!(s["ready"], true, "{s}");
@@ -73,9 +61,11 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
     std::fs::write(&file, &text[..text.len() / 2])?;
     // The watcher has read the half-written file once it reports a load attempt made after it
     // was written.
-    let s = wait_status(&daemon, "a load attempt of the half-written file", |s| {
-        s["last_load"]["at"].as_f64().unwrap_or_default() >= written_at
-    })?;
+    let s = daemon.wait_for_status(
+        "a load attempt of the half-written file",
+        STATUS_WITHIN,
+        |s| s["last_load"]["at"].as_f64().unwrap_or_default() >= written_at,
+    )?;
     assert_eq!(s["last_load"]["ok"], false, "{s}");
     assert_eq!(
         network_name(&s),
@@ -83,7 +73,7 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
         "half-written file must not load: {s}"
     );
     std::fs::write(&file, &text)?;
-    wait_status(&daemon, "net-inplace", |s| {
+    daemon.wait_for_status("net-inplace", STATUS_WITHIN, |s| {
         network_name(s) == Some("net-inplace") && s["ready"] == true
     })?;
 
@@ -91,16 +81,18 @@ fn readiness_follows_every_way_of_writing_the_config() -> Result<()> {
     let tmp = daemon.conf_dir.join(".tmp-new");
     std::fs::write(&tmp, serde_json::to_vec(&good("net-rename"))?)?;
     std::fs::rename(&tmp, &file)?;
-    wait_status(&daemon, "net-rename", |s| {
+    daemon.wait_for_status("net-rename", STATUS_WITHIN, |s| {
         network_name(s) == Some("net-rename")
     })?;
     std::fs::write(&staged, serde_json::to_vec(&good("net-cp"))?)?;
     std::fs::copy(&staged, &file)?;
-    wait_status(&daemon, "net-cp", |s| network_name(s) == Some("net-cp"))?;
+    daemon.wait_for_status("net-cp", STATUS_WITHIN, |s| {
+        network_name(s) == Some("net-cp")
+    })?;
 
     // Removed: not ready, with a reason.
     std::fs::remove_file(&file)?;
-    let s = wait_status(&daemon, "not ready", |s| s["ready"] == false)?;
+    let s = daemon.wait_for_status("not ready", STATUS_WITHIN, |s| s["ready"] == false)?;
     assert!(!s["reasons"].as_array().is_none_or(Vec::is_empty), "{s}");
     Ok(())
 }
@@ -121,7 +113,7 @@ fn adds_during_config_rewrites_never_see_a_partial_config() -> Result<()> {
     let file = daemon.conf_dir.join("10-provisioner.conflist");
     let text = serde_json::to_vec_pretty(&config)?;
     std::fs::write(&file, &text)?;
-    wait_status(&daemon, "ready", |s| s["ready"] == true)?;
+    daemon.wait_for_status("ready", STATUS_WITHIN, |s| s["ready"] == true)?;
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     let pods: Vec<Netns> = (0..20).map(|_| Netns::new("race")).collect::<Result<_>>()?;
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -189,7 +181,7 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
         daemon.conf_dir.join("10-provisioner.conflist"),
         serde_json::to_vec(&config)?,
     )?;
-    wait_status(&daemon, "ready", |s| s["ready"] == true)?;
+    daemon.wait_for_status("ready", STATUS_WITHIN, |s| s["ready"] == true)?;
     let stdin = serde_json::to_vec(&plugin_stdin(&config, "1.0.0"))?;
     let keep = Netns::new("keep")?;
     let mut lost = Netns::new("lost")?;
@@ -201,7 +193,7 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
         run_plugin("ADD", "lost", Some(lost.path()), "eth0", &stdin)?.code,
         0
     );
-    assert!(daemon.stop()?.success(), "daemon exit on SIGTERM");
+    assert!(daemon.stop_status()?.success(), "daemon exit on SIGTERM");
     assert!(!daemon.socket.exists(), "socket removed on stop");
 
     // While it is down: one sandbox disappears, and a host veth is left without allocation.
@@ -230,8 +222,8 @@ fn restart_reconciles_store_and_kernel() -> Result<()> {
         "strayp",
     ])?;
 
-    let restarted = Daemon::start_in(&node, &daemon)?;
-    wait_status(&restarted, "ready", |s| s["ready"] == true)?;
+    let restarted = Daemon::start_on_state_of(&node, &daemon)?;
+    restarted.wait_for_status("ready", STATUS_WITHIN, |s| s["ready"] == true)?;
     let out = restarted.cli(&["list", "--json"])?;
     let left: Vec<Value> = serde_json::from_slice(&out.stdout)?;
     assert_eq!(left.len(), 1, "{left:?}\n{}", restarted.log());
@@ -267,7 +259,7 @@ fn a_stopping_daemon_leaves_a_successors_socket_in_place() -> Result<()> {
     std::fs::remove_file(&daemon.socket)?;
     let successor = std::os::unix::net::UnixListener::bind(&daemon.socket)
         .with_context(|| format!("bind {}", daemon.socket.display()))?;
-    assert!(daemon.stop()?.success(), "daemon exit on SIGTERM");
+    assert!(daemon.stop_status()?.success(), "daemon exit on SIGTERM");
     ensure!(
         daemon.socket.exists(),
         "the successor's socket {} was removed by the stopping daemon\n{}",

@@ -61,7 +61,7 @@ fn template_and_pod_cidrs_render_the_network_at_start() -> Result<()> {
         let mut daemon = Daemon::start_with(&node, None, &args)?;
         if let Some(name) = output {
             // --template-output: the rendered file goes where it says.
-            daemon.stop()?;
+            daemon.stop_status()?;
             output_path = daemon.conf_dir.join(name);
             args.extend([
                 "--template-output",
@@ -185,7 +185,7 @@ fn sigterm_finishes_the_operations_in_flight() -> Result<()> {
         .with_context(|| format!("answer to the drained ADD: {answer:?}"))?;
     assert_eq!(answer["status"], "ok", "{answer}\n{}", daemon.log());
     assert_eq!(pod.links()?, ["eth0"], "the drained ADD wired its sandbox");
-    assert!(daemon.stop()?.success(), "{}", daemon.log());
+    assert!(daemon.stop_status()?.success(), "{}", daemon.log());
 
     daemon.restart(&node, &["--no-trace"])?;
     daemon.wait_ready(PATIENCE)?;
@@ -285,7 +285,7 @@ fn gc_skips_a_sandbox_whose_add_is_in_flight() -> Result<()> {
     let mut daemon = Daemon::start_with_conflist(&node, &["--no-trace"], |socket| {
         conflist("gcrace", "1.0.0", socket, "10.250.35.0/24", None)
     })?;
-    daemon.stop()?;
+    daemon.stop_status()?;
     daemon.restart_with_env(
         &node,
         &["--no-trace"],
@@ -415,7 +415,7 @@ fn a_proc_sys_without_net_keeps_the_daemon_from_starting() -> Result<()> {
     let status = wait_until("the daemon to exit", PATIENCE, || daemon.exited())?;
     assert!(!status.success(), "{status}");
     let missing = proc_sys.path().join("net").display().to_string();
-    let log = daemon.log_text();
+    let log = daemon.log();
     assert!(log.contains(&missing), "{log}");
     Ok(())
 }

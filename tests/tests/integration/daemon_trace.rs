@@ -364,7 +364,7 @@ fn restart_audits_live_sandboxes(down: Down) -> Result<()> {
         .context("audit-1's address in `provisioner list`")?;
     match down {
         Down::Sigterm => {
-            daemon.stop()?;
+            daemon.stop_status()?;
         }
         Down::Sigkill => daemon.kill()?,
     }

@@ -396,7 +396,7 @@ fn probes_follow_daemon_liveness_and_readiness() -> Result<()> {
     let node = Netns::new("node")?;
     let dir = tempfile::tempdir()?;
     // In the node namespace, as on a node: the manifest's 127.0.0.1 is the node's loopback.
-    let mut daemon =
+    let daemon =
         testkit::daemon::Daemon::spawn(&provisioner_bin(), &node, dir.path(), &[&metrics_arg])?;
     daemon.wait_listening(Duration::from_secs(10))?;
     let mut startup_code = None;

@@ -311,7 +311,7 @@ fn an_operation_over_its_deadline_is_told_to_try_again_later_and_converges() -> 
     let mut daemon = start(&node, &[])?;
     // Every durable commit takes 500 ms (failpoint commit.slow): every ADD is over a 200 ms
     // deadline, however fast the machine.
-    daemon.stop()?;
+    daemon.stop_status()?;
     daemon.restart_with_env(
         &node,
         &["--operation-timeout", "0.2"],
@@ -333,7 +333,7 @@ fn an_operation_over_its_deadline_is_told_to_try_again_later_and_converges() -> 
         Ok((status["allocations"] == 1 && sandbox.links()? == ["eth0"]).then_some(()))
     })?;
     // The runtime's DEL after a failed ADD, then its retry, converge (with a usual deadline).
-    daemon.stop()?;
+    daemon.stop_status()?;
     daemon.restart(&node, &[])?;
     daemon.wait_ready(Duration::from_secs(10))?;
     let del = Request::Del(sandbox_request(&id, "eth0", Some(sandbox.path())));

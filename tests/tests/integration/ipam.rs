@@ -303,11 +303,15 @@ fn v6_slash_64_is_quick() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
-/// Runs the calling test again in a child process (the same test binary, only that test) with
-/// `var` set to `dir`: the test sees the variable and plays the child's part.
+/// Runs the calling test (`test`, its name in this module) again in a child process (the same
+/// test binary, only that test) with `var` set to `dir`: the test sees the variable and plays
+/// the child's part.
 fn rerun_as_child(test: &str, var: &str, dir: &std::path::Path) -> std::process::Command {
+    // libtest names a test by its path below the crate: `ipam::<test>`.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"])
+    cmd.args(["--exact", &format!("{module}::{test}")])
+        .args(["--test-threads=1", "--nocapture"])
         .env(var, dir);
     cmd
 }

@@ -313,11 +313,7 @@ fn a_real_prometheus_fires_the_alerts_and_evaluates_every_rule_and_panel() -> Re
 
     let files = daemon.conf_dir.parent().context("the daemon's files")?;
     write_conflist(files, &config)?;
-    wait_until("ready", PATIENCE, || {
-        let status = daemon.request(&serde_json::json!({"op": "status"}))?;
-        Ok((status["ready"] == true).then_some(()))
-    })
-    .with_context(|| daemon.log())?;
+    daemon.wait_ready(PATIENCE)?;
     assert_eq!(http_get(&node, METRICS_PORT, "/readyz")?.0, 200);
     assert_eq!(http_get(&node, METRICS_PORT, "/healthz")?.0, 200);
     daemon.wait_tracing(PATIENCE)?;

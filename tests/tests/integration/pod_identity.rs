@@ -232,7 +232,7 @@ fn the_pod_named_in_cni_args_is_listed_filtered_explained_and_logged() -> Result
         ..web.clone()
     };
     add_pod("gone-0-sandbox", gone_ns.path(), &gone, &stdin)?;
-    daemon.stop()?;
+    daemon.stop_status()?;
     gone_ns.delete()?;
     let gone_veth = host_ifname("gone-0-sandbox", "eth0");
     wait_until(

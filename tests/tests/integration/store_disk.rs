@@ -159,13 +159,6 @@ fn stays_unready(daemon: &CrashDaemon, span: Duration) -> Result<()> {
     Ok(())
 }
 
-fn wait_ready(daemon: &CrashDaemon) -> Result<()> {
-    wait_until("ready again", HEAL_WITHIN, || {
-        Ok((status(daemon)?["ready"] == true).then_some(()))
-    })
-    .with_context(|| format!("status {:?}\nlog:\n{}", status(daemon), daemon.log()))
-}
-
 fn add(daemon: &CrashDaemon, container_id: &str, pod: &Netns) -> Result<()> {
     let run = daemon.plugin("ADD", container_id, Some(pod.path()))?;
     ensure!(
@@ -266,7 +259,7 @@ fn a_full_data_dir_makes_the_daemon_unready_and_it_heals_when_space_is_freed() -
     );
 
     std::fs::remove_file(&filler)?;
-    wait_ready(&daemon)?;
+    daemon.wait_ready(HEAL_WITHIN)?;
     wait_readyz(port, 200)?;
     ensure!(daemon.running(), "the daemon restarted or stopped");
     let held: Vec<String> = daemon
@@ -318,7 +311,7 @@ fn a_read_only_data_dir_makes_the_daemon_unready_and_it_heals_when_writable() ->
     add_fails_clean(&daemon, &node, "r2", &pods[2])?;
 
     disk.remount("rw")?;
-    wait_ready(&daemon)?;
+    daemon.wait_ready(HEAL_WITHIN)?;
     ensure!(daemon.running(), "the daemon restarted or stopped");
     let now: HashSet<String> = daemon.addresses()?;
     ensure!(now == live, "held after the heal: {now:?}, live: {live:?}");

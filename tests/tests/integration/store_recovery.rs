@@ -252,12 +252,9 @@ fn a_second_daemon_on_the_same_store_waits_keeps_nothing_aside_and_takes_over() 
 
     let live: HashSet<String> = first.addresses()?;
     first.kill()?;
-    wait_until("the second daemon ready", Duration::from_secs(10), || {
-        let out = second.cli(&["status", "--json"])?;
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        Ok((status["ready"] == true).then_some(()))
-    })
-    .with_context(|| second.log())?;
+    second
+        .wait_ready(Duration::from_secs(10))
+        .context("the second daemon")?;
     ensure!(
         second.addresses::<HashSet<String>>()? == live,
         "{:?}",

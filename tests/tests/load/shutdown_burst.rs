@@ -65,7 +65,7 @@ fn sigterm_during_an_add_burst_leaves_nothing_half_wired() -> Result<()> {
     wait_until("the first ADDs answered", Duration::from_secs(30), || {
         Ok((answered.load(Ordering::SeqCst) >= ANSWERED_BEFORE_SIGTERM).then_some(()))
     })?;
-    let exit = daemon.stop()?;
+    let exit = daemon.stop_status()?;
     let mut results = Vec::new();
     for caller in callers {
         match caller.join() {

@@ -52,7 +52,7 @@ fn start_daemon(
     write_conflist(dir, &conflist)?;
     let no_trace = opts.no_trace.then_some("--no-trace");
     let args: Vec<&str> = args.iter().copied().chain(no_trace).collect();
-    let mut daemon = Daemon::spawn(bin, node, dir, &args)?;
+    let daemon = Daemon::spawn(bin, node, dir, &args)?;
     let ready = daemon.wait_ready(Duration::from_secs(10))?;
     Ok((daemon, conflist, ready))
 }
