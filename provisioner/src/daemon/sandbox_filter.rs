@@ -3,7 +3,7 @@
 use crate::pod::{Pod, PodName};
 use crate::trace::Verdict;
 
-use super::kernel_watch::{AbsentSandbox, SandboxView};
+use super::kernel_watch::views::{AbsentSandbox, SandboxView};
 
 /// Keeps the sandboxes of one pod and/or with one latest verdict; the default keeps all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,47 +1,26 @@
-//! The daemon's kernel watch: runs the trace driver next to the daemon, observes the sandbox
-//! service (each ADD's intent, each teardown, the sandboxes found at start) and keeps what the
-//! kernel showed for `provisioner sandboxes`.
-//!
-//! Tracing is best effort: when the kernel refuses the programs, the daemon keeps provisioning
-//! and reports tracing as unavailable.
+//! What the kernel showed of each sandbox namespace, kept for `provisioner sandboxes`: a view
+//! per namespace (its verdict, its ADD's intent, the pod, drifts, removal, recent reports),
+//! indexed by sandbox, the oldest dropped first, and the sandboxes found absent at start.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
 
-use crate::dataplane::ExpectedState;
-use crate::ipam::Allocation;
-use crate::metrics::alarms::{AlarmSeries, SandboxAlarms};
-use crate::pod::{Pod, PodName, PodResolver, PodSource};
-use crate::sandbox::{Removal, SandboxObserver, SandboxRef, SandboxService};
-use crate::trace::diagnosis::CniSetup;
-use crate::trace::driver::{self, Command, DriverOptions, IntentSpec, Sink};
+use crate::metrics::alarms::SandboxAlarms;
+use crate::pod::{Pod, PodName, PodSource};
+use crate::sandbox::SandboxRef;
 use crate::trace::render::{intent_line, report_lines, verdict_lines};
 use crate::trace::verdict::format_time;
-use crate::trace::{
-    Attached, BackendChoices, CorrelatorConfig, Drift, IntentKey, IntentOrigin, IntentVerdict,
-    NetnsVerdict, Report, SandboxRules, TraceMetrics,
-};
+use crate::trace::{Drift, IntentKey, IntentVerdict, NetnsVerdict, Report, TraceMetrics};
 
-use super::TraceOptions;
-use super::sandbox_filter::SandboxFilter;
-use super::watch_log::{Reported, log};
+use super::super::watch_log::Reported;
 
 /// Sandboxes kept for `provisioner sandboxes` (oldest dropped first).
 const KEPT_VIEWS: usize = 4096;
 /// Reports kept per sandbox view.
 const KEPT_TEXTS: usize = 16;
-
-/// `tracing_unavailable` while the programs load.
-pub const STARTING: &str = "kernel tracing is starting";
-/// `tracing_unavailable` while the operator has paused tracing.
-pub const PAUSED: &str = "kernel tracing is paused (`provisioner kernel-watch on` resumes it)";
-/// Longest wait for a paused run to detach its programs.
-const PAUSE_WAIT: Duration = Duration::from_secs(10);
 
 /// One sandbox namespace as the kernel showed it.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -145,22 +124,23 @@ pub struct SandboxesAnswer {
     pub metrics: TraceMetrics,
 }
 
+/// The views and what else the watch keeps, behind one lock.
 #[derive(Default)]
-struct Shared {
-    unavailable: Option<String>,
+pub(super) struct Shared {
+    pub(super) unavailable: Option<String>,
     /// By netns cookie, insertion order kept in `order`. Each boxed: a map's table is sized to
     /// a power of two, and its empty slots are as large as what it holds.
-    views: HashMap<u64, Box<SandboxView>>,
-    order: VecDeque<u64>,
+    pub(super) views: HashMap<u64, Box<SandboxView>>,
+    pub(super) order: VecDeque<u64>,
     /// The views (cookies) holding an ADD's intent, by (container id, ifname): found without
     /// a scan of every view on each ADD and DEL.
     by_sandbox: HashMap<(String, String), Vec<u64>>,
     /// The pod of each sandbox (container id, ifname) an ADD or the audit named, until its
     /// removal: what its intents and drifts are told with.
     pods: HashMap<(String, String), Pod>,
-    absent: VecDeque<AbsentSandbox>,
-    metrics: TraceMetrics,
-    alarms: SandboxAlarms,
+    pub(super) absent: VecDeque<AbsentSandbox>,
+    pub(super) metrics: TraceMetrics,
+    pub(super) alarms: SandboxAlarms,
 }
 
 impl Shared {
@@ -186,7 +166,11 @@ impl Shared {
     }
 
     /// Applies `change` to the views of `sandbox`'s ADDs.
-    fn for_views_of(&mut self, sandbox: &SandboxRef, mut change: impl FnMut(&mut SandboxView)) {
+    pub(super) fn for_views_of(
+        &mut self,
+        sandbox: &SandboxRef,
+        mut change: impl FnMut(&mut SandboxView),
+    ) {
         let key = (sandbox.container_id.clone(), sandbox.ifname.clone());
         let Some(cookies) = self.by_sandbox.get(&key) else {
             return;
@@ -236,7 +220,7 @@ impl Shared {
 
     /// Remembers the pod `sandbox` names for its intents, and names it on the view of
     /// `cookie` (its namespace, when known).
-    fn name_pod(&mut self, sandbox: &SandboxRef, cookie: Option<u64>) {
+    pub(super) fn name_pod(&mut self, sandbox: &SandboxRef, cookie: Option<u64>) {
         let Some(pod) = &sandbox.pod else {
             return;
         };
@@ -257,7 +241,7 @@ impl Shared {
 
     /// The pod a recorded report is about: its sandbox's (an intent's, a drift's), else its
     /// view's (which holds the report).
-    fn pod_of_report(&self, report: &Reported) -> Option<PodName> {
+    pub(super) fn pod_of_report(&self, report: &Reported) -> Option<PodName> {
         let (cookie, key) = match report {
             Reported::Verdict(v) => (v.netns.cookie, None),
             Reported::Intent(i) => (i.intent.netns_cookie, Some(&i.intent.key)),
@@ -269,7 +253,12 @@ impl Shared {
     }
 
     /// Marks the views of `sandbox`'s ADDs as removed (their intents are history).
-    fn removed(&mut self, sandbox: &SandboxRef, by: &'static str, addresses: Vec<String>) {
+    pub(super) fn removed(
+        &mut self,
+        sandbox: &SandboxRef,
+        by: &'static str,
+        addresses: Vec<String>,
+    ) {
         self.pods
             .remove(&(sandbox.container_id.clone(), sandbox.ifname.clone()));
         let at = format_time(SystemTime::now());
@@ -303,7 +292,7 @@ impl Shared {
     }
 
     /// Files `report` in its view; what was filed, for the log.
-    fn record_one(&mut self, report: Report) -> Reported {
+    pub(super) fn record_one(&mut self, report: Report) -> Reported {
         let cookie = match &report {
             Report::Verdict(v) => v.netns.cookie,
             Report::Intent(i) => i.intent.netns_cookie,
@@ -362,7 +351,7 @@ impl Shared {
         }
     }
 
-    fn absent(
+    pub(super) fn absent(
         &mut self,
         sandbox: &SandboxRef,
         pod: Option<Pod>,
@@ -383,340 +372,6 @@ impl Shared {
     }
 }
 
-/// The driver's output, into [`Shared`].
-struct WatchSink {
-    shared: Arc<Mutex<Shared>>,
-    deadline: Duration,
-}
-
-impl Sink for WatchSink {
-    fn attached(&mut self, attached: &Attached) {
-        crate::memory::return_freed_memory();
-        let observations: Vec<String> = attached.observations.iter().map(|o| o.line()).collect();
-        tracing::info!(deadline = ?self.deadline, observations = ?observations, "kernel tracing of sandbox network setup started");
-        let mut shared = lock(&self.shared);
-        shared.unavailable = None;
-        shared
-            .metrics
-            .observations
-            .clone_from(&attached.observations);
-    }
-
-    fn reports(&mut self, reports: Vec<Report>) {
-        // Namespaces that are not sandboxes (a verdict without a reason to be one: `gone`) are
-        // counted, not kept: a node creates thousands and they would crowd the sandboxes out.
-        // Each report is logged once filed, naming the pod its view names then.
-        let filed: Vec<(Reported, Option<PodName>)> = {
-            let mut shared = lock(&self.shared);
-            let now = Instant::now();
-            reports
-                .into_iter()
-                .filter(|r| !matches!(r, Report::Verdict(v) if v.sandbox.is_none()))
-                .map(|report| {
-                    let filed = shared.record_one(report);
-                    let pod = shared.pod_of_report(&filed);
-                    if let Reported::Verdict(v) = &filed {
-                        let named = pod.as_ref().and_then(PodName::known);
-                        shared.alarms.record(v.netns.cookie, v.verdict, named, now);
-                    }
-                    (filed, pod)
-                })
-                .collect()
-        };
-        for (report, pod) in &filed {
-            log(report, pod.as_ref());
-        }
-    }
-
-    fn metrics(&mut self, metrics: TraceMetrics) {
-        lock(&self.shared).metrics = metrics;
-    }
-}
-
-/// Handle held by the daemon; cheap to clone. It observes the sandbox service.
-#[derive(Clone)]
-pub struct KernelWatch {
-    settings: Arc<Settings>,
-    /// The tracer's current run; `None` while the operator has paused it.
-    run: Arc<Mutex<Option<Run>>>,
-    shared: Arc<Mutex<Shared>>,
-}
-
-/// What every run of the tracer is started with.
-struct Settings {
-    deadline: Duration,
-    read_wait: Duration,
-    rules: SandboxRules,
-    cni_fallback: CniSetup,
-    pod_resolver: Option<Arc<dyn PodResolver>>,
-    backends: BackendChoices,
-}
-
-/// One run of the tracer, from loading the programs to their detachment.
-struct Run {
-    commands: mpsc::UnboundedSender<Command>,
-    stop: oneshot::Sender<()>,
-    /// Fires once the run ended: its programs are detached.
-    ended: oneshot::Receiver<()>,
-}
-
-impl KernelWatch {
-    /// Starts the tracer on a thread of its own; never fails (see [`SandboxesAnswer`]). Intents
-    /// sent before the programs are attached wait for them.
-    pub fn start(opts: &TraceOptions, cni_conf_dir: &Path) -> Self {
-        let watch = Self {
-            settings: Arc::new(Settings {
-                deadline: opts.deadline,
-                read_wait: opts.read_wait,
-                rules: opts.rules.clone(),
-                cni_fallback: CniSetup::assumed(cni_conf_dir),
-                pod_resolver: opts.pod_resolver.clone(),
-                backends: opts.backends.clone(),
-            }),
-            run: Arc::new(Mutex::new(None)),
-            shared: Arc::new(Mutex::new(Shared::default())),
-        };
-        watch.launch();
-        watch
-    }
-
-    /// Starts a run of the tracer: loads and attaches the programs in the background.
-    fn launch(&self) {
-        let (commands, rx) = mpsc::unbounded_channel();
-        let (stop, stop_rx) = oneshot::channel();
-        let (ended_tx, ended) = oneshot::channel();
-        lock(&self.shared).unavailable = Some(STARTING.to_owned());
-        let shared = Arc::clone(&self.shared);
-        let settings = Arc::clone(&self.settings);
-        // Loading takes a few hundred ms (BTF parsing, verification): readiness does not wait.
-        let spawned = driver::spawn_background(async move {
-            let mut sink = WatchSink {
-                shared: Arc::clone(&shared),
-                deadline: settings.deadline,
-            };
-            let opts = DriverOptions {
-                correlator: CorrelatorConfig {
-                    deadline: settings.deadline,
-                    rules: settings.rules.clone(),
-                    read_wait: settings.read_wait,
-                },
-                scan_pins: true,
-                cni_fallback: settings.cni_fallback.clone(),
-                pod_resolver: settings.pod_resolver.clone(),
-                backends: settings.backends.clone(),
-            };
-            let stopped = async {
-                let _ = stop_rx.await;
-            };
-            let why = match driver::run(opts, rx, &mut sink, stopped).await {
-                Ok(_) => "kernel event stream ended".to_owned(),
-                Err(err) => {
-                    tracing::error!(error = %err, "kernel tracing unavailable; provisioning continues without it");
-                    err.to_string()
-                }
-            };
-            lock(&shared).unavailable = Some(why);
-            let _ = ended_tx.send(());
-        });
-        if let Err(err) = spawned {
-            tracing::error!(error = %err, "kernel watch thread could not start; provisioning continues without tracing");
-            lock(&self.shared).unavailable =
-                Some(format!("kernel watch thread could not start: {err}"));
-        }
-        *lock_run(&self.run) = Some(Run {
-            commands,
-            stop,
-            ended,
-        });
-    }
-
-    /// Stops tracing: the programs are detached when this returns (or after [`PAUSE_WAIT`],
-    /// with a warning). The intents of ADDs made meanwhile are not checked; sandboxes seen
-    /// before are forgotten until [`Self::resume`].
-    pub async fn pause(&self) {
-        let Some(run) = lock_run(&self.run).take() else {
-            return;
-        };
-        let Run {
-            commands,
-            stop,
-            ended,
-        } = run;
-        drop(commands);
-        let _ = stop.send(());
-        if tokio::time::timeout(PAUSE_WAIT, ended).await.is_err() {
-            tracing::warn!(wait = ?PAUSE_WAIT, "kernel watch still stopping after the pause was asked for");
-        }
-        let mut shared = lock(&self.shared);
-        // A resume that came meanwhile has started a run of its own.
-        if lock_run(&self.run).is_none() {
-            shared.unavailable = Some(PAUSED.to_owned());
-        }
-        drop(shared);
-        tracing::info!("kernel tracing paused by the operator");
-    }
-
-    /// Starts tracing again after [`Self::pause`]; `false` when it was not paused. The caller
-    /// hands the live sandboxes over again (the audit, as at start).
-    pub fn resume(&self) -> bool {
-        if lock_run(&self.run).is_some() {
-            return false;
-        }
-        tracing::info!("kernel tracing resumed by the operator");
-        self.launch();
-        true
-    }
-
-    fn send(&self, command: Command) {
-        // The driver only goes away when tracing failed or is paused; the intent then has no
-        // one to check it.
-        if let Some(run) = lock_run(&self.run).as_ref() {
-            let _ = run.commands.send(command);
-        }
-    }
-
-    /// The sandboxes (and absent ones) `filter` lets through, each view's `pod` the one
-    /// [`SandboxView::pod`] names.
-    pub fn sandboxes(&self, filter: &SandboxFilter) -> SandboxesAnswer {
-        let shared = lock(&self.shared);
-        SandboxesAnswer {
-            tracing_unavailable: shared.unavailable.clone(),
-            sandboxes: shared
-                .order
-                .iter()
-                .filter_map(|c| shared.views.get(c))
-                .filter(|view| filter.keeps(view))
-                .map(|view| SandboxView {
-                    pod: view.pod().cloned(),
-                    ..SandboxView::clone(view)
-                })
-                .collect(),
-            absent: shared
-                .absent
-                .iter()
-                .filter(|absent| filter.keeps_absent(absent))
-                .cloned()
-                .collect(),
-            metrics: shared.metrics.clone(),
-        }
-    }
-
-    pub fn metrics(&self) -> (Option<String>, TraceMetrics) {
-        let shared = lock(&self.shared);
-        (shared.unavailable.clone(), shared.metrics.clone())
-    }
-
-    /// The sandboxes whose latest verdict is an alarm, by verdict and pod.
-    pub fn alarms(&self) -> Vec<AlarmSeries> {
-        lock(&self.shared).alarms.current(Instant::now())
-    }
-}
-
-/// The audit: every sandbox `service` holds is handed to the kernel watch, to be checked against
-/// the kernel (at start, and when a paused watch resumes: `occasion` says which, in the log).
-pub async fn audit_existing(service: &SandboxService, occasion: &str) {
-    match service.announce_existing().await {
-        Ok(n) => tracing::info!(
-            sandboxes = n,
-            occasion,
-            "live sandboxes handed to the kernel watch"
-        ),
-        Err(err) => tracing::warn!(error = %err, occasion, "audit of the live sandboxes"),
-    }
-}
-
-fn key_of(sandbox: &SandboxRef) -> IntentKey {
-    IntentKey {
-        container_id: sandbox.container_id.clone(),
-        ifname: sandbox.ifname.clone(),
-    }
-}
-
-fn addresses_of(allocation: Option<&Allocation>) -> Vec<String> {
-    allocation
-        .map(|a| a.ips.iter().map(|ip| ip.address.to_string()).collect())
-        .unwrap_or_default()
-}
-
-impl SandboxObserver for KernelWatch {
-    fn planned(&self, sandbox: &SandboxRef, netns_cookie: Option<u64>, expected: &ExpectedState) {
-        {
-            let mut shared = lock(&self.shared);
-            // A new ADD of a removed sandbox: wired again (a late report of the removed ADD must
-            // not undo its removal, so this is the one place that does).
-            shared.for_views_of(sandbox, |view| view.removed = None);
-            shared.name_pod(sandbox, netns_cookie);
-        }
-        if let Some(netns) = &sandbox.netns {
-            self.send(Command::Intent(
-                IntentSpec::new(key_of(sandbox), IntentOrigin::Add, netns.clone(), expected)
-                    .known_as(netns_cookie),
-            ));
-        }
-    }
-
-    fn rolled_back(&self, sandbox: &SandboxRef) {
-        self.send(Command::Forget(key_of(sandbox)));
-    }
-
-    fn removing(&self, sandbox: &SandboxRef, _cause: Removal) {
-        self.send(Command::Forget(key_of(sandbox)));
-    }
-
-    fn removed(&self, sandbox: &SandboxRef, cause: Removal, released: Option<&Allocation>) {
-        match cause {
-            Removal::Del => lock(&self.shared).removed(sandbox, "del", addresses_of(released)),
-            Removal::Gc => lock(&self.shared).removed(sandbox, "gc", addresses_of(released)),
-            Removal::NetnsGone => {}
-        }
-        if cause == Removal::NetnsGone {
-            // Reconciliation knows the sandbox by its key: its pod is the one its store recorded.
-            let pod = released
-                .and_then(|a| a.pod.clone())
-                .or_else(|| sandbox.pod.clone());
-            lock(&self.shared).absent(
-                sandbox,
-                pod,
-                addresses_of(released),
-                "netns gone while the daemon was down (no host veth); its addresses were \
-                 released by reconciliation"
-                    .to_owned(),
-            );
-        }
-    }
-
-    fn found(&self, sandbox: &SandboxRef, netns: Option<&Path>, expected: &ExpectedState) {
-        match netns {
-            Some(netns) => {
-                lock(&self.shared).name_pod(sandbox, None);
-                self.send(Command::Intent(IntentSpec::new(
-                    key_of(sandbox),
-                    IntentOrigin::Audit,
-                    netns.to_path_buf(),
-                    expected,
-                )));
-            }
-            None => {
-                let who = crate::pod::describe(sandbox.pod.as_ref());
-                crate::pod_event!(tracing::Level::WARN, sandbox.pod.as_ref(), Some(sandbox.container_id.as_str()),
-                    container = %sandbox.container_id, ifname = %sandbox.ifname,
-                    "sandbox of {who} found at start: its namespace could not be found (no pin, no process in it)");
-                lock(&self.shared).absent(
-                    sandbox,
-                    sandbox.pod.clone(),
-                    expected
-                        .sandbox_addresses()
-                        .map(|a| a.to_string())
-                        .collect(),
-                    "found at start, but its namespace could not be found (no pin, no \
-                     process in it): not checked"
-                        .to_owned(),
-                );
-            }
-        }
-    }
-}
-
 /// A pod named by the daemon's own CNI call.
 fn cni_call(pod: &Pod) -> PodName {
     PodName::Known {
@@ -725,17 +380,14 @@ fn cni_call(pod: &Pod) -> PodName {
     }
 }
 
-fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+pub(super) fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn lock_run(run: &Mutex<Option<Run>>) -> std::sync::MutexGuard<'_, Option<Run>> {
-    run.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::sandbox_filter::SandboxFilter;
     use crate::trace::verdict::{IntentStatus, fixtures};
 
     fn intent(cookie: u64, container_id: &str) -> Report {
@@ -885,7 +537,7 @@ mod tests {
         assert_eq!(kept(&SandboxFilter::default()), [1, 2]);
         let skipped = SandboxFilter::parse(None, Some("skipped")).expect("a verdict");
         assert_eq!(kept(&skipped), Vec::<u64>::new(), "no verdict yet");
-        let why = super::super::why::explain(&shared.views[&1]);
+        let why = crate::daemon::why::explain(&shared.views[&1]);
         assert!(
             why.starts_with("pod default/web-0 (uid u-0, sandbox c1), named by its CNI call"),
             "{why}"
