@@ -14,7 +14,7 @@ mod shared {
     include!("../../provisioner-common/build_support/ebpf_toolchain.rs");
 }
 
-/// bpf-linker release known to build here (see docs/kernel-and-ebpf.md).
+/// bpf-linker release known to build here (see docs/contributing.md, "bpf-linker").
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// cargo-machete release the lint step runs (unused dependencies).

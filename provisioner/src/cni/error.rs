@@ -161,7 +161,7 @@ mod tests {
             (CniError::TRY_AGAIN_LATER, 11),
             (CniError::PLUGIN_NOT_AVAILABLE, 50),
             (CniError::LIMITED_CONNECTIVITY, 51),
-            // provisioner's own, as the README documents them
+            // provisioner's own, as docs/operating.md documents them
             (CniError::INTERNAL, 100),
             (CniError::ADDRESS_EXHAUSTED, 101),
             (CniError::INTERFACE_EXISTS, 102),

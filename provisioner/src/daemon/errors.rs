@@ -102,7 +102,7 @@ mod tests {
         }
     }
 
-    /// Every kind of failure gets the code the README promises, and the message names the
+    /// Every kind of failure gets the code docs/operating.md promises, and the message names the
     /// sandbox (where the failure is about one).
     #[test]
     fn every_failure_maps_to_its_documented_code() {

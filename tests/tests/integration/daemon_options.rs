@@ -1,4 +1,4 @@
-//! Daemon behaviour the README promises and no other test checks: the network rendered from a
+//! Daemon behaviour docs/operating.md promises, no other test checks: the network rendered from a
 //! template at start (`--template`, `--pod-cidr`, `--template-output`), `--no-trace`,
 //! `--proc-sys`, SIGTERM finishing the operations in flight, and ADD and DEL of one sandbox
 //! racing each other.

@@ -1,4 +1,4 @@
-//! The CNI error codes the README promises, end to end: the binary exec'd as a runtime does
+//! The CNI error codes docs/operating.md promises, end to end: the binary exec'd as a runtime does
 //! against a running daemon, each error naming what it is about (the sandbox, the netns, the
 //! socket) and leaving nothing behind. (4, 6, 7, 11, 50, 102, 103 are in cni_plugin.rs and
 //! malformed_input.rs.)
