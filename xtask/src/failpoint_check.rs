@@ -1,5 +1,5 @@
 //! A release binary carries no fault injection: checked on the built binary itself, whichever
-//! way it was built (tests/tests/release_build.rs checks cargo's feature resolution).
+//! way it was built (tests/tests/integration/release_build.rs checks cargo's feature resolution).
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! Malformed input through the plugin binary, as a runtime (or anyone who can run it) passes it:
 //! each case answers its CNI code and a message naming what is wrong, promptly, and never reaches
 //! the daemon (the socket named in the config does not exist: a case that got that far would
-//! answer 11, "try again later"). Bad ranges are refused by the daemon (tests/tests/hostile.rs).
+//! answer 11, "try again later"). Bad ranges are refused by the daemon (hostile.rs).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
