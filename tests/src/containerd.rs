@@ -132,6 +132,16 @@ impl Containerd {
         Ok(containerd)
     }
 
+    /// Starts containerd in `node` reading `daemon`'s conf dir (as both read /etc/cni/net.d on
+    /// a node), and waits until its CRI reports the network ready.
+    pub fn start_reading(node: &Netns, daemon: &Daemon) -> Result<Self> {
+        let mut containerd = Self::start(node, &CniSetup::reading(&daemon.conf_dir))?;
+        containerd
+            .cri()
+            .wait_network_ready(true, Duration::from_secs(10))?;
+        Ok(containerd)
+    }
+
     /// The config file containerd was started with (`--config`).
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("config.toml")

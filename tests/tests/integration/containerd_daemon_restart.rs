@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use provisioner_tests::containerd::{CniSetup, Containerd};
+use provisioner_tests::containerd::Containerd;
 use provisioner_tests::cri::{Cri, Pod, PodSandboxConfig, PodSandboxState};
 use provisioner_tests::daemon_harness::{Daemon, conflist, plugin_stdin, run_plugin};
 use provisioner_tests::daemon_queries::allocations;
@@ -50,10 +50,7 @@ fn daemon_killed_during_pod_creation_then_retried_pods_get_network() -> Result<(
         daemon.conf_dir.join("10-provisioner.conflist"),
     )?)?;
     daemon.wait_ready(Duration::from_secs(10))?;
-    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
-    containerd
-        .cri()
-        .wait_network_ready(true, Duration::from_secs(10))?;
+    let mut containerd = Containerd::start_reading(&node, &daemon)?;
 
     // A kubelet creates pods one after the other; the daemon is killed on the way.
     let created = AtomicUsize::new(0);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ipnetwork::Ipv4Network;
 use provisioner::pod::Pod as NamedPod;
-use provisioner_tests::containerd::{CniSetup, Containerd};
+use provisioner_tests::containerd::Containerd;
 use provisioner_tests::cri::{self, Cri};
 use provisioner_tests::daemon_harness::{Daemon, conflist};
 use provisioner_tests::daemon_queries::{
@@ -53,11 +53,7 @@ fn containerd_pods_get_network_and_leave_nothing() -> Result<()> {
     daemon.wait_ready(Duration::from_secs(10))?;
     daemon.wait_tracing(Duration::from_secs(30))?;
 
-    // containerd reads the daemon's conf dir, as both read /etc/cni/net.d on a node.
-    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
-    containerd
-        .cri()
-        .wait_network_ready(true, Duration::from_secs(10))?;
+    let mut containerd = Containerd::start_reading(&node, &daemon)?;
     let subnet: Ipv4Network = SUBNET.parse()?;
 
     let mut pods = Vec::new();

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use provisioner_tests::containerd::{CniSetup, Containerd};
+use provisioner_tests::containerd::Containerd;
 use provisioner_tests::daemon_harness::{Daemon, conflist};
 use provisioner_tests::daemon_queries::wait_views_of_containers;
 use provisioner_tests::oci_image::BUSYBOX_IMAGE;
@@ -81,10 +81,7 @@ fn a_containers_environment_is_never_read_while_containerds_plugins_are() -> Res
         })?;
     daemon.wait_ready(Duration::from_secs(10))?;
     daemon.wait_tracing(Duration::from_secs(30))?;
-    let mut containerd = Containerd::start(&node, &CniSetup::reading(&daemon.conf_dir))?;
-    containerd
-        .cri()
-        .wait_network_ready(true, Duration::from_secs(10))?;
+    let mut containerd = Containerd::start_reading(&node, &daemon)?;
 
     let trace = TraceSession::start(&scaled_secs(120.0))?;
     let ready = containerd
