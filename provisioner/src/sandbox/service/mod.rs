@@ -758,5 +758,4 @@ pub fn host_link_of(key: &AllocationKey) -> String {
 }
 
 #[cfg(test)]
-#[path = "service_tests.rs"]
 mod tests;
