@@ -13,6 +13,7 @@ use crate::step::{announce, detail, output, run as run_command, workspace_root};
 pub const MODULES: &[&str] = &[
     "provisioner/src/cni/*.rs",
     "provisioner/src/config/*.rs",
+    "provisioner/src/config/template/*.rs",
     "provisioner/src/ipam/range.rs",
     "provisioner/src/ipam/config.rs",
     "provisioner/src/ipam/store.rs",
