@@ -3,7 +3,7 @@
 //!
 //! Dependency direction is one way, top to bottom ([`layering`] holds the code to it):
 //! - `daemon` (socket API, readiness, the kernel watch) uses any module below;
-//! - `sandbox` (ADD/DEL/CHECK/GC) -> `config`, `ipam`, `dataplane`;
+//! - `sandbox` (ADD/DEL/CHECK/GC) -> `config`, `ipam`, `dataplane`, `cni` (the result of ADD);
 //! - `metrics` -> `ipam`, `trace` (what it exposes);
 //! - `cni` -> `dataplane` (the netns path check only: no netlink);
 //! - `trace` -> `dataplane` (namespace snapshots), `runtime`;
@@ -35,7 +35,7 @@ mod layering {
 
     /// Module -> the modules (besides the leaves) it may use.
     const ALLOWED: &[(&str, &[&str])] = &[
-        ("sandbox", &["config", "ipam", "dataplane"]),
+        ("sandbox", &["config", "ipam", "dataplane", "cni"]),
         ("metrics", &["ipam", "trace"]),
         ("cni", &["dataplane"]),
         ("trace", &["dataplane", "runtime"]),
