@@ -265,33 +265,27 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
     crate::names::ifname(name).map_err(|e| CniError::invalid_env(format!("{CNI_IFNAME}: {e}")))
 }
 
-/// Checks that `path` names a network namespace other than this process's own
-/// ([`crate::dataplane::check_netns_path`]). Missing path -> code 3 (no container, nothing to
-/// clean up); not a network namespace file, or our own netns -> code 4 naming `CNI_NETNS`;
-/// other I/O -> code 5.
+/// Checks that `path` names a network namespace other than this process's own (the check
+/// the dataplane makes too, see [`crate::nsfs`]). Missing path -> code 3 (no container,
+/// nothing to clean up); not a network namespace file, or our own netns -> code 4 naming
+/// `CNI_NETNS`; other I/O -> code 5.
 pub fn validate_netns_path(path: &Path) -> Result<(), CniError> {
-    use crate::dataplane::DataplaneError;
+    use crate::nsfs::NetnsFileError;
     let shown = path.display();
-    crate::dataplane::check_netns_path(path, "the plugin's own network namespace").map_err(|err| {
+    crate::nsfs::check_netns_path(path, "the plugin's own network namespace").map_err(|err| {
         match err {
-            DataplaneError::BadNetns { reason, .. } => {
+            NetnsFileError::Bad(reason) => {
                 CniError::invalid_env(format!("invalid {CNI_NETNS} \"{shown}\": {reason}"))
             }
-            DataplaneError::OpenNetns { source, .. }
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
+            NetnsFileError::Io(source) if source.kind() == std::io::ErrorKind::NotFound => {
                 CniError::new(
                     CniError::UNKNOWN_CONTAINER,
                     format!("{CNI_NETNS} \"{shown}\": cannot open: {source}"),
                 )
             }
-            DataplaneError::OpenNetns { source, .. } => CniError::new(
+            NetnsFileError::Io(source) => CniError::new(
                 CniError::IO_FAILURE,
                 format!("{CNI_NETNS} \"{shown}\": cannot open: {source}"),
-            ),
-            other => CniError::new(
-                CniError::IO_FAILURE,
-                format!("{CNI_NETNS} \"{shown}\": {other}"),
             ),
         }
     })
