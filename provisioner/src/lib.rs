@@ -10,8 +10,8 @@
 //! - `trace` -> `dataplane` (namespace snapshots), `runtime`;
 //! - `config` -> `ipam` (ranges);
 //! - `ipam`, `dataplane` and `runtime` use only the leaves `pod`, `names`, `failpoint`,
-//!   `memory`, `nsfs`, `text`: ipam knows nothing of the dataplane, the dataplane nothing of
-//!   CNI JSON, the runtime module no tracing and no netlink.
+//!   `memory`, `nsfs`, `json_path`, `text`: ipam knows nothing of the dataplane, the
+//!   dataplane nothing of CNI JSON, the runtime module no tracing and no netlink.
 
 pub mod cni;
 pub mod config;
@@ -19,6 +19,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod failpoint;
 pub mod ipam;
+mod json_path;
 pub mod memory;
 pub mod metrics;
 pub mod names;
@@ -33,7 +34,15 @@ pub mod trace;
 mod layering {
     //! The graph above, checked against the `crate::` paths each module's sources name.
 
-    const LEAVES: &[&str] = &["pod", "names", "failpoint", "memory", "nsfs", "text"];
+    const LEAVES: &[&str] = &[
+        "pod",
+        "names",
+        "failpoint",
+        "memory",
+        "nsfs",
+        "json_path",
+        "text",
+    ];
 
     /// Module -> the modules (besides the leaves) it may use.
     const ALLOWED: &[(&str, &[&str])] = &[
@@ -48,6 +57,7 @@ mod layering {
         ("pod", &[]),
         ("names", &[]),
         ("nsfs", &[]),
+        ("json_path", &[]),
         ("failpoint", &[]),
         ("memory", &[]),
         ("text", &[]),
