@@ -3,14 +3,15 @@
 //!
 //! Dependency direction is one way, top to bottom ([`layering`] holds the code to it):
 //! - `daemon` (socket API, readiness, the kernel watch) uses any module below;
-//! - `sandbox` (ADD/DEL/CHECK/GC) -> `config`, `ipam`, `dataplane`;
+//! - `sandbox` (ADD/DEL/CHECK/GC) -> `config`, `ipam`, `dataplane`, `cni` (the result of ADD);
 //! - `metrics` -> `ipam`, `trace` (what it exposes);
-//! - `cni` -> `dataplane` (the netns path check only: no netlink);
+//! - `cni` (the wire format) uses only the leaves: its netns path check is the dataplane's
+//!   own, from the leaf `nsfs`;
 //! - `trace` -> `dataplane` (namespace snapshots), `runtime`;
 //! - `config` -> `ipam` (ranges);
 //! - `ipam`, `dataplane` and `runtime` use only the leaves `pod`, `names`, `failpoint`,
-//!   `memory`: ipam knows nothing of the dataplane, the dataplane nothing of CNI JSON, the
-//!   runtime module no tracing and no netlink.
+//!   `memory`, `nsfs`, `json_path`, `text`: ipam knows nothing of the dataplane, the
+//!   dataplane nothing of CNI JSON, the runtime module no tracing and no netlink.
 
 pub mod cni;
 pub mod config;
@@ -18,9 +19,11 @@ pub mod daemon;
 pub mod dataplane;
 pub mod failpoint;
 pub mod ipam;
+mod json_path;
 pub mod memory;
 pub mod metrics;
 pub mod names;
+mod nsfs;
 pub mod pod;
 pub mod runtime;
 pub mod sandbox;
@@ -31,13 +34,21 @@ pub mod trace;
 mod layering {
     //! The graph above, checked against the `crate::` paths each module's sources name.
 
-    const LEAVES: &[&str] = &["pod", "names", "failpoint", "memory", "text"];
+    const LEAVES: &[&str] = &[
+        "pod",
+        "names",
+        "failpoint",
+        "memory",
+        "nsfs",
+        "json_path",
+        "text",
+    ];
 
     /// Module -> the modules (besides the leaves) it may use.
     const ALLOWED: &[(&str, &[&str])] = &[
-        ("sandbox", &["config", "ipam", "dataplane"]),
+        ("sandbox", &["config", "ipam", "dataplane", "cni"]),
         ("metrics", &["ipam", "trace"]),
-        ("cni", &["dataplane"]),
+        ("cni", &[]),
         ("trace", &["dataplane", "runtime"]),
         ("config", &["ipam"]),
         ("ipam", &[]),
@@ -45,6 +56,8 @@ mod layering {
         ("runtime", &[]),
         ("pod", &[]),
         ("names", &[]),
+        ("nsfs", &[]),
+        ("json_path", &[]),
         ("failpoint", &[]),
         ("memory", &[]),
         ("text", &[]),

@@ -13,14 +13,16 @@ use provisioner::sandbox::{Network, SandboxRef, SandboxService};
 use super::SandboxArgs;
 use super::output;
 
+/// Which of `provisioner add|del|check` runs (in-process here, through the daemon in
+/// [`super::remote_ops`]).
 #[derive(Clone, Copy, Debug)]
-pub enum Op {
+pub enum SandboxCommand {
     Add,
     Del,
     Check,
 }
 
-pub fn run(op: Op, args: &SandboxArgs, config: &Path) -> Result<()> {
+pub fn run(op: SandboxCommand, args: &SandboxArgs, config: &Path) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -28,7 +30,7 @@ pub fn run(op: Op, args: &SandboxArgs, config: &Path) -> Result<()> {
     runtime.block_on(run_async(op, args, config))
 }
 
-async fn run_async(op: Op, args: &SandboxArgs, config: &Path) -> Result<()> {
+async fn run_async(op: SandboxCommand, args: &SandboxArgs, config: &Path) -> Result<()> {
     let loaded = load_conf_file(config)?;
     let network = Network::from_config(&loaded.config)?;
     let (allocator, report) = Allocator::open(&args.data_dir, &network.name, &network.ranges)
@@ -47,15 +49,15 @@ async fn run_async(op: Op, args: &SandboxArgs, config: &Path) -> Result<()> {
         pod: args.pod(),
     };
     match op {
-        Op::Add => {
+        SandboxCommand::Add => {
             let outcome = service.add(&sandbox).await?;
             output::print_add(&outcome, args.json)
         }
-        Op::Del => {
+        SandboxCommand::Del => {
             let outcome = service.del(&sandbox).await?;
             output::print_del(&sandbox, &outcome, args.json)
         }
-        Op::Check => {
+        SandboxCommand::Check => {
             let allocation = service.check(&sandbox, None).await?;
             output::print_check(&allocation, args.json)
         }

@@ -159,9 +159,9 @@ pub fn main() -> ExitCode {
     init_logging(&cli.log, log_format);
     let result = match cli.command {
         Command::Daemon(args) => daemon_cmd::run(args),
-        Command::Add(args) => sandbox_op(local_ops::Op::Add, &args),
-        Command::Del(args) => sandbox_op(local_ops::Op::Del, &args),
-        Command::Check(args) => sandbox_op(local_ops::Op::Check, &args),
+        Command::Add(args) => sandbox_op(local_ops::SandboxCommand::Add, &args),
+        Command::Del(args) => sandbox_op(local_ops::SandboxCommand::Del, &args),
+        Command::Check(args) => sandbox_op(local_ops::SandboxCommand::Check, &args),
         Command::Status(args) => match remote_ops::status(&args.socket, args.json) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(3),
@@ -230,7 +230,7 @@ fn error_text(err: &anyhow::Error) -> String {
     text
 }
 
-fn sandbox_op(op: local_ops::Op, args: &SandboxArgs) -> anyhow::Result<()> {
+fn sandbox_op(op: local_ops::SandboxCommand, args: &SandboxArgs) -> anyhow::Result<()> {
     match &args.config {
         Some(config) => local_ops::run(op, args, config),
         None => remote_ops::sandbox(op, args),

@@ -3,7 +3,6 @@
 use anyhow::Result;
 
 use provisioner::cni::CniVersion;
-use provisioner::daemon::result::cni_result;
 use provisioner::ipam::Allocation;
 use provisioner::sandbox::{AddOutcome, DelOutcome, SandboxRef};
 
@@ -23,7 +22,7 @@ fn addresses(allocation: &Allocation) -> String {
 
 pub fn print_add(outcome: &AddOutcome, json: bool) -> Result<()> {
     if json {
-        return print_json(&cni_result(outcome).to_json(CniVersion::LATEST));
+        return print_json(&outcome.cni_result().to_json(CniVersion::LATEST));
     }
     println!(
         "added {} in {}: {} <-> host {}; {}",

@@ -14,7 +14,7 @@ use provisioner::text::{escaped, escaped_lines};
 use provisioner::trace::{Backend, ObservationStatus};
 
 use super::SandboxArgs;
-use super::local_ops::Op;
+use super::local_ops::SandboxCommand;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -25,7 +25,7 @@ fn call(socket: &Path, request: &Request) -> Result<serde_json::Value> {
     }
 }
 
-pub fn sandbox(op: Op, args: &SandboxArgs) -> Result<()> {
+pub fn sandbox(op: SandboxCommand, args: &SandboxArgs) -> Result<()> {
     let req = SandboxRequest {
         container_id: args.container_id.clone(),
         ifname: args.ifname.clone(),
@@ -35,12 +35,12 @@ pub fn sandbox(op: Op, args: &SandboxArgs) -> Result<()> {
         pod: args.pod(),
     };
     let (request, verb) = match op {
-        Op::Add => (Request::Add(req), "added"),
-        Op::Del => (Request::Del(req), "deleted"),
-        Op::Check => (Request::Check(req), "ok"),
+        SandboxCommand::Add => (Request::Add(req), "added"),
+        SandboxCommand::Del => (Request::Del(req), "deleted"),
+        SandboxCommand::Check => (Request::Check(req), "ok"),
     };
     let result = call(&args.socket, &request)?;
-    if let Op::Add = op {
+    if let SandboxCommand::Add = op {
         let parsed = CniResult::from_json(&result).map_err(|e| anyhow::anyhow!("{}", e.msg))?;
         if args.json {
             println!(

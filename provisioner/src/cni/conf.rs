@@ -1,11 +1,13 @@
 //! The network configuration a runtime streams on stdin: the well-known envelope keys, typed,
 //! plus the whole object for plugin-specific keys.
 
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
 use super::error::CniError;
 use super::version::CniVersion;
+use crate::json_path;
 
 /// GC's list key (spec 1.1.0).
 pub const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";
@@ -35,44 +37,62 @@ pub struct NetConf {
     pub raw: Value,
 }
 
+/// The envelope as written: the keys every plugin reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Envelope {
+    #[serde(deserialize_with = "required_text")]
+    cni_version: String,
+    #[serde(deserialize_with = "required_text")]
+    name: String,
+    #[serde(rename = "type", deserialize_with = "required_text")]
+    plugin_type: String,
+    #[serde(default, deserialize_with = "optional_object")]
+    prev_result: Option<Value>,
+    #[serde(default, deserialize_with = "optional_object")]
+    runtime_config: Option<Value>,
+    #[serde(rename = "cni.dev/valid-attachments", default)]
+    valid_attachments: Option<Value>,
+    /// Read only if [`VALID_ATTACHMENTS_KEY`] is absent.
+    #[serde(rename = "cni.dev/attachments", default)]
+    attachments_alias: Option<Value>,
+}
+
 impl NetConf {
     /// Parses and validates the envelope.
     ///
     /// Not JSON -> code 6; not an object, missing or mistyped `cniVersion` / `name` / `type`,
-    /// mistyped `prevResult` / `runtimeConfig` / attachments -> code 7 naming the field;
-    /// an unsupported `cniVersion` -> code 1 naming it.
+    /// mistyped `prevResult` / `runtimeConfig` / attachments -> code 7 naming the field (its
+    /// path: `cni.dev/valid-attachments[0].ifname`); an unsupported `cniVersion` -> code 1
+    /// naming it.
     pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
         let raw: Value = serde_json::from_slice(bytes)
             .map_err(|e| CniError::decode(format!("network config is not valid JSON: {e}")))?;
-        let Value::Object(obj) = &raw else {
-            return Err(CniError::invalid_config(
-                "network config must be a JSON object",
-            ));
-        };
-        let cni_version = CniVersion::parse(required_str(obj, "cniVersion")?)?;
-        let name = required_str(obj, "name")?.to_owned();
-        validate_network_name(&name)?;
-        let plugin_type = required_str(obj, "type")?.to_owned();
-        let prev_result = optional_object(obj, "prevResult")?;
-        let runtime_config = optional_object(obj, "runtimeConfig")?;
-        let valid_attachments = match optional_value(obj, VALID_ATTACHMENTS_KEY)
-            .map(|v| (VALID_ATTACHMENTS_KEY, v))
-            .or_else(|| {
-                optional_value(obj, ATTACHMENTS_KEY_ALIAS).map(|v| (ATTACHMENTS_KEY_ALIAS, v))
-            }) {
-            None => None,
-            Some((key, v)) => Some(Vec::<Attachment>::deserialize(v).map_err(|e| {
-                CniError::invalid_config(format!(
-                    "field \"{key}\" must be a list of {{\"containerID\", \"ifname\"}}: {e}"
-                ))
-            })?),
-        };
+        let envelope: Envelope = json_path::from_object(&raw).map_err(|e| invalid(&e))?;
+        let cni_version = CniVersion::parse(&envelope.cni_version)?;
+        validate_network_name(&envelope.name)?;
+        let valid_attachments = match (envelope.valid_attachments, envelope.attachments_alias) {
+            (Some(list), _) => Some((VALID_ATTACHMENTS_KEY, list)),
+            (None, Some(list)) => Some((ATTACHMENTS_KEY_ALIAS, list)),
+            (None, None) => None,
+        }
+        .map(|(key, list)| {
+            let list = json_path::from_value::<Vec<json_path::Object<Attachment>>>(&list);
+            let list = list.map_err(|e| {
+                invalid(&json_path::PathError {
+                    path: e.path_under(key),
+                    reason: e.reason,
+                })
+            })?;
+            Ok(list.into_iter().map(|json_path::Object(a)| a).collect())
+        })
+        .transpose()?;
         Ok(Self {
             cni_version,
-            name,
-            plugin_type,
-            prev_result,
-            runtime_config,
+            name: envelope.name,
+            plugin_type: envelope.plugin_type,
+            prev_result: envelope.prev_result,
+            runtime_config: envelope.runtime_config,
             valid_attachments,
             raw,
         })
@@ -111,38 +131,41 @@ fn validate_network_name(name: &str) -> Result<(), CniError> {
     }
 }
 
-fn required_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a str, CniError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Err(CniError::invalid_config(format!(
-            "network config is missing required field \"{key}\""
-        ))),
-        Some(Value::String(s)) if s.is_empty() => Err(CniError::invalid_config(format!(
-            "network config field \"{key}\" must not be empty"
-        ))),
+/// Code 7 for a field of the envelope that is not as the spec has it.
+fn invalid(e: &json_path::PathError) -> CniError {
+    if e.path.is_empty() {
+        CniError::invalid_config(format!("network config: {}", e.reason))
+    } else {
+        CniError::invalid_config(format!("network config field \"{}\" {}", e.path, e.reason))
+    }
+}
+
+/// A string that is not empty (`null` counts as absent).
+fn required_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None => Err(D::Error::custom("is required")),
+        Some(Value::String(s)) if s.is_empty() => Err(D::Error::custom("must not be empty")),
         Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(CniError::invalid_config(format!(
-            "network config field \"{key}\" must be a string, got {}",
-            type_name(other)
+        Some(other) => Err(D::Error::custom(format!(
+            "must be a string, got {}",
+            type_name(&other)
         ))),
     }
 }
 
-fn optional_value<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
-}
-
-fn optional_object(obj: &Map<String, Value>, key: &str) -> Result<Option<Value>, CniError> {
-    match optional_value(obj, key) {
+/// An object, or absent (`null` too).
+fn optional_object<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
         None => Ok(None),
-        Some(v @ Value::Object(_)) => Ok(Some(v.clone())),
-        Some(other) => Err(CniError::invalid_config(format!(
-            "network config field \"{key}\" must be an object, got {}",
-            type_name(other)
+        Some(v @ Value::Object(_)) => Ok(Some(v)),
+        Some(other) => Err(D::Error::custom(format!(
+            "must be an object, got {}",
+            type_name(&other)
         ))),
     }
 }
 
-pub(crate) fn type_name(v: &Value) -> &'static str {
+fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

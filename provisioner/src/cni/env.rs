@@ -152,9 +152,9 @@ pub struct ContainerEnv {
     pub args: CniArgs,
 }
 
-/// The parsed and validated `CNI_*` environment.
+/// The `CNI_*` environment of one plugin invocation, parsed and validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CniEnv {
+pub struct InvocationEnv {
     pub command: Command,
     /// `Some` exactly for ADD, DEL and CHECK.
     pub container: Option<ContainerEnv>,
@@ -162,7 +162,7 @@ pub struct CniEnv {
     pub path: Vec<PathBuf>,
 }
 
-impl CniEnv {
+impl InvocationEnv {
     /// Reads the `CNI_*` variables out of `vars` (other variables are ignored; a repeated one:
     /// the last wins) and validates them for the verb.
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, CniError> {
@@ -265,33 +265,27 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
     crate::names::ifname(name).map_err(|e| CniError::invalid_env(format!("{CNI_IFNAME}: {e}")))
 }
 
-/// Checks that `path` names a network namespace other than this process's own
-/// ([`crate::dataplane::check_netns_path`]). Missing path -> code 3 (no container, nothing to
-/// clean up); not a network namespace file, or our own netns -> code 4 naming `CNI_NETNS`;
-/// other I/O -> code 5.
+/// Checks that `path` names a network namespace other than this process's own (the check
+/// the dataplane makes too, see [`crate::nsfs`]). Missing path -> code 3 (no container,
+/// nothing to clean up); not a network namespace file, or our own netns -> code 4 naming
+/// `CNI_NETNS`; other I/O -> code 5.
 pub fn validate_netns_path(path: &Path) -> Result<(), CniError> {
-    use crate::dataplane::DataplaneError;
+    use crate::nsfs::NetnsFileError;
     let shown = path.display();
-    crate::dataplane::check_netns_path(path, "the plugin's own network namespace").map_err(|err| {
+    crate::nsfs::check_netns_path(path, "the plugin's own network namespace").map_err(|err| {
         match err {
-            DataplaneError::BadNetns { reason, .. } => {
+            NetnsFileError::Bad(reason) => {
                 CniError::invalid_env(format!("invalid {CNI_NETNS} \"{shown}\": {reason}"))
             }
-            DataplaneError::OpenNetns { source, .. }
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
+            NetnsFileError::Io(source) if source.kind() == std::io::ErrorKind::NotFound => {
                 CniError::new(
                     CniError::UNKNOWN_CONTAINER,
                     format!("{CNI_NETNS} \"{shown}\": cannot open: {source}"),
                 )
             }
-            DataplaneError::OpenNetns { source, .. } => CniError::new(
+            NetnsFileError::Io(source) => CniError::new(
                 CniError::IO_FAILURE,
                 format!("{CNI_NETNS} \"{shown}\": cannot open: {source}"),
-            ),
-            other => CniError::new(
-                CniError::IO_FAILURE,
-                format!("{CNI_NETNS} \"{shown}\": {other}"),
             ),
         }
     })
@@ -323,12 +317,12 @@ mod tests {
     }
 
     fn err_of(v: Vec<(String, String)>) -> CniError {
-        CniEnv::from_vars(v).expect_err("must be rejected")
+        InvocationEnv::from_vars(v).expect_err("must be rejected")
     }
 
     #[test]
     fn add_parses_everything() {
-        let env = CniEnv::from_vars(full("ADD")).expect("valid env");
+        let env = InvocationEnv::from_vars(full("ADD")).expect("valid env");
         assert_eq!(env.command, Command::Add);
         assert_eq!(
             env.path,
@@ -348,7 +342,7 @@ mod tests {
     #[test]
     fn every_command_parses() {
         for c in Command::ALL {
-            let env = CniEnv::from_vars(full(c.as_str())).expect("valid env");
+            let env = InvocationEnv::from_vars(full(c.as_str())).expect("valid env");
             assert_eq!(env.command, c);
             assert_eq!(env.container.is_some(), c.is_container_verb());
         }
@@ -372,7 +366,7 @@ mod tests {
             for var in ["CNI_CONTAINERID", "CNI_IFNAME", "CNI_NETNS"] {
                 let mut v = full(cmd);
                 v.retain(|(k, _)| k != var);
-                let r = CniEnv::from_vars(v);
+                let r = InvocationEnv::from_vars(v);
                 if cmd == "DEL" && var == "CNI_NETNS" {
                     let env = r.expect("DEL without netns is fine");
                     assert_eq!(env.container.expect("container").netns, None);
@@ -389,18 +383,18 @@ mod tests {
         assert!(err_of(v).msg.contains("CNI_NETNS"));
         let mut v = full("DEL");
         v.push(("CNI_NETNS".into(), String::new()));
-        let env = CniEnv::from_vars(v).expect("DEL with empty netns");
+        let env = InvocationEnv::from_vars(v).expect("DEL with empty netns");
         assert_eq!(env.container.expect("container").netns, None);
     }
 
     #[test]
     fn non_container_verbs_need_only_the_command() {
         for cmd in ["VERSION", "STATUS", "GC"] {
-            let env = CniEnv::from_vars(vars(&[("CNI_COMMAND", cmd)])).expect("valid");
+            let env = InvocationEnv::from_vars(vars(&[("CNI_COMMAND", cmd)])).expect("valid");
             assert!(env.container.is_none());
             assert!(env.path.is_empty());
             // Garbage container vars are ignored, not validated.
-            let env = CniEnv::from_vars(vars(&[
+            let env = InvocationEnv::from_vars(vars(&[
                 ("CNI_COMMAND", cmd),
                 ("CNI_IFNAME", "not valid name"),
                 ("CNI_ARGS", "garbage"),

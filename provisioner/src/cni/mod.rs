@@ -11,7 +11,7 @@ pub mod result;
 pub mod version;
 
 pub use conf::{Attachment, NetConf};
-pub use env::{CniArgs, CniEnv, Command, ContainerEnv, validate_netns_path};
+pub use env::{CniArgs, Command, ContainerEnv, InvocationEnv, validate_netns_path};
 pub use error::CniError;
 pub use plugin::{AcceptAll, MAX_STDIN, PluginBackend, PluginOutput, Request, run_plugin};
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};

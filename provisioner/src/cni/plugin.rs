@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::conf::{Attachment, NetConf, VALID_ATTACHMENTS_KEY, sniff_version};
-use super::env::{CniEnv, Command, ContainerEnv, validate_netns_path};
+use super::env::{Command, ContainerEnv, InvocationEnv, validate_netns_path};
 use super::error::CniError;
 use super::result::CniResult;
 use super::version::{CniVersion, version_answer};
@@ -130,7 +130,7 @@ pub fn run_plugin(
         ));
         return PluginOutput::failure(&err, CniVersion::LATEST);
     }
-    let env = match CniEnv::from_vars(vars) {
+    let env = match InvocationEnv::from_vars(vars) {
         Ok(env) => env,
         Err(e) => {
             return PluginOutput::failure(&e, sniff_version(stdin).unwrap_or(CniVersion::LATEST));
@@ -153,7 +153,7 @@ pub fn run_plugin(
 }
 
 fn dispatch(
-    env: CniEnv,
+    env: InvocationEnv,
     conf: NetConf,
     backend: &dyn PluginBackend,
 ) -> Result<Option<Value>, CniError> {

@@ -3,25 +3,35 @@
 //!
 //! Shapes: 0.3.1 and 0.4.0 put `"version": "4"|"6"` in each `ips` entry; 1.0.0 and 1.1.0 do not.
 //! Interface `mtu` exists from 1.1.0 on and is only written there. Empty `interfaces`, `ips` and
-//! `routes` are omitted; `dns` is always written (`{}` when empty), as libcni does.
+//! `routes` are omitted; `dns` is always written (`{}` when empty), as libcni does. Keys this
+//! model does not know are ignored when read; `null` reads as absent.
 
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
-use super::conf::type_name;
 use super::error::CniError;
 use super::version::CniVersion;
+use crate::json_path;
 
 /// One interface the plugin created or moved.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Interface {
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
-    /// The netns path for sandbox interfaces; `None` for host-side interfaces.
+    /// The netns path for sandbox interfaces; `None` for host-side interfaces (an empty
+    /// `sandbox` reads as `None`).
+    #[serde(
+        default,
+        deserialize_with = "empty_as_none",
+        skip_serializing_if = "is_none_or_empty"
+    )]
     pub sandbox: Option<String>,
     /// Written only for 1.1.0 results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
 }
 
@@ -36,18 +46,40 @@ pub struct IpConfig {
 }
 
 /// One route the plugin ensures inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Route {
+    #[serde(serialize_with = "as_text", deserialize_with = "cidr")]
     pub dst: IpNetwork,
+    #[serde(
+        default,
+        deserialize_with = "ip_address",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub gw: Option<IpAddr>,
 }
 
 /// DNS information; all fields optional.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Dns {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub nameservers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub search: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub options: Vec<String>,
 }
 
@@ -60,86 +92,118 @@ pub struct CniResult {
     pub dns: Dns,
 }
 
+/// A result document as written, in any supported version's shape.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResultDocument {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cni_version: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "json_path::objects",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    interfaces: Vec<Interface>,
+    #[serde(
+        default,
+        deserialize_with = "json_path::objects",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    ips: Vec<IpEntry>,
+    #[serde(
+        default,
+        deserialize_with = "json_path::objects",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    routes: Vec<Route>,
+    #[serde(default, deserialize_with = "json_path::object_or_default")]
+    dns: Dns,
+}
+
+/// An `ips` entry as written: [`IpConfig`], and before 1.0.0 the address family in `version`.
+#[derive(Serialize, Deserialize)]
+struct IpEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    interface: Option<usize>,
+    #[serde(serialize_with = "as_text", deserialize_with = "cidr")]
+    address: IpNetwork,
+    #[serde(
+        default,
+        deserialize_with = "ip_address",
+        skip_serializing_if = "Option::is_none"
+    )]
+    gateway: Option<IpAddr>,
+}
+
+/// Where a `prevResult` error is: results are read as a request's `prevResult`.
+const ROOT: &str = "prevResult";
+
+impl IpEntry {
+    fn written(ip: &IpConfig, version: CniVersion) -> Self {
+        Self {
+            version: version
+                .ips_have_version_field()
+                .then(|| family(&ip.address).to_owned()),
+            interface: ip.interface,
+            address: ip.address,
+            gateway: ip.gateway,
+        }
+    }
+
+    /// The entry at `ips[at]` of a result with `interfaces` interfaces: its `version` must
+    /// name its address's family, its `interface` one of the interfaces.
+    fn read(self, at: usize, interfaces: usize) -> Result<IpConfig, CniError> {
+        let path = |key: &str| format!("{ROOT}.ips[{at}].{key}");
+        if let Some(written) = &self.version {
+            let want = family(&self.address);
+            if written != want {
+                return Err(bad(
+                    &path("version"),
+                    &format!("is \"{written}\" but address {} is IPv{want}", self.address),
+                ));
+            }
+        }
+        if let Some(index) = self.interface
+            && index >= interfaces
+        {
+            return Err(bad(
+                &path("interface"),
+                &format!("{index} is not an index into the {interfaces} interfaces"),
+            ));
+        }
+        Ok(IpConfig {
+            address: self.address,
+            gateway: self.gateway,
+            interface: self.interface,
+        })
+    }
+}
+
 impl CniResult {
     /// The result in `version`'s shape, with `cniVersion` set to it.
     pub fn to_json(&self, version: CniVersion) -> Value {
-        let mut out = Map::new();
-        out.insert("cniVersion".into(), json!(version.as_str()));
-        if !self.interfaces.is_empty() {
-            let list = self
+        let document = ResultDocument {
+            cni_version: Some(version.as_str().to_owned()),
+            interfaces: self
                 .interfaces
                 .iter()
-                .map(|i| {
-                    let mut o = Map::new();
-                    o.insert("name".into(), json!(i.name));
-                    if let Some(mac) = &i.mac {
-                        o.insert("mac".into(), json!(mac));
-                    }
-                    if let Some(mtu) = i.mtu
-                        && version >= CniVersion::V1_1_0
-                    {
-                        o.insert("mtu".into(), json!(mtu));
-                    }
-                    if let Some(sandbox) = i.sandbox.as_ref().filter(|s| !s.is_empty()) {
-                        o.insert("sandbox".into(), json!(sandbox));
-                    }
-                    Value::Object(o)
+                .map(|i| Interface {
+                    mtu: i.mtu.filter(|_| version >= CniVersion::V1_1_0),
+                    ..i.clone()
                 })
-                .collect();
-            out.insert("interfaces".into(), Value::Array(list));
-        }
-        if !self.ips.is_empty() {
-            let list = self
+                .collect(),
+            ips: self
                 .ips
                 .iter()
-                .map(|ip| {
-                    let mut o = Map::new();
-                    if version.ips_have_version_field() {
-                        let fam = if ip.address.is_ipv4() { "4" } else { "6" };
-                        o.insert("version".into(), json!(fam));
-                    }
-                    if let Some(idx) = ip.interface {
-                        o.insert("interface".into(), json!(idx));
-                    }
-                    o.insert("address".into(), json!(ip.address.to_string()));
-                    if let Some(gw) = ip.gateway {
-                        o.insert("gateway".into(), json!(gw.to_string()));
-                    }
-                    Value::Object(o)
-                })
-                .collect();
-            out.insert("ips".into(), Value::Array(list));
-        }
-        if !self.routes.is_empty() {
-            let list = self
-                .routes
-                .iter()
-                .map(|r| {
-                    let mut o = Map::new();
-                    o.insert("dst".into(), json!(r.dst.to_string()));
-                    if let Some(gw) = r.gw {
-                        o.insert("gw".into(), json!(gw.to_string()));
-                    }
-                    Value::Object(o)
-                })
-                .collect();
-            out.insert("routes".into(), Value::Array(list));
-        }
-        let mut dns = Map::new();
-        if !self.dns.nameservers.is_empty() {
-            dns.insert("nameservers".into(), json!(self.dns.nameservers));
-        }
-        if let Some(d) = &self.dns.domain {
-            dns.insert("domain".into(), json!(d));
-        }
-        if !self.dns.search.is_empty() {
-            dns.insert("search".into(), json!(self.dns.search));
-        }
-        if !self.dns.options.is_empty() {
-            dns.insert("options".into(), json!(self.dns.options));
-        }
-        out.insert("dns".into(), Value::Object(dns));
-        Value::Object(out)
+                .map(|ip| IpEntry::written(ip, version))
+                .collect(),
+            routes: self.routes.clone(),
+            dns: self.dns.clone(),
+        };
+        // Strings, numbers, lists and objects with string keys: nothing serde_json refuses.
+        serde_json::to_value(document).expect("a CNI result is always JSON")
     }
 
     /// Parses a result (typically a `prevResult`) in any supported version's shape. Its own
@@ -147,172 +211,82 @@ impl CniResult {
     /// code 7 naming the path (e.g. `prevResult.ips[0].address`). An `ips[].version` that
     /// disagrees with the address family, or an `interface` index out of range, is malformed.
     pub fn from_json(v: &Value) -> Result<Self, CniError> {
-        let p = Path("prevResult".into());
-        let obj = as_object(v, &p)?;
-        if let Some(ver) = obj.get("cniVersion").filter(|v| !v.is_null()) {
-            CniVersion::parse(as_str(ver, &p.key("cniVersion"))?)?;
+        let document: ResultDocument =
+            json_path::from_object(v).map_err(|e| bad(&e.path_under(ROOT), &e.reason))?;
+        if let Some(version) = &document.cni_version {
+            CniVersion::parse(version)?;
         }
-        let mut res = CniResult::default();
-        for (i, item) in list(obj, "interfaces", &p)?.iter().enumerate() {
-            let p = p.index("interfaces", i);
-            let o = as_object(item, &p)?;
-            res.interfaces.push(Interface {
-                name: req_str(o, "name", &p)?.to_owned(),
-                mac: opt_str(o, "mac", &p)?.map(str::to_owned),
-                sandbox: opt_str(o, "sandbox", &p)?
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned),
-                mtu: match o.get("mtu").filter(|v| !v.is_null()) {
-                    None => None,
-                    Some(m) => Some(
-                        m.as_u64()
-                            .and_then(|m| u32::try_from(m).ok())
-                            .ok_or_else(|| bad(&p.key("mtu"), "must be a non-negative integer"))?,
-                    ),
-                },
-            });
-        }
-        for (i, item) in list(obj, "ips", &p)?.iter().enumerate() {
-            let p = p.index("ips", i);
-            let o = as_object(item, &p)?;
-            let address = parse_cidr(req_str(o, "address", &p)?, &p.key("address"))?;
-            if let Some(fam) = opt_str(o, "version", &p)? {
-                let want = if address.is_ipv4() { "4" } else { "6" };
-                if fam != want {
-                    return Err(bad(
-                        &p.key("version"),
-                        &format!("is \"{fam}\" but address {address} is IPv{want}"),
-                    ));
-                }
-            }
-            let gateway = opt_str(o, "gateway", &p)?
-                .map(|g| parse_ip(g, &p.key("gateway")))
-                .transpose()?;
-            let interface = match o.get("interface").filter(|v| !v.is_null()) {
-                None => None,
-                Some(n) => {
-                    let idx = n
-                        .as_u64()
-                        .and_then(|n| usize::try_from(n).ok())
-                        .filter(|&n| n < res.interfaces.len())
-                        .ok_or_else(|| {
-                            bad(
-                                &p.key("interface"),
-                                &format!(
-                                    "{n} is not an index into the {} interfaces",
-                                    res.interfaces.len()
-                                ),
-                            )
-                        })?;
-                    Some(idx)
-                }
-            };
-            res.ips.push(IpConfig {
-                address,
-                gateway,
-                interface,
-            });
-        }
-        for (i, item) in list(obj, "routes", &p)?.iter().enumerate() {
-            let p = p.index("routes", i);
-            let o = as_object(item, &p)?;
-            res.routes.push(Route {
-                dst: parse_cidr(req_str(o, "dst", &p)?, &p.key("dst"))?,
-                gw: opt_str(o, "gw", &p)?
-                    .map(|g| parse_ip(g, &p.key("gw")))
-                    .transpose()?,
-            });
-        }
-        if let Some(dns) = obj.get("dns").filter(|v| !v.is_null()) {
-            let p = p.key("dns");
-            let o = as_object(dns, &p)?;
-            res.dns = Dns {
-                nameservers: str_list(o, "nameservers", &p)?,
-                domain: opt_str(o, "domain", &p)?.map(str::to_owned),
-                search: str_list(o, "search", &p)?,
-                options: str_list(o, "options", &p)?,
-            };
-        }
-        Ok(res)
+        let interfaces = document.interfaces.len();
+        let ips = document
+            .ips
+            .into_iter()
+            .enumerate()
+            .map(|(at, entry)| entry.read(at, interfaces))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            interfaces: document.interfaces,
+            ips,
+            routes: document.routes,
+            dns: document.dns,
+        })
     }
 }
 
-/// A JSON path for error messages.
-struct Path(String);
-
-impl Path {
-    fn key(&self, k: &str) -> Path {
-        Path(format!("{}.{k}", self.0))
-    }
-
-    fn index(&self, k: &str, i: usize) -> Path {
-        Path(format!("{}.{k}[{i}]", self.0))
-    }
+fn bad(path: &str, what: &str) -> CniError {
+    CniError::invalid_config(format!("invalid {path}: {what}"))
 }
 
-fn bad(p: &Path, what: &str) -> CniError {
-    CniError::invalid_config(format!("invalid {}: {what}", p.0))
+/// `"4"` or `"6"`, as 0.3.1 and 0.4.0 write an address's family.
+fn family(address: &IpNetwork) -> &'static str {
+    if address.is_ipv4() { "4" } else { "6" }
 }
 
-fn as_object<'a>(v: &'a Value, p: &Path) -> Result<&'a Map<String, Value>, CniError> {
-    v.as_object()
-        .ok_or_else(|| bad(p, &format!("must be an object, got {}", type_name(v))))
+fn is_none_or_empty(s: &Option<String>) -> bool {
+    s.as_deref().is_none_or(str::is_empty)
 }
 
-fn as_str<'a>(v: &'a Value, p: &Path) -> Result<&'a str, CniError> {
-    v.as_str()
-        .ok_or_else(|| bad(p, &format!("must be a string, got {}", type_name(v))))
+fn as_text<S: serde::Serializer>(value: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
 }
 
-fn req_str<'a>(o: &'a Map<String, Value>, k: &str, p: &Path) -> Result<&'a str, CniError> {
-    match o.get(k) {
-        None | Some(Value::Null) => Err(bad(&p.key(k), "is missing")),
-        Some(v) => as_str(v, &p.key(k)),
-    }
+/// A list that may be written as `null`: then empty.
+fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-fn opt_str<'a>(o: &'a Map<String, Value>, k: &str, p: &Path) -> Result<Option<&'a str>, CniError> {
-    match o.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => as_str(v, &p.key(k)).map(Some),
-    }
+fn empty_as_none<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.filter(|s| !s.is_empty()))
 }
 
-fn list<'a>(o: &'a Map<String, Value>, k: &str, p: &Path) -> Result<&'a [Value], CniError> {
-    match o.get(k) {
-        None | Some(Value::Null) => Ok(&[]),
-        Some(Value::Array(a)) => Ok(a),
-        Some(v) => Err(bad(
-            &p.key(k),
-            &format!("must be a list, got {}", type_name(v)),
-        )),
-    }
-}
-
-fn str_list(o: &Map<String, Value>, k: &str, p: &Path) -> Result<Vec<String>, CniError> {
-    list(o, k, p)?
-        .iter()
-        .enumerate()
-        .map(|(i, v)| as_str(v, &p.index(k, i)).map(str::to_owned))
-        .collect()
-}
-
-fn parse_cidr(s: &str, p: &Path) -> Result<IpNetwork, CniError> {
-    // ipnetwork accepts a bare address as a host prefix; CNI requires explicit CIDR notation.
+/// An address with its prefix. ipnetwork takes a bare address as a host prefix; CNI requires
+/// explicit CIDR notation.
+fn cidr<'de, D: Deserializer<'de>>(d: D) -> Result<IpNetwork, D::Error> {
+    use serde::de::Error;
+    let s = String::deserialize(d)?;
     if !s.contains('/') {
-        return Err(bad(p, &format!("\"{s}\" is not in CIDR notation")));
+        return Err(D::Error::custom(format!("\"{s}\" is not in CIDR notation")));
     }
     s.parse()
-        .map_err(|e| bad(p, &format!("\"{s}\" is not a CIDR: {e}")))
+        .map_err(|e| D::Error::custom(format!("\"{s}\" is not a CIDR: {e}")))
 }
 
-fn parse_ip(s: &str, p: &Path) -> Result<IpAddr, CniError> {
-    s.parse()
-        .map_err(|e| bad(p, &format!("\"{s}\" is not an IP address: {e}")))
+/// An optional IP address, named in the error when it is not one.
+fn ip_address<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
+    use serde::de::Error;
+    Option::<String>::deserialize(d)?
+        .map(|s| {
+            s.parse()
+                .map_err(|e| D::Error::custom(format!("\"{s}\" is not an IP address: {e}")))
+        })
+        .transpose()
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use serde_json::json;
+
     use super::*;
 
     /// The ptp-like result from the reference notes, plus an IPv6 address.
@@ -447,6 +421,47 @@ pub(crate) mod tests {
         assert_eq!(r.interfaces.len(), 3);
         assert_eq!(r.ips[0].interface, Some(2));
         assert_eq!(r.dns.nameservers, vec!["10.1.0.1".to_owned()]);
+    }
+
+    #[test]
+    fn unknown_keys_and_nulls_are_accepted() {
+        let j = json!({
+            "cniVersion": "1.1.0",
+            "interfaces": [{"name": "eth0", "sandbox": "", "socketPath": "/x", "mtu": null}],
+            "ips": [{"address": "10.0.0.5/24", "gateway": null, "interface": 0, "note": 1}],
+            "routes": null,
+            "dns": null,
+            "vendor.example/extra": {"any": ["thing"]}
+        });
+        let r = CniResult::from_json(&j).expect("a result with keys of other plugins");
+        assert_eq!(r.interfaces[0].sandbox, None);
+        assert_eq!(r.ips[0].interface, Some(0));
+        assert!(r.routes.is_empty());
+    }
+
+    #[test]
+    fn errors_say_where_and_what() {
+        for (v, msg) in [
+            (
+                json!({"ips":[{"address":"10.0.0.5/24","gateway":"x"}]}),
+                "invalid prevResult.ips[0].gateway: \"x\" is not an IP address: invalid IP address syntax",
+            ),
+            (
+                json!({"ips":[{}]}),
+                "invalid prevResult.ips[0].address: is required",
+            ),
+            (
+                json!({"ips":[["10.0.0.5/24"]]}),
+                "invalid prevResult.ips[0]: invalid type: sequence, expected an object",
+            ),
+            (
+                json!({"interfaces":[{"name":"eth0","mtu":-1}]}),
+                "invalid prevResult.interfaces[0].mtu: invalid value: integer `-1`, expected u32",
+            ),
+        ] {
+            let e = CniResult::from_json(&v).expect_err("malformed");
+            assert_eq!(e.msg, msg, "{v}");
+        }
     }
 
     #[test]

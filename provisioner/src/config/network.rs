@@ -13,9 +13,12 @@
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use super::ConfigError;
+use crate::json_path;
 
 /// The CNI plugin type that selects this project.
 pub const PLUGIN_TYPE: &str = "provisioner";
@@ -85,6 +88,54 @@ impl NetworkFile {
     }
 }
 
+/// What a runtime reads of a `.conflist`, whoever's network it is: its name and its plugins.
+/// Other keys, and other plugins' fields, are not ours to judge.
+#[derive(Deserialize)]
+struct ConfListView {
+    #[serde(default, deserialize_with = "string_or_none")]
+    name: Option<String>,
+    #[serde(deserialize_with = "json_path::objects")]
+    plugins: Vec<PluginView>,
+}
+
+/// What a runtime reads of a `.conf`: one plugin, at the top level.
+#[derive(Deserialize)]
+struct ConfView {
+    #[serde(default, deserialize_with = "string_or_none")]
+    name: Option<String>,
+    #[serde(rename = "type", default, deserialize_with = "string_or_none")]
+    plugin_type: Option<String>,
+    /// Only whether it is there: a list in a `.conf` is a misnamed `.conflist`.
+    #[serde(default)]
+    plugins: Option<serde::de::IgnoredAny>,
+}
+
+/// One plugin object as a runtime reads it.
+#[derive(Deserialize)]
+struct PluginView {
+    #[serde(rename = "type", default, deserialize_with = "string_or_none")]
+    plugin_type: Option<String>,
+}
+
+/// The network keys our plugin's config takes from the top level of its file.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkKeys {
+    name: String,
+    cni_version: String,
+}
+
+/// Our plugin's own keys (in its object of `plugins`, or at the top level of a `.conf`).
+#[derive(Deserialize)]
+struct PluginKeys {
+    #[serde(default, deserialize_with = "mtu")]
+    mtu: Option<u32>,
+    #[serde(deserialize_with = "host_local_ipam")]
+    ipam: Value,
+    #[serde(default, deserialize_with = "absolute_path")]
+    socket: Option<PathBuf>,
+}
+
 /// Parses and, if it is ours, validates one network config file's content.
 ///
 /// # Errors
@@ -99,63 +150,14 @@ pub fn parse_network(
         path: path.to_owned(),
         source,
     })?;
-    let not_a_network = |reason: &str| ConfigError::NotANetwork {
-        path: path.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let Value::Object(top) = &value else {
-        return Err(not_a_network("top level is not an object"));
-    };
-    let name = top.get("name").and_then(Value::as_str).map(str::to_owned);
-
-    let plugins: Vec<(Option<usize>, &Map<String, Value>)> = match kind {
-        FileKind::ConfList => {
-            let Some(list) = top.get("plugins") else {
-                return Err(not_a_network("no \"plugins\" list"));
-            };
-            let Value::Array(list) = list else {
-                return Err(not_a_network("\"plugins\" is not a list"));
-            };
-            if list.is_empty() {
-                return Err(not_a_network("\"plugins\" is empty"));
-            }
-            let mut out = Vec::with_capacity(list.len());
-            for (i, p) in list.iter().enumerate() {
-                let Value::Object(p) = p else {
-                    return Err(not_a_network(&format!("plugins[{i}] is not an object")));
-                };
-                out.push((Some(i), p));
-            }
-            out
-        }
-        FileKind::Conf => {
-            if !top.contains_key("type") && top.contains_key("plugins") {
-                return Err(not_a_network(
-                    "has \"plugins\" but no \"type\": a list must be named .conflist",
-                ));
-            }
-            vec![(None, top)]
-        }
-    };
-
-    let mut plugin_types = Vec::with_capacity(plugins.len());
-    for (i, p) in &plugins {
-        match p.get("type").and_then(Value::as_str) {
-            Some(t) if !t.is_empty() => plugin_types.push(t.to_owned()),
-            _ => {
-                return Err(not_a_network(&format!(
-                    "{}: no plugin \"type\"",
-                    field(*i, "type")
-                )));
-            }
-        }
-    }
+    let (name, plugins) =
+        runtime_view(kind, &value).map_err(|reason| ConfigError::NotANetwork {
+            path: path.to_owned(),
+            reason,
+        })?;
 
     let mut ours = None;
-    for ((i, p), t) in plugins.iter().zip(&plugin_types) {
-        if t != PLUGIN_TYPE {
-            continue;
-        }
+    for (i, _) in plugins.iter().filter(|(_, t)| t == PLUGIN_TYPE) {
         if let Some((first, _)) = &ours {
             return Err(ConfigError::invalid(
                 path,
@@ -166,15 +168,54 @@ pub fn parse_network(
                 ),
             ));
         }
-        let config = validate_ours(path, top, *i, p)?;
-        ours = Some((*i, config));
+        let plugin = match *i {
+            Some(i) => &value["plugins"][i],
+            None => &value,
+        };
+        ours = Some((*i, validate_ours(path, &value, *i, plugin)?));
     }
 
     Ok(NetworkFile {
         name,
-        plugin_types,
+        plugin_types: plugins.into_iter().map(|(_, t)| t).collect(),
         ours,
     })
+}
+
+/// Each plugin's index in `plugins` (`None` in a `.conf`) and its `type`.
+type PluginTypes = Vec<(Option<usize>, String)>;
+
+/// The network's name and its plugins' types (with their index in `plugins`, `None` for a
+/// `.conf`) as a runtime reads them, or why a runtime would not load the file.
+fn runtime_view(kind: FileKind, value: &Value) -> Result<(Option<String>, PluginTypes), String> {
+    let (name, plugins) = match kind {
+        FileKind::ConfList => {
+            let view: ConfListView = json_path::from_object(value).map_err(|e| e.to_string())?;
+            if view.plugins.is_empty() {
+                return Err("\"plugins\" is empty".to_owned());
+            }
+            let plugins = view.plugins.into_iter().enumerate();
+            let plugins = plugins.map(|(i, p)| (Some(i), p.plugin_type)).collect();
+            (view.name, plugins)
+        }
+        FileKind::Conf => {
+            let view: ConfView = json_path::from_object(value).map_err(|e| e.to_string())?;
+            if view.plugin_type.is_none() && view.plugins.is_some() {
+                return Err(
+                    "has \"plugins\" but no \"type\": a list must be named .conflist".to_owned(),
+                );
+            }
+            (view.name, vec![(None, view.plugin_type)])
+        }
+    };
+    let plugins = plugins
+        .into_iter()
+        .map(|(i, t)| match t {
+            Some(t) if !t.is_empty() => Ok((i, t)),
+            _ => Err(format!("{}: no plugin \"type\"", field(i, "type"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((name, plugins))
 }
 
 /// The field path as written in the file: `plugins[0].mtu` in a conflist, `mtu` in a `.conf`.
@@ -187,94 +228,83 @@ fn field(index: Option<usize>, name: &str) -> String {
 
 fn validate_ours(
     path: &Path,
-    top: &Map<String, Value>,
+    top: &Value,
     index: Option<usize>,
-    plugin: &Map<String, Value>,
+    plugin: &Value,
 ) -> Result<NetworkConfig, ConfigError> {
-    let bad = |name: &str, reason: String| ConfigError::invalid(path, field(index, name), reason);
-    let bad_top = |name: &str, reason: String| ConfigError::invalid(path, name, reason);
+    let invalid = |field: String, reason: String| ConfigError::invalid(path, field, reason);
+    let network: NetworkKeys =
+        json_path::from_object(top).map_err(|e| invalid(e.path, e.reason))?;
+    validate_name(&network.name).map_err(|r| invalid("name".to_owned(), r))?;
+    validate_version(&network.cni_version).map_err(|r| invalid("cniVersion".to_owned(), r))?;
+    let keys: PluginKeys =
+        json_path::from_object(plugin).map_err(|e| invalid(field(index, &e.path), e.reason))?;
+    super::feasible::check(&keys.ipam, keys.mtu)
+        .map_err(|e| invalid(field(index, &e.field), e.reason))?;
+    Ok(NetworkConfig {
+        name: network.name,
+        cni_version: network.cni_version,
+        mtu: keys.mtu,
+        ipam: keys.ipam,
+        socket: keys.socket,
+        raw_plugin: plugin.clone(),
+    })
+}
 
-    let name = match top.get("name") {
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => return Err(bad_top("name", format!("must be a string, got {other}"))),
-        None => return Err(bad_top("name", "is required".to_owned())),
+/// A string, or `None` for anything else: a runtime's reading of another plugin's keys.
+fn string_or_none<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::String(s) => Some(s),
+        _ => None,
+    })
+}
+
+/// `mtu`: absent, `null`, or an integer in [`MTU_RANGE`].
+fn mtu<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let Some(v) = Option::<Value>::deserialize(d)? else {
+        return Ok(None);
     };
-    validate_name(&name).map_err(|r| bad_top("name", r))?;
+    let n = v
+        .as_u64()
+        .ok_or_else(|| D::Error::custom(format!("must be an integer, got {v}")))?;
+    match u32::try_from(n) {
+        Ok(n) if MTU_RANGE.contains(&n) => Ok(Some(n)),
+        _ => Err(D::Error::custom(format!(
+            "must be between {} and {}, got {n}",
+            MTU_RANGE.start(),
+            MTU_RANGE.end()
+        ))),
+    }
+}
 
-    let cni_version = match top.get("cniVersion") {
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(bad_top(
-                "cniVersion",
-                format!("must be a string, got {other}"),
-            ));
-        }
-        None => return Err(bad_top("cniVersion", "is required".to_owned())),
-    };
-    validate_version(&cni_version).map_err(|r| bad_top("cniVersion", r))?;
-
-    let mtu = match plugin.get("mtu") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let n = v
-                .as_u64()
-                .ok_or_else(|| bad("mtu", format!("must be an integer, got {v}")))?;
-            match u32::try_from(n) {
-                Ok(n) if MTU_RANGE.contains(&n) => Some(n),
-                _ => {
-                    return Err(bad(
-                        "mtu",
-                        format!(
-                            "must be between {} and {}, got {n}",
-                            MTU_RANGE.start(),
-                            MTU_RANGE.end()
-                        ),
-                    ));
-                }
-            }
-        }
-    };
-
-    let ipam = match plugin.get("ipam") {
-        Some(Value::Object(o)) => {
+/// `ipam`: an object in host-local shape (`subnet` or `ranges`); `crate::ipam` parses it.
+fn host_local_ipam<'de, D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Object(o) => {
             let has = |k: &str| o.get(k).is_some_and(|v| !v.is_null());
             if !has("subnet") && !has("ranges") {
-                return Err(bad(
-                    "ipam",
-                    "must have \"subnet\" or \"ranges\" (host-local shape)".to_owned(),
+                return Err(D::Error::custom(
+                    "must have \"subnet\" or \"ranges\" (host-local shape)",
                 ));
             }
-            Value::Object(o.clone())
+            Ok(Value::Object(o))
         }
-        Some(other) => return Err(bad("ipam", format!("must be an object, got {other}"))),
-        None => return Err(bad("ipam", "is required".to_owned())),
+        other => Err(D::Error::custom(format!("must be an object, got {other}"))),
+    }
+}
+
+/// `socket`: absent, `null`, or an absolute path.
+fn absolute_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let Some(s) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
     };
-
-    let socket = match plugin.get("socket") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => {
-            let p = PathBuf::from(s);
-            if !p.is_absolute() {
-                return Err(bad(
-                    "socket",
-                    format!("must be an absolute path, got {s:?}"),
-                ));
-            }
-            Some(p)
-        }
-        Some(other) => return Err(bad("socket", format!("must be a string, got {other}"))),
-    };
-
-    super::feasible::check(&ipam, mtu).map_err(|e| bad(&e.field, e.reason))?;
-
-    Ok(NetworkConfig {
-        name,
-        cni_version,
-        mtu,
-        ipam,
-        socket,
-        raw_plugin: Value::Object(plugin.clone()),
-    })
+    let p = PathBuf::from(&s);
+    if !p.is_absolute() {
+        return Err(D::Error::custom(format!(
+            "must be an absolute path, got {s:?}"
+        )));
+    }
+    Ok(Some(p))
 }
 
 /// CNI spec: a network name starts with an alphanumeric character, followed by alphanumerics,
@@ -434,6 +464,30 @@ mod tests {
     }
 
     #[test]
+    fn wrong_types_name_the_field_and_what_was_found() {
+        let mut p = good_plugin();
+        p["socket"] = json!(7);
+        assert_eq!(
+            err(&conflist(&p), FileKind::ConfList),
+            "/etc/cni/net.d/10-pod.conflist: plugins[0].socket: invalid type: integer `7`, \
+             expected a string"
+        );
+        let bytes = br#"{"cniVersion":"1.0.0","name":7,"type":"provisioner","ipam":{"subnet":"10.0.0.0/24"}}"#;
+        assert!(
+            err(bytes, FileKind::Conf)
+                .ends_with(": name: invalid type: integer `7`, expected a string")
+        );
+        // Another network's odd name is not ours to judge.
+        let f = parse_network(
+            Path::new("/x/10.conf"),
+            FileKind::Conf,
+            br#"{"name":7,"type":"bridge"}"#,
+        )
+        .unwrap();
+        assert_eq!(f.name, None);
+    }
+
+    #[test]
     fn two_provisioner_plugins_are_refused() {
         let bytes = serde_json::to_vec(&json!({
             "cniVersion": "1.0.0", "name": "n", "plugins": [good_plugin(), good_plugin()]
@@ -473,7 +527,15 @@ mod tests {
             err(br#"{"name":"x","plugins":[]}"#, FileKind::ConfList)
                 .contains("\"plugins\" is empty")
         );
-        assert!(err(br#"{"name":"x"}"#, FileKind::ConfList).contains("no \"plugins\" list"));
+        assert!(err(br#"{"name":"x"}"#, FileKind::ConfList).ends_with("plugins: is required"));
+        assert!(
+            err(br#"{"name":"x","plugins":{}}"#, FileKind::ConfList)
+                .contains("plugins: invalid type: map, expected a sequence")
+        );
+        assert!(
+            err(br#"{"name":"x","plugins":[7]}"#, FileKind::ConfList)
+                .contains("plugins[0]: invalid type: integer `7`, expected an object")
+        );
         assert!(
             err(
                 br#"{"name":"x","plugins":[{"type":"provisioner"}]}"#,
@@ -485,7 +547,10 @@ mod tests {
             err(br#"{"name":"x","plugins":[{"mtu":1}]}"#, FileKind::ConfList)
                 .contains("plugins[0].type: no plugin \"type\"")
         );
-        assert!(err(b"[1]", FileKind::Conf).contains("top level is not an object"));
+        assert!(
+            err(b"[1]", FileKind::Conf)
+                .ends_with("not a CNI network config: invalid type: sequence, expected an object")
+        );
     }
 
     #[test]

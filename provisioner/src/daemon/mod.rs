@@ -9,7 +9,6 @@ pub mod client;
 mod errors;
 pub mod kernel_watch;
 mod reconcile;
-pub mod result;
 pub mod sandbox_filter;
 mod server;
 mod state;

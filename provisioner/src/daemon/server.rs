@@ -25,7 +25,6 @@ use super::api::{
 };
 use super::errors::{cni_error, dataplane_refusal};
 use super::kernel_watch::{self, KernelWatch};
-use super::result::cni_result;
 use super::sandbox_filter::SandboxFilter;
 use super::state::{Active, DaemonState, Paths};
 
@@ -811,7 +810,7 @@ async fn sandbox_op_inner(active: &Active, req: SandboxRequest, op: Op) -> Respo
                     addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(),
                     "ADD {who}: added");
                 Response::Ok {
-                    result: cni_result(&outcome).to_json(CniVersion::LATEST),
+                    result: outcome.cni_result().to_json(CniVersion::LATEST),
                 }
             }
             Err(err) => {

@@ -78,7 +78,7 @@ pub enum DataplaneError {
     #[error("netns {netns} refused: {reason}")]
     BadNetns {
         netns: String,
-        reason: super::netns::BadNetns,
+        reason: crate::nsfs::BadNetns,
     },
 
     /// A thread could not enter the netns (e.g. the path is not a netns).
@@ -200,6 +200,14 @@ fn privilege_hint(netns: &str, source: &io::Error) -> &'static str {
 }
 
 impl DataplaneError {
+    /// A netns file that did not open as a sandbox's namespace, `netns` naming its path.
+    pub(crate) fn of_netns_file(netns: String, err: crate::nsfs::NetnsFileError) -> Self {
+        match err {
+            crate::nsfs::NetnsFileError::Io(source) => DataplaneError::OpenNetns { netns, source },
+            crate::nsfs::NetnsFileError::Bad(reason) => DataplaneError::BadNetns { netns, reason },
+        }
+    }
+
     /// The errno behind a netlink/io error, if there is one.
     #[must_use]
     pub fn errno(&self) -> Option<i32> {

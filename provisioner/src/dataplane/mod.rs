@@ -34,6 +34,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub use crate::nsfs::BadNetns;
 pub use error::{CheckFailure, DataplaneError, SetupStep};
 pub use inventory::{HostVeth, Inventory};
 pub use locate::{SANDBOX_PIN_DIRS, netns_files};
@@ -46,8 +47,7 @@ pub use netlink::{
     set_request_timeout as set_netlink_timeout,
 };
 pub use netns::{
-    BadNetns, current_netns_cookie, netns_cookie_of_file, netns_inode_and_cookie,
-    socket_netns_cookie,
+    current_netns_cookie, netns_cookie_of_file, netns_inode_and_cookie, socket_netns_cookie,
 };
 pub use plan::{ExpectedState, FamilyPlan, plan};
 pub use route::{Route, Scope};
@@ -62,7 +62,8 @@ use netlink::Conn;
 pub async fn snapshot(path: &Path) -> Result<NetnsSnapshot, DataplaneError> {
     snapshot::take(path).await
 }
-use netns::{NetnsFile, NsIdentity};
+use crate::nsfs::NsIdentity;
+use netns::NetnsFile;
 use reaper::Reaper;
 
 /// Sets sandboxes up, tears them down and checks them. Cheap to clone; `Send + Sync`.
@@ -97,16 +98,6 @@ struct Inner {
 
 /// The `/proc/sys` of [`Dataplane::new`] and [`Dataplane::with_host_netns`].
 pub const DEFAULT_PROC_SYS: &str = "/proc/sys";
-
-/// Whether `path` is a network namespace other than the calling process's own (named `own`
-/// in the error): the sandbox netns check of the CNI plugin process, the same one the daemon
-/// makes against the node's and its own namespaces.
-pub fn check_netns_path(path: &Path, own: &'static str) -> Result<(), DataplaneError> {
-    let own = NetnsFile::open(Path::new("/proc/self/ns/net"))?
-        .identity()?
-        .named(own);
-    NetnsFile::open(path)?.check_sandbox(&[own])
-}
 
 impl Dataplane {
     /// The host ("node") side is the netns of the calling thread.

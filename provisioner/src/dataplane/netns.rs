@@ -16,9 +16,10 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use nix::sched::{CloneFlags, setns};
-use nix::sys::statfs::{FsType, NSFS_MAGIC};
+use nix::sys::statfs::NSFS_MAGIC;
 
 use super::error::DataplaneError;
+use crate::nsfs::{self, NsIdentity};
 
 /// An open network namespace file (`/run/netns/x`, `/proc/<pid>/ns/net`, ...).
 #[derive(Debug)]
@@ -33,19 +34,11 @@ impl NetnsFile {
     /// a network namespace. A missing path is reported as `OpenNetns` with `ENOENT`; anything
     /// else that is not a network namespace as [`DataplaneError::BadNetns`].
     pub(crate) fn open(path: &Path) -> Result<Self, DataplaneError> {
-        use std::os::unix::fs::OpenOptionsExt;
         let label = path.display().to_string();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|source| DataplaneError::OpenNetns {
-                netns: label.clone(),
-                source,
-            })?;
-        let ns = Self { file, label };
-        ns.check_is_netns()?;
-        Ok(ns)
+        match nsfs::open(path) {
+            Ok(file) => Ok(Self { file, label }),
+            Err(e) => Err(DataplaneError::of_netns_file(label, e)),
+        }
     }
 
     /// [`Self::open`] when it cannot block the caller: `None` when it might (the path is not
@@ -109,58 +102,21 @@ impl NetnsFile {
     /// A namespace a sandbox may use: none of `not_sandboxes` (the node's netns, the daemon's
     /// own).
     pub(crate) fn check_sandbox(&self, not_sandboxes: &[NsIdentity]) -> Result<(), DataplaneError> {
-        let id = self.identity()?;
-        match not_sandboxes.iter().find(|f| f.same_namespace(&id)) {
-            Some(forbidden) => Err(self.bad(BadNetns::NotASandbox(forbidden.what))),
-            None => Ok(()),
-        }
+        nsfs::check_sandbox(&self.file, not_sandboxes)
+            .map_err(|e| DataplaneError::of_netns_file(self.label.clone(), e))
     }
 
-    fn bad(&self, reason: BadNetns) -> DataplaneError {
-        DataplaneError::BadNetns {
-            netns: self.label.clone(),
-            reason,
-        }
-    }
-
-    /// nsfs, and a network namespace (`NS_GET_NSTYPE`, Linux >= 4.11).
+    /// nsfs, and a network namespace (see [`nsfs::check_is_netns`]).
     fn check_is_netns(&self) -> Result<(), DataplaneError> {
-        let fs = nix::sys::statfs::fstatfs(&self.file).map_err(|e| DataplaneError::OpenNetns {
-            netns: self.label.clone(),
-            source: io::Error::from(e),
-        })?;
-        let fs_type = fs.filesystem_type();
-        if fs_type != NSFS_MAGIC {
-            return Err(self.bad(BadNetns::NotANamespace { fs_type }));
-        }
-        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd, which `self` keeps open.
-        let ns_type = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::NS_GET_NSTYPE) };
-        if ns_type < 0 {
-            return Err(DataplaneError::OpenNetns {
-                netns: self.label.clone(),
-                source: io::Error::last_os_error(),
-            });
-        }
-        if ns_type != libc::CLONE_NEWNET {
-            return Err(self.bad(BadNetns::NotNetwork { ns_type }));
-        }
-        Ok(())
+        nsfs::check_is_netns(&self.file)
+            .map_err(|e| DataplaneError::of_netns_file(self.label.clone(), e))
     }
 
     /// Device and inode of the namespace: which namespace it is while it lives.
     pub(crate) fn identity(&self) -> Result<NsIdentity, DataplaneError> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = self
-            .file
-            .metadata()
-            .map_err(|source| DataplaneError::OpenNetns {
-                netns: self.label.clone(),
-                source,
-            })?;
-        Ok(NsIdentity {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            what: "",
+        nsfs::identity(&self.file).map_err(|source| DataplaneError::OpenNetns {
+            netns: self.label.clone(),
+            source,
         })
     }
 
@@ -279,55 +235,6 @@ impl NetnsFile {
         match result {
             Ok(value) => Ok(value),
             Err(panic) => std::panic::resume_unwind(panic),
-        }
-    }
-}
-
-/// Which namespace a namespace file is (device and inode of nsfs): stable while the namespace
-/// lives, so good to recognise namespaces the daemon keeps alive (its own, the node's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NsIdentity {
-    dev: u64,
-    ino: u64,
-    /// What this namespace is, for messages.
-    what: &'static str,
-}
-
-impl NsIdentity {
-    pub(crate) fn same_namespace(&self, other: &NsIdentity) -> bool {
-        self.dev == other.dev && self.ino == other.ino
-    }
-
-    #[must_use]
-    pub(crate) fn named(mut self, what: &'static str) -> Self {
-        self.what = what;
-        self
-    }
-}
-
-/// Why a path is not usable as a sandbox's network namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadNetns {
-    /// Not a namespace file at all (a regular file, a FIFO, a directory...).
-    NotANamespace { fs_type: FsType },
-    /// A namespace of another type (mount, pid...): the `CLONE_NEW*` flag.
-    NotNetwork { ns_type: i32 },
-    /// A network namespace the daemon keeps for itself (named).
-    NotASandbox(&'static str),
-}
-
-impl std::fmt::Display for BadNetns {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BadNetns::NotANamespace { fs_type } => write!(
-                f,
-                "not a namespace file (filesystem type {:#x}, not nsfs)",
-                fs_type.0
-            ),
-            BadNetns::NotNetwork { ns_type } => {
-                write!(f, "not a network namespace (namespace type {ns_type:#x})")
-            }
-            BadNetns::NotASandbox(what) => write!(f, "is {what}, not a sandbox's"),
         }
     }
 }
@@ -601,6 +508,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::nsfs::BadNetns;
 
     /// A new network namespace (made by a thread that ends at once; its open file keeps it),
     /// and its cookie as a socket inside it reads it.

@@ -77,13 +77,13 @@ type StepResult<T> = Result<T, (SetupStep, DataplaneError)>;
 const LOOPBACK_IFINDEX: u32 = 1;
 
 /// One request of a pipelined batch, with its step and what undoes it.
-struct Op {
+struct BatchedRequest {
     step: SetupStep,
     req: Req,
     undo: Option<Undo>,
 }
 
-impl Op {
+impl BatchedRequest {
     fn new(step: SetupStep, req: Req, undo: Option<Undo>) -> Self {
         Self { step, req, undo }
     }
@@ -114,22 +114,22 @@ fn wiring_ops(
     veth: &Veth,
     ifname: &str,
     host_ifname: &str,
-) -> (Vec<Op>, Vec<Op>) {
+) -> (Vec<BatchedRequest>, Vec<BatchedRequest>) {
     use SetupStep as S;
     let (host_link, sbx_link) = (&veth.host_link, &veth.sandbox_link);
-    let mut host_ops: Vec<Op> = Vec::new();
-    let mut sbx_ops: Vec<Op> = Vec::new();
+    let mut host_ops: Vec<BatchedRequest> = Vec::new();
+    let mut sbx_ops: Vec<BatchedRequest> = Vec::new();
     // The host end comes up before it gets its address: an address added to a down link
     // has its local route made again when the link comes up, and every host veth carries
     // the same gateway address, so each time is a walk of the node's aliases of it, one
     // per sandbox.
-    host_ops.push(Op::new(
+    host_ops.push(BatchedRequest::new(
         S::LinkUp,
         req::link::set_up(host_link.index, host_ifname),
         None,
     ));
     for fam in &plan.families {
-        host_ops.push(Op::new(
+        host_ops.push(BatchedRequest::new(
             S::HostAddress,
             req::address::add(host_link.index, host_ifname, fam.host_address, false),
             Some(Undo::HostAddr {
@@ -138,7 +138,7 @@ fn wiring_ops(
                 net: fam.host_address,
             }),
         ));
-        sbx_ops.push(Op::new(
+        sbx_ops.push(BatchedRequest::new(
             S::SandboxAddress,
             req::address::add(sbx_link.index, ifname, fam.pod, true),
             Some(Undo::SandboxAddr {
@@ -148,19 +148,19 @@ fn wiring_ops(
             }),
         ));
     }
-    sbx_ops.push(Op::new(
+    sbx_ops.push(BatchedRequest::new(
         S::LinkUp,
         req::link::set_up(sbx_link.index, ifname),
         None,
     ));
     // `lo` is ifindex 1 in every netns; setting it up when it is up changes nothing.
-    sbx_ops.push(Op::new(
+    sbx_ops.push(BatchedRequest::new(
         S::LinkUp,
         req::link::set_up(LOOPBACK_IFINDEX, "lo"),
         None,
     ));
     for fam in &plan.families {
-        host_ops.push(Op::new(
+        host_ops.push(BatchedRequest::new(
             S::HostRoute,
             req::route::add(host_link.index, host_ifname, &fam.host_route),
             Some(Undo::HostRoute {
@@ -171,7 +171,7 @@ fn wiring_ops(
         ));
     }
     for r in &plan.sandbox_routes {
-        sbx_ops.push(Op::new(
+        sbx_ops.push(BatchedRequest::new(
             S::SandboxRoutes,
             req::route::add(sbx_link.index, ifname, r),
             Some(Undo::SandboxRoute {
@@ -187,7 +187,7 @@ fn wiring_ops(
 /// Sends `ops` as one batch; for each, the undo to record (when it succeeded) or its error.
 async fn run_ops(
     conn: &Conn,
-    ops: Vec<Op>,
+    ops: Vec<BatchedRequest>,
 ) -> Vec<(Option<Undo>, Option<(SetupStep, DataplaneError)>)> {
     let mut meta = Vec::with_capacity(ops.len());
     let mut reqs = Vec::with_capacity(ops.len());

@@ -22,11 +22,12 @@ use super::error::DataplaneError;
 use super::link::{self, Link};
 use super::naming::{GRAVEYARD_GROUP, graveyard_ifname, host_ifname};
 use super::netlink::Conn;
-use super::netns::{BadNetns, NetnsFile};
+use super::netns::NetnsFile;
 use super::plan::host_route_to;
 use super::reaper::Doomed;
 use super::spec::TeardownOutcome;
 use super::{Dataplane, address, route};
+use crate::nsfs::BadNetns;
 
 pub(crate) async fn run(
     dp: &Dataplane,

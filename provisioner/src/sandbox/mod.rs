@@ -7,17 +7,18 @@
 //! allocation that existed before an ADD (a duplicate ADD, or a retry) is never released by that
 //! ADD's failure; ADD reports success only after `check` saw the interface with its addresses.
 
+mod cni_result;
 mod error;
 mod key_locks;
 mod network;
 mod observer;
-mod ports;
 mod queries;
 mod service;
+mod traits;
 
 pub use error::SandboxError;
 pub use key_locks::{KeyGuard, KeyLocks};
 pub use network::Network;
 pub use observer::{NoObserver, Removal, SandboxObserver};
-pub use ports::{AllocationStore, SandboxDataplane};
 pub use service::{AddOutcome, DelOutcome, GcOutcome, SandboxRef, SandboxService, host_link_of};
+pub use traits::{AllocationStore, SandboxDataplane};

@@ -2,7 +2,7 @@
 
 use crate::ipam::Allocation;
 
-use super::ports::{AllocationStore, SandboxDataplane};
+use super::traits::{AllocationStore, SandboxDataplane};
 use super::{SandboxError, SandboxService};
 
 impl<D: SandboxDataplane, A: AllocationStore> SandboxService<D, A> {

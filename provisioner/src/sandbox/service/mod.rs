@@ -16,7 +16,7 @@ use crate::pod::Pod;
 
 use super::key_locks::KeyLocks;
 use super::observer::{NoObserver, Removal, SandboxObserver};
-use super::ports::{AllocationStore, SandboxDataplane};
+use super::traits::{AllocationStore, SandboxDataplane};
 use super::{Network, SandboxError};
 
 /// Which sandbox interface an operation is about.
