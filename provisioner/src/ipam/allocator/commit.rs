@@ -24,11 +24,11 @@ use std::sync::{PoisonError, mpsc};
 use tokio::sync::oneshot;
 
 use super::plan::Wrote;
-use super::{Core, Done, MAX_BATCH, Op, Outcome, broken_error, core_error};
+use super::{Core, Done, MAX_BATCH, Outcome, StoreWrite, broken_error, core_error};
 use crate::ipam::error::IpamError;
 
 pub(super) struct Request {
-    pub(super) op: Op,
+    pub(super) op: StoreWrite,
     pub(super) reply: Reply,
 }
 
@@ -109,7 +109,7 @@ impl Core {
                     request.reply.refuse(self.store.path(), &reason);
                 }
             } else if batch.iter().all(|r| matches!(r.reply, Reply::Durable(_))) {
-                let (ops, replies): (Vec<Op>, Vec<_>) =
+                let (ops, replies): (Vec<StoreWrite>, Vec<_>) =
                     batch.drain(..).map(|r| (r.op, r.reply)).unzip();
                 for (reply, outcome) in replies.into_iter().zip(self.run(&ops)) {
                     if let Reply::Durable(reply) = reply {
@@ -127,7 +127,7 @@ impl Core {
     /// reservations learn it, the allocator refuses every later write, and so do the other
     /// requests of the batch.
     fn run_staged(&self, batch: Vec<Request>) {
-        let ops: Vec<Op> = batch.iter().map(|r| r.op.clone()).collect();
+        let ops: Vec<StoreWrite> = batch.iter().map(|r| r.op.clone()).collect();
         let (txn, outcomes, wrote) = match self.apply(&ops) {
             Ok(applied) => applied,
             Err(e) => {
@@ -220,7 +220,7 @@ impl Core {
     }
 
     /// Runs `ops` in one transaction, or one transaction each if that fails. One outcome per op.
-    pub(super) fn run(&self, ops: &[Op]) -> Vec<Outcome> {
+    pub(super) fn run(&self, ops: &[StoreWrite]) -> Vec<Outcome> {
         match self.run_in_one(ops) {
             Ok(outcomes) => outcomes,
             Err(e) if ops.len() == 1 => vec![Err(e)],
@@ -242,7 +242,7 @@ impl Core {
 
     /// Applies `ops` in order in one write transaction and commits it durably if anything was
     /// written. `Err` means the transaction as a whole failed and none of it is durable.
-    fn run_in_one(&self, ops: &[Op]) -> Result<Vec<Outcome>, IpamError> {
+    fn run_in_one(&self, ops: &[StoreWrite]) -> Result<Vec<Outcome>, IpamError> {
         if let Some(reason) = self.broken() {
             return Err(broken_error(self.store.path(), &reason));
         }
@@ -262,7 +262,7 @@ impl Core {
 mod tests {
     use super::super::tests::{V4_28, ip, key, open};
     use crate::ipam::allocation::AllocationKey;
-    use crate::ipam::allocator::{Done, Op};
+    use crate::ipam::allocator::{Done, StoreWrite};
     use crate::ipam::error::IpamError;
 
     #[test]
@@ -270,9 +270,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = open(dir.path(), V4_28);
         let out = a.run_batch(&[
-            Op::Allocate(key(1), None),
-            Op::Allocate(key(1), None),
-            Op::Allocate(key(2), None),
+            StoreWrite::Allocate(key(1), None),
+            StoreWrite::Allocate(key(1), None),
+            StoreWrite::Allocate(key(2), None),
         ]);
         assert_eq!(ip(&out[0]), "10.244.1.2");
         assert_eq!(ip(&out[1]), "10.244.1.2");
@@ -285,11 +285,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = open(dir.path(), V4_28);
         let out = a.run_batch(&[
-            Op::Release(key(1)),
-            Op::Allocate(key(1), None),
-            Op::Release(key(1)),
-            Op::Allocate(key(1), None),
-            Op::Release(key(2)),
+            StoreWrite::Release(key(1)),
+            StoreWrite::Allocate(key(1), None),
+            StoreWrite::Release(key(1)),
+            StoreWrite::Allocate(key(1), None),
+            StoreWrite::Release(key(2)),
         ]);
         assert!(matches!(out[0], Ok(Done::Released(None))), "{:?}", out[0]);
         assert_eq!(ip(&out[1]), "10.244.1.2");
@@ -320,11 +320,11 @@ mod tests {
             a.allocate(&key(i)).unwrap();
         }
         let out = a.run_batch(&[
-            Op::Allocate(key(20), None),
-            Op::Allocate(key(21), None),
-            Op::Release(key(3)),
-            Op::Allocate(key(21), None),
-            Op::Allocate(key(22), None),
+            StoreWrite::Allocate(key(20), None),
+            StoreWrite::Allocate(key(21), None),
+            StoreWrite::Release(key(3)),
+            StoreWrite::Allocate(key(21), None),
+            StoreWrite::Allocate(key(22), None),
         ]);
         assert_eq!(ip(&out[0]), "10.244.1.14");
         assert!(
@@ -382,9 +382,9 @@ mod tests {
         }
         let bad = AllocationKey::new("bad", "eth0");
         let out = a.run_batch(&[
-            Op::Release(bad.clone()),
-            Op::Allocate(key(1), None),
-            Op::Allocate(bad, None),
+            StoreWrite::Release(bad.clone()),
+            StoreWrite::Allocate(key(1), None),
+            StoreWrite::Allocate(bad, None),
         ]);
         assert!(
             matches!(out[0], Err(IpamError::Corrupt { .. })),

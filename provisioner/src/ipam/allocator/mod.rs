@@ -95,7 +95,7 @@ struct Core {
 
 /// A write operation queued for the committer.
 #[derive(Debug, Clone)]
-pub(crate) enum Op {
+pub(crate) enum StoreWrite {
     /// Allocate for the key, or answer its allocation; a pod given is recorded with it (an
     /// existing allocation naming another pod, or none, is rewritten to name this one).
     Allocate(AllocationKey, Option<Pod>),
@@ -104,7 +104,7 @@ pub(crate) enum Op {
     ReleaseHolding(AllocationKey),
 }
 
-/// The answer to an [`Op`].
+/// The answer to a [`StoreWrite`].
 #[derive(Debug)]
 pub(crate) enum Done {
     Allocated(Allocation),
@@ -186,7 +186,7 @@ impl Allocator {
         self.allocate_for(key, None)
     }
 
-    /// [`Self::allocate`], recording `pod` with the allocation (see [`Op::Allocate`]).
+    /// [`Self::allocate`], recording `pod` with the allocation (see [`StoreWrite::Allocate`]).
     pub fn allocate_for(
         &self,
         key: &AllocationKey,
@@ -198,7 +198,7 @@ impl Allocator {
         {
             return Ok(existing);
         }
-        match self.submit(Op::Allocate(key.clone(), pod.cloned()))? {
+        match self.submit(StoreWrite::Allocate(key.clone(), pod.cloned()))? {
             Done::Allocated(a) => Ok(a),
             Done::Released(_) => Err(self.core.stopped("answered allocate with a release")),
         }
@@ -222,7 +222,7 @@ impl Allocator {
         let (applied, answer) = mpsc::sync_channel(1);
         let (durable_tx, durable) = oneshot::channel();
         self.enqueue(Request {
-            op: Op::Allocate(key.clone(), pod.cloned()),
+            op: StoreWrite::Allocate(key.clone(), pod.cloned()),
             reply: Reply::Staged {
                 applied: Answer::Blocked(applied),
                 durable: durable_tx,
@@ -247,7 +247,7 @@ impl Allocator {
         let (applied, answer) = oneshot::channel();
         let (durable_tx, durable) = oneshot::channel();
         let queued = self.enqueue(Request {
-            op: Op::Allocate(key.clone(), pod.cloned()),
+            op: StoreWrite::Allocate(key.clone(), pod.cloned()),
             reply: Reply::Staged {
                 applied: Answer::Awaited(applied),
                 durable: durable_tx,
@@ -273,7 +273,7 @@ impl Allocator {
         let store = self.core.store.path().to_path_buf();
         let (reply, answer) = oneshot::channel();
         let queued = self.enqueue(Request {
-            op: Op::ReleaseHolding(key.clone()),
+            op: StoreWrite::ReleaseHolding(key.clone()),
             reply: Reply::Durable(Answer::Awaited(reply)),
         });
         async move {
@@ -296,14 +296,14 @@ impl Allocator {
         if self.get(key)?.is_none() {
             return Ok(None);
         }
-        match self.submit(Op::Release(key.clone()))? {
+        match self.submit(StoreWrite::Release(key.clone()))? {
             Done::Released(a) => Ok(a),
             Done::Allocated(_) => Err(self.core.stopped("answered release with an allocate")),
         }
     }
 
     /// Queues `op` for the committer and waits for its durable answer.
-    fn submit(&self, op: Op) -> Outcome {
+    fn submit(&self, op: StoreWrite) -> Outcome {
         let (reply, answer) = mpsc::sync_channel(1);
         self.enqueue(Request {
             op,
@@ -327,7 +327,7 @@ impl Allocator {
 
     /// Runs `ops` as the committer would run one batch of them (test hook).
     #[cfg(test)]
-    pub(crate) fn run_batch(&self, ops: &[Op]) -> Vec<Outcome> {
+    pub(crate) fn run_batch(&self, ops: &[StoreWrite]) -> Vec<Outcome> {
         self.core.run(ops)
     }
 
@@ -553,7 +553,7 @@ pub(super) mod tests {
         assert_eq!(unreadable[0].0, AllocationKey::new("bad", "eth0"));
         // Its address stays reserved.
         assert_eq!(
-            ip(&a.run_batch(&[Op::Allocate(key(2), None)])[0]),
+            ip(&a.run_batch(&[StoreWrite::Allocate(key(2), None)])[0]),
             "10.244.1.4"
         );
     }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 use redb::ReadableTable;
 
-use super::{Core, Done, Op, Outcome, names_pod};
+use super::{Core, Done, Outcome, StoreWrite, names_pod};
 use crate::ipam::allocation::{AllocatedIp, Allocation, AllocationKey};
 use crate::ipam::error::IpamError;
 use crate::ipam::range::{RangeSet, from_u128, to_u128};
@@ -103,7 +103,7 @@ impl Core {
     /// unusable.
     pub(super) fn apply(
         &self,
-        ops: &[Op],
+        ops: &[StoreWrite],
     ) -> Result<(redb::WriteTransaction, Vec<Outcome>, Vec<Wrote>), IpamError> {
         let s = &self.store;
         let txn = s.begin_write()?;
@@ -113,12 +113,12 @@ impl Core {
             let mut t = s.tables(&txn)?;
             for op in ops {
                 let (outcome, wrote) = match op {
-                    Op::Allocate(key, pod) => match self.plan_allocate(&t, key) {
+                    StoreWrite::Allocate(key, pod) => match self.plan_allocate(&t, key) {
                         Ok(plan) => self.apply_allocate(&mut t, key, pod.as_ref(), plan)?,
                         Err(e) => (Err(e), Wrote::Nothing),
                     },
-                    Op::Release(key) | Op::ReleaseHolding(key) => {
-                        let holding = matches!(op, Op::ReleaseHolding(_));
+                    StoreWrite::Release(key) | StoreWrite::ReleaseHolding(key) => {
+                        let holding = matches!(op, StoreWrite::ReleaseHolding(_));
                         match self.plan_release(&t, key, holding) {
                             Ok(Some(plan)) => {
                                 if holding {
@@ -441,7 +441,7 @@ impl Core {
 #[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests {
     use super::super::tests::{V4_28, ip, key, open};
-    use crate::ipam::allocator::{Done, Op};
+    use crate::ipam::allocator::{Done, StoreWrite};
     use crate::ipam::error::IpamError;
 
     #[test]
@@ -452,9 +452,9 @@ mod tests {
             a.allocate(&key(i)).unwrap(); // .2 .3 .4
         }
         let out = a.run_batch(&[
-            Op::Release(key(0)),
-            Op::Allocate(key(9), None),
-            Op::Allocate(key(0), None),
+            StoreWrite::Release(key(0)),
+            StoreWrite::Allocate(key(9), None),
+            StoreWrite::Allocate(key(0), None),
         ]);
         assert!(matches!(out[0], Ok(Done::Released(Some(_)))));
         assert_eq!(ip(&out[1]), "10.244.1.5");
@@ -474,10 +474,10 @@ mod tests {
         }
         a.release(&key(4)).unwrap().unwrap(); // .6, released first
         let out = a.run_batch(&[
-            Op::Release(key(9)), // .11
-            Op::Allocate(key(20), None),
-            Op::Allocate(key(21), None),
-            Op::Allocate(key(22), None),
+            StoreWrite::Release(key(9)), // .11
+            StoreWrite::Allocate(key(20), None),
+            StoreWrite::Allocate(key(21), None),
+            StoreWrite::Allocate(key(22), None),
         ]);
         assert_eq!(ip(&out[1]), "10.244.1.6");
         assert_eq!(ip(&out[2]), "10.244.1.11");
