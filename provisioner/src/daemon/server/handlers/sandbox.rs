@@ -15,7 +15,7 @@ use crate::dataplane::{BadNetns, DataplaneError};
 use crate::metrics::Operation;
 use crate::names;
 use crate::pod::Pod;
-use crate::sandbox::SandboxRef;
+use crate::sandbox::{SandboxError, SandboxRef};
 
 use super::super::options::Limits;
 use super::claim::claim_mismatch;
@@ -183,9 +183,9 @@ async fn run(active: &Active, req: SandboxRequest, op: Op) -> Response {
 
 async fn add(active: &Active, req: &SandboxRequest, sandbox: &SandboxRef) -> Response {
     let (pod, container) = (req.pod.as_ref(), Some(req.container_id.as_str()));
-    let who = crate::pod::describe(pod);
     match active.service.add(sandbox).await {
         Ok(outcome) => {
+            let who = crate::pod::describe(pod);
             crate::pod_event!(tracing::Level::INFO, pod, container,
                 container = %req.container_id, ifname = %req.ifname,
                 addresses = ?outcome.allocation.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(),
@@ -194,12 +194,7 @@ async fn add(active: &Active, req: &SandboxRequest, sandbox: &SandboxRef) -> Res
                 result: cni_result(&outcome).to_json(CniVersion::LATEST),
             }
         }
-        Err(err) => {
-            crate::pod_event!(tracing::Level::WARN, pod, container,
-                container = %req.container_id, ifname = %req.ifname, error = %err,
-                "ADD {who}: failed");
-            cni_error(&err).into()
-        }
+        Err(err) => failed(Op::Add, req, pod, &err),
     }
 }
 
@@ -217,13 +212,7 @@ async fn del(active: &Active, req: &SandboxRequest, sandbox: &SandboxRef) -> Res
                 result: serde_json::Value::Null,
             }
         }
-        Err(err) => {
-            let who = crate::pod::describe(pod);
-            crate::pod_event!(tracing::Level::WARN, pod, container,
-                container = %req.container_id, ifname = %req.ifname, error = %err,
-                "DEL {who}: failed");
-            cni_error(&err).into()
-        }
+        Err(err) => failed(Op::Del, req, pod, &err),
     }
 }
 
@@ -255,12 +244,15 @@ async fn check(active: &Active, req: &SandboxRequest, sandbox: &SandboxRef) -> R
                 result: serde_json::Value::Null,
             }
         }
-        Err(err) => {
-            let who = crate::pod::describe(pod);
-            crate::pod_event!(tracing::Level::WARN, pod, container,
-                container = %req.container_id, ifname = %req.ifname, error = %err,
-                "CHECK {who}: failed");
-            cni_error(&err).into()
-        }
+        Err(err) => failed(Op::Check, req, pod, &err),
     }
+}
+
+/// The answer to `op` that failed, logged with the pod the request names.
+fn failed(op: Op, req: &SandboxRequest, pod: Option<&Pod>, err: &SandboxError) -> Response {
+    let (who, verb) = (crate::pod::describe(pod), op.name());
+    crate::pod_event!(tracing::Level::WARN, pod, Some(req.container_id.as_str()),
+        container = %req.container_id, ifname = %req.ifname, error = %err,
+        "{verb} {who}: failed");
+    cni_error(err).into()
 }
