@@ -31,7 +31,8 @@ pub struct EbpfToolchain {
 /// Debian packages the builds and the eBPF work need, with a file that tells whether each is
 /// installed. The programs the tests run are [`testkit::tools::ALL`], each with its package.
 const BUILD_PACKAGES: &[(&str, &str)] = &[
-    // musl-gcc, which compiles mimalloc's C for the musl release build (release::RELEASE_TARGET).
+    // musl-gcc, the C compiler of the musl release build (release::RELEASE_TARGET), for a
+    // dependency that compiles C there.
     ("musl-tools", "/usr/bin/musl-gcc"),
     // bpftool, to inspect the eBPF object (`cargo xtask build-ebpf` writes it to target/ebpf).
     ("bpftool", "/usr/sbin/bpftool"),

@@ -1,6 +1,5 @@
 //! `cargo xtask`: the one place that knows how to build, test, demo and benchmark provisioner.
 
-mod allocator_check;
 mod bench;
 mod bootstrap;
 mod demo;

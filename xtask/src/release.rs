@@ -1,18 +1,18 @@
 //! The binary to install, measure and demonstrate, and the soak's: provisioner for musl,
-//! built after the bootstrap and the eBPF toolchain, and checked (allocator, failpoints).
+//! built after the bootstrap and the eBPF toolchain, and checked (no failpoints).
 
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 
 use crate::step::{announce, cargo, detail, run as run_command, workspace_root};
-use crate::{allocator_check, bootstrap, ebpf, failpoint_check};
+use crate::{bootstrap, ebpf, failpoint_check};
 
 /// The target triple of the binary to install (given explicitly so that RUSTFLAGS only reach
 /// the target's crates, not build scripts and proc-macros). musl: a static musl binary starts
 /// in a fraction of a glibc one's time (glibc probes the CPU caches with CPUID at every start,
 /// which traps to the hypervisor in a VM: docs/benchmarks.md), and the CNI plugin mode is
-/// exec'd once per ADD and DEL. The daemon gets mimalloc there (provisioner/src/memory).
+/// exec'd once per ADD and DEL.
 pub const RELEASE_TARGET: &str = "x86_64-unknown-linux-musl";
 /// Non-PIE: no relocations to apply at exec (musl links statically by default).
 const RELEASE_RUSTFLAGS: &str = "-C relocation-model=static";
@@ -58,7 +58,6 @@ fn build_provisioner(profile: &str, what: &str, rustflags: Option<&str>) -> Resu
         bail!("{} missing after the build", bin.display());
     }
     detail(&format!("binary: {}", bin.display()));
-    allocator_check::check(&bin)?;
     failpoint_check::check(&bin)?;
     Ok(bin)
 }

@@ -21,8 +21,22 @@ pub struct RangeUsage {
     pub capacity: u128,
 }
 
+/// Copies the address usage of the network in force (its allocator; `None` when there is none)
+/// into `metrics`. A store that cannot be read leaves the ranges out of the scrape, and says why
+/// in the log, as no network in force does.
+pub fn refresh(metrics: &super::Metrics, allocator: Option<&Allocator>) {
+    metrics.set_ranges(match allocator.map(usage) {
+        Some(Ok(usage)) => usage,
+        Some(Err(err)) => {
+            tracing::warn!(error = %err, "address usage for metrics could not be read");
+            Vec::new()
+        }
+        None => Vec::new(),
+    });
+}
+
 /// The usage of every range `allocator` allocates from.
-pub fn usage(allocator: &Allocator) -> Result<Vec<RangeUsage>, IpamError> {
+fn usage(allocator: &Allocator) -> Result<Vec<RangeUsage>, IpamError> {
     let mut out = Vec::new();
     for set in allocator.ranges().sets() {
         for range in set.ranges() {

@@ -15,12 +15,12 @@ use crate::dataplane::NetnsSnapshot;
 use crate::pod::{PodName, PodResolver};
 
 use super::correlator::{Correlator, CorrelatorConfig, SnapshotRequest};
+use super::counters::TraceMetrics;
 use super::diagnosis::{CniSetup, diagnose_within_deadline};
 use super::kernel::events::{NetnsRef, TraceEvent};
 use super::kernel::{
     Attached, Backend, BackendChoices, EventBatch, KernelTracer, LossCounters, NetnsIds,
 };
-use super::metrics::TraceMetrics;
 use super::verdict::{Intent, IntentKey, IntentOrigin, Report, RouteIntent, Verdict};
 use super::{TraceError, background};
 

@@ -5,10 +5,10 @@
 mod background;
 pub mod cni_env;
 pub mod correlator;
+mod counters;
 pub mod diagnosis;
 pub mod driver;
 pub mod kernel;
-pub mod metrics;
 pub mod render;
 pub mod sandbox_rules;
 pub mod session;
@@ -18,6 +18,7 @@ pub use correlator::{
     Correlator, CorrelatorConfig, CorrelatorMetrics, IntentCounts, PodQuery, SNAPSHOT_WAIT,
     SnapshotRequest,
 };
+pub use counters::TraceMetrics;
 pub use kernel::btf::KernelOffsets;
 pub use kernel::events::{
     BindMount, DevChange, EventKind, Exec, ExecEnv, Extack, NetlinkIo, NetlinkReply,
@@ -32,7 +33,6 @@ pub use kernel::{
     Observation, ObservationStatus, ProgramCheck, RingUsage, TraceError, check_every_backend,
     netns_of_path,
 };
-pub use metrics::TraceMetrics;
 pub use sandbox_rules::{SandboxReason, SandboxRules};
 pub use session::{SessionOptions, SessionSummary};
 pub use verdict::{

@@ -9,11 +9,11 @@ use tokio::sync::mpsc;
 
 use super::TraceError;
 use super::correlator::CorrelatorConfig;
+use super::counters::TraceMetrics;
 use super::diagnosis::CniSetup;
 use super::driver::{self, Command, DriverOptions, Sink};
 use super::kernel::events::TraceEvent;
 use super::kernel::{Attached, BackendChoices, LossCounters};
-use super::metrics::TraceMetrics;
 use super::render::{event_line, report_lines};
 use super::sandbox_rules::SandboxRules;
 use super::verdict::Report;

@@ -95,7 +95,7 @@ fn assert_accepted(argv: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The longest the daemon drains on SIGTERM (operations in flight: daemon/server.rs).
+/// The longest the daemon drains on SIGTERM (operations in flight: daemon/server/mod.rs).
 const DRAIN_LIMIT_SECONDS: i64 = 60;
 
 #[test]

@@ -51,7 +51,7 @@ impl LossCounters {
 /// Emptied batches handed back by the driver for the ring reader to fill again. A batch is
 /// tens of KiB, allocated at every drain and freed after it otherwise: pages the daemon's
 /// allocator may give back to the kernel and fault in again, each time with a TLB flush on
-/// every CPU the daemon runs on (see `memory::by_role`).
+/// every CPU the daemon runs on (see `memory`).
 #[derive(Clone, Default)]
 pub(super) struct SpareBatches(Arc<Mutex<Vec<EventBatch>>>);
 

@@ -1,4 +1,5 @@
-//! Counters for the daemon's metrics endpoint (it renders Prometheus text from this).
+//! The tracer's counters in one snapshot: what the driver hands the daemon (its metrics
+//! endpoint exports them, `metrics/trace.rs`) and a `provisioner trace` session's summary.
 
 use std::collections::BTreeMap;
 
