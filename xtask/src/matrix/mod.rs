@@ -393,14 +393,23 @@ pub fn guest_main(plan: &Path) -> Result<()> {
         );
     }
     // The guest's /tmp is an overlay of the host's, on which containerd's overlayfs
-    // snapshotter cannot mount: the tests get a tmpfs of the guest's own.
+    // snapshotter cannot mount: the tests' temp dirs go to a tmpfs of the guest's own. It is
+    // mounted on a directory of its own, never on /tmp itself, where it would hide the tree
+    // (and the binaries the plan names) of a checkout under the host's /tmp.
+    let scratch = Path::new("/tmp").join(format!("provisioner-guest-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("create {}", scratch.display()))?;
     nix::mount::mount(
         Some("tmpfs"),
-        "/tmp",
+        &scratch,
         Some("tmpfs"),
         nix::mount::MsFlags::empty(),
         Some("mode=1777"),
     )
-    .context("mount a tmpfs on the guest's /tmp")?;
+    .with_context(|| format!("mount a tmpfs on {}", scratch.display()))?;
+    // SAFETY: single-threaded at this point; the tests are child processes.
+    unsafe {
+        std::env::set_var("TMPDIR", &scratch);
+    }
     run_guest(&plan).map(drop)
 }
