@@ -397,8 +397,7 @@ pub fn guest_main(plan: &Path) -> Result<()> {
     // mounted on a directory of its own, never on /tmp itself, where it would hide the tree
     // (and the binaries the plan names) of a checkout under the host's /tmp.
     let scratch = Path::new("/tmp").join(format!("provisioner-guest-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)
-        .with_context(|| format!("create {}", scratch.display()))?;
+    std::fs::create_dir_all(&scratch).with_context(|| format!("create {}", scratch.display()))?;
     nix::mount::mount(
         Some("tmpfs"),
         &scratch,
