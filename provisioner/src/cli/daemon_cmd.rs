@@ -47,7 +47,8 @@ pub struct DaemonArgs {
     /// Do not trace sandbox network setup in the kernel.
     #[arg(long)]
     no_trace: bool,
-    /// Seconds a sandbox namespace has to get its network before its verdict.
+    /// Seconds a sandbox namespace has to get its network before its verdict (from its
+    /// creation, or from the latest ADD that names it).
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     trace_deadline: f64,
     /// Seconds a read of a sandbox's state from the kernel (and the runtime's answer about

@@ -258,11 +258,16 @@ impl Correlator {
         }
     }
 
-    /// Adds a CNI call to the timeline of namespace `cookie`, and the pod it names.
+    /// Adds a CNI call to the timeline of namespace `cookie`, and the pod it names. An ADD not
+    /// judged yet starts the sandbox's deadline again: a plugin is at work on it, and a slow one
+    /// (a chain, a loaded node) is given the deadline from its own start.
     pub(super) fn cni_call(&mut self, cookie: u64, call: &PendingCall) {
         let Some(ns) = self.namespaces.get_mut(&cookie) else {
             return;
         };
+        if call.cni.command == "ADD" && ns.verdict.is_none() {
+            ns.deadline_from = ns.deadline_from.max(call.event.at);
+        }
         let pod = pod_of(&call.cni);
         let plugin = call.event.task.comm.clone();
         ns.pod.plugin_ran(&plugin, call.uid, pod.as_ref());

@@ -88,7 +88,7 @@ fn a_netns_named_by_its_process_or_pinned_after_the_call_is_found() {
         "/run/netns/cni-never",
         Some("K8S_POD_NAME=never"),
     ));
-    let v = verdicts(tick_reading(&mut c, 1_000, lo_only));
+    let v = verdicts(tick_reading(&mut c, 1_010, lo_only));
     assert_eq!(v.len(), 2, "{v:?}");
     for v in &v {
         let pod = v
@@ -220,4 +220,24 @@ fn a_plugin_not_run_by_root_names_no_pod() {
         v[1].pod.as_ref().and_then(PodName::known),
         Some(&skipped_pod())
     );
+}
+
+/// A plugin that takes longer than the deadline from the namespace's creation, but not from its
+/// own start (ptp calling host-local on a loaded node), is judged by what it did, not skipped
+/// while it works.
+#[test]
+fn a_plugin_add_gives_the_sandbox_the_deadline_from_its_start() {
+    let mut c = correlator();
+    c.feed(&created(0, 43, "containerd", SANDBOX));
+    c.feed(&pinned_at(1, SANDBOX, "/run/netns/cni-slow"));
+    c.feed(&cni_exec(800, 600, "ptp", "/run/netns/cni-slow", None));
+    let early = verdicts(tick_reading(&mut c, 1_200, lo_only));
+    assert!(early.is_empty(), "judged while its plugin works: {early:?}");
+    wire(&mut c, SANDBOX);
+    let v = verdicts(tick_reading(&mut c, 1_900, |cookie| {
+        Ok(networked_state(cookie))
+    }));
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].verdict, Verdict::Networked);
+    assert_eq!(v[0].revises, None);
 }

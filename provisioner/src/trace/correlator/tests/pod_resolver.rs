@@ -22,8 +22,8 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
     c.feed(&created(0, 44, "containerd", SANDBOX + 2));
     wire(&mut c, SANDBOX + 2);
 
-    let mut reports = c.tick(t(1_000));
-    let requests = c.take_snapshot_requests(t(1_000), usize::MAX);
+    let mut reports = c.tick(t(1_010));
+    let requests = c.take_snapshot_requests(t(1_010), usize::MAX);
     let asked: Vec<(u64, Option<PodQuery>)> = requests
         .iter()
         .map(|r| (r.cookie, r.pod_query.clone()))
@@ -62,8 +62,8 @@ fn a_resolver_is_asked_once_before_an_alarm_and_only_when_no_plugin_named_the_po
         reports.extend(c.snapshot_taken(
             request.cookie,
             Ok(&state(request.cookie, None)),
-            t(1_000),
-            t(1_000),
+            t(1_010),
+            t(1_010),
         ));
     }
     let v = verdicts(reports);
