@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 /// Largest file read: a runtime's config or a CNI network file is a few KiB.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
-/// How long a caller waits for the worker (a kernel watch's diagnosis, a CRI lookup).
-pub const DEADLINE: Duration = Duration::from_millis(500);
 
 /// Why a file was not read.
 #[derive(Debug, thiserror::Error)]
@@ -81,19 +79,27 @@ pub enum Unfinished {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The worker: a queue of one job, and since when it runs the job it runs now.
+/// A job and how long its caller waits for it.
+struct Queued {
+    job: Job,
+    deadline: Duration,
+}
+
+/// The worker: a queue of one job, and since when it runs the job it runs now, with that job's
+/// deadline.
 struct Worker {
-    jobs: SyncSender<Job>,
-    running_since: Arc<Mutex<Option<Instant>>>,
+    jobs: SyncSender<Queued>,
+    running: Arc<Mutex<Option<(Instant, Duration)>>>,
 }
 
 impl Worker {
-    /// Whether the job it runs has run longer than [`DEADLINE`]: stuck (its caller gave up).
+    /// Whether the job it runs has run longer than its caller's deadline: stuck (its caller
+    /// gave up).
     fn stuck(&self) -> bool {
-        self.running_since
+        self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .is_some_and(|since| since.elapsed() > DEADLINE)
+            .is_some_and(|(since, deadline)| since.elapsed() > deadline)
     }
 }
 
@@ -101,28 +107,25 @@ fn worker() -> Option<&'static Worker> {
     static WORKER: OnceLock<Option<Worker>> = OnceLock::new();
     WORKER
         .get_or_init(|| {
-            let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(1);
-            let running_since = Arc::new(Mutex::new(None));
-            let running = Arc::clone(&running_since);
+            let (jobs, queue) = std::sync::mpsc::sync_channel::<Queued>(1);
+            let running = Arc::new(Mutex::new(None));
+            let served = Arc::clone(&running);
             std::thread::Builder::new()
                 .name("runtime-files".to_owned())
-                .spawn(move || serve(&queue, &running))
+                .spawn(move || serve(&queue, &served))
                 .map_err(|e| tracing::warn!(error = %e, "cannot start the runtime-files reader"))
                 .ok()?;
-            Some(Worker {
-                jobs,
-                running_since,
-            })
+            Some(Worker { jobs, running })
         })
         .as_ref()
 }
 
-fn serve(queue: &Receiver<Job>, running_since: &Mutex<Option<Instant>>) {
-    let set = |at: Option<Instant>| {
-        *running_since.lock().unwrap_or_else(PoisonError::into_inner) = at;
+fn serve(queue: &Receiver<Queued>, running: &Mutex<Option<(Instant, Duration)>>) {
+    let set = |now: Option<(Instant, Duration)>| {
+        *running.lock().unwrap_or_else(PoisonError::into_inner) = now;
     };
-    while let Ok(job) = queue.recv() {
-        set(Some(Instant::now()));
+    while let Ok(Queued { job, deadline }) = queue.recv() {
+        set(Some((Instant::now(), deadline)));
         job();
         set(None);
     }
@@ -132,8 +135,8 @@ fn serve(queue: &Receiver<Job>, running_since: &Mutex<Option<Instant>>) {
 const QUEUE_RETRY: Duration = Duration::from_millis(2);
 
 /// Runs `job` on the reader's worker thread and waits for it at most `deadline`, queueing
-/// included. While the worker is stuck on an earlier job (running longer than [`DEADLINE`]:
-/// a hung file system), `job` is refused at once: the callers never queue behind it.
+/// included. While the worker is stuck on an earlier job (running longer than that job's
+/// deadline: a hung file system), `job` is refused at once: the callers never queue behind it.
 pub fn within_deadline<T: Send + 'static>(
     deadline: Duration,
     job: impl FnOnce() -> T + Send + 'static,
@@ -141,9 +144,12 @@ pub fn within_deadline<T: Send + 'static>(
     let started = Instant::now();
     let worker = worker().ok_or(Unfinished::Busy)?;
     let (done, result) = std::sync::mpsc::sync_channel(1);
-    let mut job: Job = Box::new(move || {
-        let _ = done.send(job());
-    });
+    let mut job = Queued {
+        job: Box::new(move || {
+            let _ = done.send(job());
+        }),
+        deadline,
+    };
     loop {
         if worker.stuck() {
             return Err(Unfinished::Busy);
@@ -195,7 +201,7 @@ mod tests {
     fn a_stuck_job_holds_only_the_worker() {
         // Short jobs queue behind one another.
         let many: Vec<_> = (0..4)
-            .map(|i| std::thread::spawn(move || within_deadline(DEADLINE, move || i)))
+            .map(|i| std::thread::spawn(move || within_deadline(Duration::from_secs(5), move || i)))
             .collect();
         for (i, one) in many.into_iter().enumerate() {
             assert_eq!(one.join().expect("caller"), Ok(i));
@@ -207,8 +213,9 @@ mod tests {
         });
         assert_eq!(first, Err(Unfinished::TimedOut(Duration::from_millis(100))));
         assert!(started.elapsed() < Duration::from_secs(2));
-        // Once it has run past DEADLINE it is stuck: the next caller is refused at once.
-        std::thread::sleep(DEADLINE);
+        // Once it has run past its caller's deadline it is stuck: the next caller is refused
+        // at once.
+        std::thread::sleep(Duration::from_millis(150));
         let second = Instant::now();
         assert_eq!(
             within_deadline(Duration::from_secs(5), || 1),

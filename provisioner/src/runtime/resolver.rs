@@ -58,11 +58,11 @@ impl CriResolver {
         netns_paths: &[PathBuf],
         creator: Option<&NetnsCreator>,
     ) -> PodName {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let endpoints = match self.endpoints_within_deadline(creator).await {
             Ok(endpoints) => endpoints,
             Err(reason) => return PodName::Unknown { reason },
         };
-        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut unknown = Vec::new();
         for endpoint in endpoints {
             let listed = AtomicBool::new(false);
@@ -91,7 +91,7 @@ impl CriResolver {
     }
 
     /// [`endpoints`]: a runtime creator's command line and config are read on the
-    /// runtime-files reader, waited for at most [`bounded::DEADLINE`] from a blocking thread,
+    /// runtime-files reader, waited for at most the resolver's timeout from a blocking thread,
     /// never on the caller's.
     async fn endpoints_within_deadline(
         &self,
@@ -101,9 +101,9 @@ impl CriResolver {
         if self.socket_override.is_some() || !reads_files {
             return endpoints(self.socket_override.as_deref(), creator);
         }
-        let creator = creator.cloned();
+        let (creator, timeout) = (creator.cloned(), self.timeout);
         tokio::task::spawn_blocking(move || {
-            bounded::within_deadline(bounded::DEADLINE, move || endpoints(None, creator.as_ref()))
+            bounded::within_deadline(timeout, move || endpoints(None, creator.as_ref()))
         })
         .await
         .map_err(|e| format!("reading the creator's CRI socket failed: {e}"))?

@@ -308,17 +308,18 @@ pub fn diagnose(pid: u32, comm: &str, fallback: &CniSetup, execs: &[String]) -> 
     )
 }
 
-/// [`diagnose`] on the runtime-files reader, within [`bounded::DEADLINE`]: the runtime's
-/// config and conf dir are read off the caller's thread (the kernel watch's), and a read that
-/// does not finish in time gives a diagnosis that says so.
+/// [`diagnose`] on the runtime-files reader, waited for at most `deadline` (the watch's read
+/// timeout): the runtime's config and conf dir are read off the caller's thread (the kernel
+/// watch's), and a read that does not finish in time gives a diagnosis that says so.
 pub fn diagnose_within_deadline(
+    deadline: std::time::Duration,
     pid: u32,
     comm: &str,
     fallback: &CniSetup,
     execs: &[String],
 ) -> String {
     let (job_comm, job_fallback, job_execs) = (comm.to_owned(), fallback.clone(), execs.to_vec());
-    bounded::within_deadline(bounded::DEADLINE, move || {
+    bounded::within_deadline(deadline, move || {
         diagnose(pid, &job_comm, &job_fallback, &job_execs)
     })
     .unwrap_or_else(|unfinished| format!("{comm}'s CNI setup could not be read ({unfinished})"))

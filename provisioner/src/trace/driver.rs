@@ -485,6 +485,7 @@ fn diagnosed(
         {
             let ran = correlator.execs_since(v.created_at);
             v.diagnosis = Some(diagnose_within_deadline(
+                correlator.read_wait(),
                 v.creator.pid,
                 &v.creator.comm,
                 fallback,

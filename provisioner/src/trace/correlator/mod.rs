@@ -187,6 +187,12 @@ impl Correlator {
         self.execs.since(since)
     }
 
+    /// How long a read from the kernel or the node (a namespace's state, a runtime's files) is
+    /// waited for.
+    pub fn read_wait(&self) -> Duration {
+        self.config.read_wait
+    }
+
     /// Whether the namespace is tracked.
     pub fn is_tracked(&self, cookie: u64) -> bool {
         self.namespaces.contains_key(&cookie)
