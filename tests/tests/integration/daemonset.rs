@@ -505,6 +505,9 @@ fn scrape_from_the_cluster(node: &Node, m: &Manifest) -> Result<()> {
         "file_sd_configs".into(),
         serde_norway::from_str(&format!("[{{files: ['{}']}}]", pods_file.display()))?,
     );
+    // The example's interval (30 s) would leave the first scrape anywhere in its first 30 s.
+    job_map.insert("scrape_interval".into(), "2s".into());
+    job_map.insert("scrape_timeout".into(), "2s".into());
     let job_name = job["job_name"].as_str().unwrap_or_default().to_owned();
     let config = serde_json::json!({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
