@@ -138,6 +138,10 @@ enum Command {
         /// Longest a kernel's run may take, in minutes.
         #[arg(long, default_value_t = 20)]
         timeout_minutes: u64,
+        /// Only the tests whose `module::test` contains this (repeatable), e.g.
+        /// `--test trace_verdicts::route`.
+        #[arg(long = "test")]
+        tests: Vec<String>,
     },
     /// Runs the tests of a plan file inside a kernel-matrix VM (started by `kernel-matrix`).
     #[command(hide = true)]
@@ -225,6 +229,7 @@ fn main() -> Result<()> {
             no_host,
             time_scale,
             timeout_minutes,
+            tests,
         } => matrix::run(&matrix::Options {
             series,
             host: if no_host {
@@ -234,6 +239,7 @@ fn main() -> Result<()> {
             },
             time_scale,
             timeout: std::time::Duration::from_secs(timeout_minutes * 60),
+            tests,
         }),
         Command::MatrixGuest { plan } => matrix::guest_main(&plan),
         Command::Fuzz {

@@ -114,6 +114,8 @@ pub struct Options {
     pub time_scale: f64,
     /// Longest a guest may run.
     pub timeout: Duration,
+    /// Only the kernel-level tests whose `module::test` contains one of these; all when empty.
+    pub tests: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +134,7 @@ impl Options {
             host: HostRuns::OlderBackendsOnly,
             time_scale: DEFAULT_TIME_SCALE,
             timeout: Duration::from_secs(20 * 60),
+            tests: Vec::new(),
         }
     }
 }
@@ -174,7 +177,7 @@ pub fn start(opts: &Options) -> Result<Running> {
     }
     announce("matrix", "Debian kernels (private apt configuration)");
     let kernels = kernels::fetch(&series)?;
-    let (provisioner, tests) = build()?;
+    let (provisioner, tests) = build(&opts.tests)?;
     let out = workspace_root().join("target/kernel-matrix");
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
@@ -261,8 +264,8 @@ impl Running {
 }
 
 /// The provisioner binary the tests exec, and the kernel-level tests' modules in the test
-/// binaries that hold them.
-fn build() -> Result<(PathBuf, Vec<TestModule>)> {
+/// binaries that hold them (those whose `module::test` contains one of `only`, all when empty).
+fn build(only: &[String]) -> Result<(PathBuf, Vec<TestModule>)> {
     let root = workspace_root();
     let provisioner = crate::test::build_tests_binary()?;
     announce("build", "the kernel-level tests");
@@ -301,19 +304,30 @@ fn build() -> Result<(PathBuf, Vec<TestModule>)> {
             executables.insert(name.to_owned(), PathBuf::from(exe));
         }
     }
-    let tests = KERNEL_TESTS
-        .iter()
-        .map(|(binary, module, names)| {
-            let executable = executables
-                .get(*binary)
-                .with_context(|| format!("cargo built no test binary {binary}"))?;
-            Ok(TestModule {
+    let mut tests = Vec::new();
+    for (binary, module, names) in KERNEL_TESTS {
+        let executable = executables
+            .get(*binary)
+            .with_context(|| format!("cargo built no test binary {binary}"))?;
+        let names: Vec<String> = names
+            .iter()
+            .filter(|n| {
+                let path = format!("{module}::{n}");
+                only.is_empty() || only.iter().any(|o| path.contains(o.as_str()))
+            })
+            .map(|n| (*n).to_owned())
+            .collect();
+        if !names.is_empty() {
+            tests.push(TestModule {
                 module: (*module).to_owned(),
                 executable: executable.clone(),
-                names: names.iter().map(|n| (*n).to_owned()).collect(),
-            })
-        })
-        .collect::<Result<_>>()?;
+                names,
+            });
+        }
+    }
+    if tests.is_empty() {
+        bail!("no kernel-level test matches {only:?}");
+    }
     Ok((provisioner, tests))
 }
 

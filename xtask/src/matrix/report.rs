@@ -129,11 +129,16 @@ pub fn failures(rows: &[Row], out: &Path) -> Result<()> {
         }
         for test in row.failed() {
             let target = test.split("::").next().unwrap_or(test);
+            let log = row.dir.join(format!("{target}.log"));
+            let excerpt = std::fs::read_to_string(&log)
+                .ok()
+                .and_then(|text| failure_excerpt(&text, test))
+                .unwrap_or_default();
             problems.push(format!(
-                "{}: {test} {} (log: {})",
+                "{}: {test} {} (log: {}){excerpt}",
                 row.label,
                 row.tests[test],
-                row.dir.join(format!("{target}.log")).display()
+                log.display()
             ));
         }
     }
@@ -148,6 +153,30 @@ pub fn failures(rows: &[Row], out: &Path) -> Result<()> {
     )
 }
 
+/// Lines of a failed test's own section in a libtest log (its captured output and panic
+/// message), indented, at most [`EXCERPT_LINES`] of them: what a CI log shows of the failure.
+fn failure_excerpt(log: &str, test: &str) -> Option<String> {
+    let header = format!("---- {test} stdout ----");
+    let start = log.find(&header)? + header.len();
+    let section: Vec<&str> = log[start..]
+        .lines()
+        .take_while(|l| !l.starts_with("---- ") && *l != "failures:")
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    let skipped = section.len().saturating_sub(EXCERPT_LINES);
+    let mut text = String::new();
+    if skipped > 0 {
+        text.push_str(&format!("\n    ({skipped} earlier lines in the log)"));
+    }
+    for line in &section[skipped..] {
+        text.push_str("\n    ");
+        text.push_str(line);
+    }
+    Some(text)
+}
+
+const EXCERPT_LINES: usize = 40;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +190,10 @@ mod tests {
                 "{LINE}-BEGIN kernel=5.10\n{LINE}-BACKEND kernel=5.10 observation=rtnetlink backend=syscall_tracepoints\n{LINE} kernel=5.10 test=t::a result=ok\n{LINE} kernel=5.10 test=t::b result=failed\n"
             ),
         )?;
+        std::fs::write(
+            dir.path().join("t.log"),
+            "running 2 tests\ntest t::a ... ok\ntest t::b ... FAILED\n\nfailures:\n\n---- t::b stdout ----\n\nthread 't::b' panicked at x.rs:1:1:\nassertion `left == right` failed: Partial\n\nfailures:\n    t::b\n",
+        )?;
         let row = Row::read("5.10".into(), None, dir.path())?;
         assert_eq!(row.backends["rtnetlink"], "syscall_tracepoints");
         assert_eq!(row.passed(), 1);
@@ -169,6 +202,12 @@ mod tests {
         let err = failures(&[row], dir.path()).expect_err("a failure and no end");
         assert!(err.to_string().contains("did not finish"), "{err}");
         assert!(err.to_string().contains("t::b failed"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("\n    assertion `left == right` failed: Partial"),
+            "the failure's own lines: {err}"
+        );
+        assert!(!err.to_string().contains("running 2 tests"), "{err}");
         Ok(())
     }
 
