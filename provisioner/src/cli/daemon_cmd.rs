@@ -48,7 +48,7 @@ pub struct DaemonArgs {
     #[arg(long)]
     no_trace: bool,
     /// Seconds a sandbox namespace has to get its network before its verdict (from its
-    /// creation, or from the latest ADD that names it).
+    /// creation, the latest ADD that names it, or its setup's latest request).
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     trace_deadline: f64,
     /// Seconds a read of a sandbox's state from the kernel (and the runtime's answer about

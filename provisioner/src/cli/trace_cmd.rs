@@ -26,7 +26,8 @@ pub struct TraceArgs {
     /// Only events of tasks (or namespaces created by tasks) with this comm.
     #[arg(long)]
     comm: Option<String>,
-    /// Seconds a sandbox namespace has to get its network before its verdict.
+    /// Seconds a sandbox namespace has to get its network before its verdict (from its
+    /// creation, the latest ADD that names it, or its setup's latest request).
     #[arg(long, value_name = "S", default_value_t = 10.0)]
     deadline: f64,
     /// Seconds a read of a sandbox's state (and the runtime's answer about its pod) may take

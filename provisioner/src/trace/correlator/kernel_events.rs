@@ -63,6 +63,7 @@ impl Correlator {
             // A timeline started early (an ADD named it first): keep what it knew.
             ns.expected |= previous.expected;
             ns.deadline_from = ns.deadline_from.max(previous.deadline_from);
+            ns.setup_seen_at = ns.setup_seen_at.max(previous.setup_seen_at);
             for path in previous.handles {
                 ns.add_handle(path);
             }
@@ -166,6 +167,7 @@ impl Correlator {
                 }
                 continue;
             };
+            ns.setup_at_work(event.at);
             let status = match answer {
                 None => RequestStatus::Sent,
                 Some(0) => RequestStatus::Acked,

@@ -316,7 +316,7 @@ impl Correlator {
         let mut cookies: Vec<(SystemTime, u64)> = self
             .namespaces
             .iter()
-            .filter(|(_, ns)| ns.verdict.is_none() && ns.deadline_from + deadline <= now)
+            .filter(|(_, ns)| ns.verdict.is_none() && ns.due(deadline) <= now)
             .map(|(cookie, ns)| (ns.deadline_from, *cookie))
             .collect();
         cookies.extend(
@@ -456,7 +456,7 @@ impl Correlator {
         if ns.verdict.is_some() {
             return reports;
         }
-        let due = ns.deadline_from + deadline;
+        let due = ns.due(deadline);
         // A namespace found set up (its history not seen) is judged at once.
         let found_networked = !ns.origin_known && progress.networked.is_some();
         if due > now && !found_networked {

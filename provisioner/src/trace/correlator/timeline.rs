@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::trace::kernel::events::{NetnsRef, TraceEvent};
 use crate::trace::verdict::{Creator, RequestStatus, Step, TimelineEntry, Verdict};
@@ -15,6 +15,9 @@ use super::state::Progress;
 /// Entries kept per namespace; older ones are folded into its [`Progress`] so that a flood of
 /// requests costs bounded memory and loses no fact.
 pub(super) const MAX_ENTRIES: usize = 256;
+/// A sandbox whose setup keeps going is judged at the latest this many deadlines after its
+/// creation or ADD.
+pub(super) const SETUP_DEADLINES: u32 = 3;
 /// Entries a timeline has room for from the start: a sandbox's setup takes about a dozen (the
 /// vector is not grown four times at every ADD; [`Ns::at_rest`] gives back what stays unused).
 const FIRST_ENTRIES: usize = 16;
@@ -56,6 +59,9 @@ pub(super) struct Ns {
     pub created_at: SystemTime,
     /// Its deadline runs from here: creation, or the latest ADD naming it.
     pub deadline_from: SystemTime,
+    /// The latest configuration request sent into it before its verdict: its setup is at work
+    /// until then (see [`Ns::due`]).
+    pub setup_seen_at: Option<SystemTime>,
     pub creator: Creator,
     /// Its creation was seen: the timeline is its whole history.
     pub origin_known: bool,
@@ -95,6 +101,7 @@ impl Ns {
             netns,
             created_at: at,
             deadline_from: at,
+            setup_seen_at: None,
             creator: Creator::default(),
             origin_known: false,
             pins: Vec::new(),
@@ -113,6 +120,25 @@ impl Ns {
             recheck: None,
             attributed_pids: HashSet::new(),
             pod: PodState::default(),
+        }
+    }
+
+    /// When its verdict is due: `deadline` after its setup went quiet. The deadline runs from
+    /// creation or the latest ADD, and again from each configuration request sent into it (a
+    /// setup under way on a loaded node is not judged half done), but a setup that never ends
+    /// is judged [`SETUP_DEADLINES`] deadlines after creation or the ADD at the latest.
+    pub(super) fn due(&self, deadline: Duration) -> SystemTime {
+        let latest_restart = self.deadline_from + deadline * (SETUP_DEADLINES - 1);
+        let quiet_from = self.setup_seen_at.map_or(self.deadline_from, |at| {
+            at.clamp(self.deadline_from, latest_restart)
+        });
+        quiet_from + deadline
+    }
+
+    /// Notes a configuration request sent into it at `at` (its setup is at work).
+    pub(super) fn setup_at_work(&mut self, at: SystemTime) {
+        if self.verdict.is_none() {
+            self.setup_seen_at = Some(self.setup_seen_at.map_or(at, |seen| seen.max(at)));
         }
     }
 

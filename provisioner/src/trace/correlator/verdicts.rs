@@ -43,7 +43,7 @@ impl Correlator {
         }
         let mut reason = judgement.reason;
         push_destruction(&mut reason, ns);
-        let due = ns.deadline_from + deadline;
+        let due = ns.due(deadline);
         let revises = previous.filter(|v| v.is_alarm());
         let late_ms = revises.and(progress.networked).map(|r| late_ms(r.at, due));
         mark_judged(ns, judgement.verdict, now, deadline);

@@ -36,7 +36,7 @@ fn rejected_default_route(route: impl FnOnce(RtRequest) -> TraceEvent) -> Correl
 
 /// The verdict on [`rejected_default_route`]'s sandbox: failed, naming the errno and extack.
 fn assert_failed_by_the_route(c: &mut Correlator) {
-    let v = verdicts(tick_reading(c, 1_000, |cookie| {
+    let v = verdicts(tick_reading(c, 1_100, |cookie| {
         Ok(state(cookie, Some((true, Some("10.9.0.2/24"), None))))
     }));
     assert_eq!(v[0].verdict, Verdict::Failed);
@@ -128,6 +128,6 @@ fn iproute2_probe_rejection_is_not_a_failure() {
     ));
     c.feed(&reply(7, 500, SANDBOX, 0, RTM_NEWLINK, -19));
     wire(&mut c, SANDBOX);
-    let v = verdicts(c.tick(t(1_000)));
+    let v = verdicts(c.tick(t(1_100)));
     assert_eq!(v[0].verdict, Verdict::Networked, "{}", v[0].reason);
 }

@@ -34,7 +34,7 @@ fn plugin_execs_show_in_the_timeline() {
         }),
     ));
     wire(&mut c, SANDBOX);
-    let v = verdicts(c.tick(t(1_000)));
+    let v = verdicts(c.tick(t(1_100)));
     let execs: Vec<&str> = v[0]
         .timeline
         .iter()
