@@ -16,6 +16,9 @@ use provisioner_tests::{
 };
 
 const DEADLINE: Duration = Duration::from_secs(1);
+/// The deadline of sandboxes the tests set up in part: the setup's one `ip` process must get
+/// its first request in before it, under emulation on a loaded machine too.
+const SETUP_DEADLINE: Duration = Duration::from_secs(2);
 /// Bound on a verdict's arrival after its deadline (a state read, a loaded machine).
 const SLACK: Duration = Duration::from_secs(5);
 const SANDBOX_PREFIX: &str = "trsb";
@@ -38,6 +41,10 @@ async fn tracing() -> Result<Tracing> {
     Tracing::start(rules(), DEADLINE).await
 }
 
+async fn tracing_setups() -> Result<Tracing> {
+    Tracing::start(rules(), SETUP_DEADLINE).await
+}
+
 fn timeline_text(v: &NetnsVerdict) -> String {
     v.timeline
         .iter()
@@ -51,15 +58,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f).await?
 }
 
-/// A veth `v0` (up) in the sandbox, with `addr` on it when given.
-fn interface(sb: &Sandbox, addr: Option<&str>) -> Result<()> {
-    sb.ip(&["link", "add", "v0", "type", "veth", "peer", "name", "v1"])?;
-    sb.ip(&["link", "set", "v0", "up"])?;
-    if let Some(addr) = addr {
-        sb.ip(&["addr", "add", addr, "dev", "v0"])?;
-    }
-    Ok(())
-}
+/// The commands that make a veth `v0` (up) in a sandbox.
+const INTERFACE: [&str; 2] = ["link add v0 type veth peer name v1", "link set v0 up"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_created_sandboxes_without_network_are_skipped_naming_the_creator() -> Result<()> {
@@ -125,15 +125,15 @@ async fn loopback_only_sandbox_is_skipped_and_its_timeline_shows_lo() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interface_without_address_is_partial() -> Result<()> {
-    let mut t = tracing().await?;
+    let mut t = tracing_setups().await?;
     let sb = blocking(|| {
         let sb = sandbox()?;
-        interface(&sb, None)?;
+        sb.ip_batch(&INTERFACE)?;
         Ok(sb)
     })
     .await?;
     let (_, v) = t
-        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .verdict(t.cookie_of(&sb.path())?, SETUP_DEADLINE + SLACK)
         .await?;
     assert_eq!(
         v.verdict,
@@ -154,20 +154,26 @@ async fn interface_without_address_is_partial() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_the_kernel_rejects_is_failed_with_the_reason() -> Result<()> {
-    let mut t = tracing().await?;
+    let mut t = tracing_setups().await?;
     let sb = blocking(|| {
         let sb = sandbox()?;
-        interface(&sb, Some("10.9.0.2/24"))?;
-        let rejected = sb.ip(&["route", "add", "default", "via", "10.10.0.1"]);
+        let mut setup = INTERFACE.to_vec();
+        setup.extend([
+            "addr add 10.9.0.2/24 dev v0",
+            "route add default via 10.10.0.1",
+        ]);
+        let rejected = sb.ip_batch(&setup);
         assert!(
-            rejected.is_err(),
-            "the kernel must reject an unreachable gateway"
+            rejected
+                .as_ref()
+                .is_err_and(|e| format!("{e:#}").contains("Command failed -:4")),
+            "the kernel must reject an unreachable gateway, the last command: {rejected:?}"
         );
         Ok(sb)
     })
     .await?;
     let (_, v) = t
-        .verdict(t.cookie_of(&sb.path())?, DEADLINE + SLACK)
+        .verdict(t.cookie_of(&sb.path())?, SETUP_DEADLINE + SLACK)
         .await?;
     assert_eq!(
         v.verdict,
@@ -290,7 +296,7 @@ async fn sandboxes_pinned_before_tracing_starts_are_judged_from_their_state() ->
     let wired = sandbox()?;
     ptp.run("ADD", wired.name(), &wired.path())?;
     let half = sandbox()?;
-    interface(&half, None)?;
+    half.ip_batch(&INTERFACE)?;
 
     let mut t = tracing().await?;
     let (_, v) = t.verdict(t.cookie_of(&wired.path())?, SLACK).await?;

@@ -154,13 +154,16 @@ pub fn failures(rows: &[Row], out: &Path) -> Result<()> {
 }
 
 /// Lines of a failed test's own section in a libtest log (its captured output and panic
-/// message), indented, at most [`EXCERPT_LINES`] of them: what a CI log shows of the failure.
+/// message, not the backtrace), indented, at most [`EXCERPT_LINES`] of them: what a CI log
+/// shows of the failure.
 fn failure_excerpt(log: &str, test: &str) -> Option<String> {
     let header = format!("---- {test} stdout ----");
     let start = log.find(&header)? + header.len();
     let section: Vec<&str> = log[start..]
         .lines()
-        .take_while(|l| !l.starts_with("---- ") && *l != "failures:")
+        .take_while(|l| {
+            !l.starts_with("---- ") && *l != "failures:" && !l.starts_with("stack backtrace:")
+        })
         .filter(|l| !l.trim().is_empty())
         .collect();
     let skipped = section.len().saturating_sub(EXCERPT_LINES);
@@ -192,7 +195,7 @@ mod tests {
         )?;
         std::fs::write(
             dir.path().join("t.log"),
-            "running 2 tests\ntest t::a ... ok\ntest t::b ... FAILED\n\nfailures:\n\n---- t::b stdout ----\n\nthread 't::b' panicked at x.rs:1:1:\nassertion `left == right` failed: Partial\n\nfailures:\n    t::b\n",
+            "running 2 tests\ntest t::a ... ok\ntest t::b ... FAILED\n\nfailures:\n\n---- t::b stdout ----\n\nthread 't::b' panicked at x.rs:1:1:\nassertion `left == right` failed: Partial\nstack backtrace:\n   0: std::panicking::begin_panic\n\nfailures:\n    t::b\n",
         )?;
         let row = Row::read("5.10".into(), None, dir.path())?;
         assert_eq!(row.backends["rtnetlink"], "syscall_tracepoints");
@@ -208,6 +211,10 @@ mod tests {
             "the failure's own lines: {err}"
         );
         assert!(!err.to_string().contains("running 2 tests"), "{err}");
+        assert!(
+            !err.to_string().contains("begin_panic"),
+            "no backtrace: {err}"
+        );
         Ok(())
     }
 
