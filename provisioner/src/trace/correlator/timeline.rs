@@ -138,7 +138,7 @@ impl Ns {
     /// Notes a configuration request sent into it at `at` (its setup is at work).
     pub(super) fn setup_at_work(&mut self, at: SystemTime) {
         if self.verdict.is_none() {
-            self.setup_seen_at = Some(self.setup_seen_at.map_or(at, |seen| seen.max(at)));
+            self.setup_seen_at = self.setup_seen_at.max(Some(at));
         }
     }
 
