@@ -250,25 +250,19 @@ impl RuntimeNetns {
     /// one process, so its requests follow one another with no exec between them, as a
     /// runtime's or plugin's do. Stops at the first command that fails.
     pub fn ip_batch(&self, commands: &[&str]) -> Result<String> {
-        use std::io::Write;
         use std::process::Stdio;
         let what = format!("ip -n {} -batch - ({})", self.name, commands.join("; "));
-        let mut child = Command::new("ip")
-            .args(["-n", &self.name, "-batch", "-"])
+        let mut cmd = Command::new("ip");
+        cmd.args(["-n", &self.name, "-batch", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("spawn {what}"))?;
-        let mut stdin = child.stdin.take().context("ip's stdin")?;
-        stdin
-            .write_all(format!("{}\n", commands.join("\n")).as_bytes())
-            .with_context(|| format!("write the commands of {what}"))?;
-        drop(stdin);
-        let out = child
-            .wait_with_output()
-            .with_context(|| format!("wait for {what}"))?;
-        testkit::stdout_of(&what, &out)
+            .stderr(Stdio::piped());
+        let run =
+            testkit::cni::run_with_stdin(cmd, format!("{}\n", commands.join("\n")).as_bytes())?;
+        if run.code != 0 {
+            anyhow::bail!("{what} failed (exit {}): {}", run.code, run.stderr.trim());
+        }
+        Ok(run.stdout)
     }
 
     /// The runtime deletes the namespace now.
